@@ -1,0 +1,624 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * gapscope's kernel side: follows one process tree and reports, for each of
+ * its threads, when it ran, waited to run, and blocked (and on what), plus its
+ * syscalls, page faults and cpu-clock samples with stacks.
+ *
+ * Only tracepoints, raw tracepoints and perf_event are used: kprobes and
+ * fentry/fexit are not available on every kernel this must run on.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+
+#include "gapscope.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Load-time configuration, set by the loader. */
+/* Wake the reader only once this many bytes wait in the ring buffer: the
+ * reader also polls on a short timer, so small batches are never stuck. */
+const volatile __u64 gs_wakeup_bytes = 256 * 1024;
+/* Capture user and kernel stacks when a tracked thread blocks. */
+const volatile __u8 gs_offcpu_stacks = 1;
+
+/* Tracked processes (tgid -> 1): seeded by userspace with the target, grown on
+ * fork, shrunk when a process's last thread exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u32);
+} tracked SEC(".maps");
+
+/* The syscall each tracked thread is in, if any. */
+struct inflight {
+	__u64 ts;
+	__u64 path; /* user pointer to the path of an open-family call */
+	__s32 nr;   /* -1: not in a syscall */
+	__s32 fd;
+	__u8 fd_kind;
+	__u8 _pad[7];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+/* Stack hashes already sent to userspace. LRU: an evicted stack is simply
+ * sent again, userspace deduplicates by hash. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u8);
+} known_stacks SEC(".maps");
+
+/* Per-CPU scratch for stack capture. Slot 0 serves sched_switch (task
+ * context), slot 1 the perf_event sampler, which can interrupt it. */
+#define SCRATCH_SWITCH 0
+#define SCRATCH_SAMPLE 1
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct gs_stack);
+} scratch SEC(".maps");
+
+/* Records lost because the ring buffer was full, per enum gs_event_kind. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GS_EV_KIND_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 32 * 1024 * 1024); /* resized by the loader */
+} events SEC(".maps");
+
+/* Raw tracepoint arguments. Read through a plain u64 array, not
+ * ctx->args[i]: bpf_raw_tracepoint_args declares a flexible array, and
+ * indexing it emits a CO-RE relocation that not every loader accepts. */
+#define TP_ARG(ctx, i) (((const __u64 *)(ctx))[i])
+
+static __always_inline void count_drop(__u32 kind)
+{
+	__u64 *n = bpf_map_lookup_elem(&drops, &kind);
+	if (n)
+		*n += 1;
+}
+
+static __always_inline __u64 rb_flags(void)
+{
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= gs_wakeup_bytes ?
+		       BPF_RB_FORCE_WAKEUP :
+		       BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline int is_tracked(__u32 tgid)
+{
+	return tgid != 0 && bpf_map_lookup_elem(&tracked, &tgid) != NULL;
+}
+
+static __always_inline void fill_header(struct gs_header *h, __u16 kind, __u32 size, __u32 pid,
+					__u32 tid, __u64 ts)
+{
+	h->ts = ts;
+	h->pid = pid;
+	h->tid = tid;
+	h->kind = kind;
+	h->cpu = bpf_get_smp_processor_id();
+	h->size = size;
+}
+
+/* ---------------------------------------------------------------- stacks */
+
+/*
+ * Capture a stack, send it once, return its hash (0 when there is none).
+ * User stacks hash in the pid: the same addresses in two processes may be
+ * different code, and userspace resolves them per process.
+ */
+static __always_inline __u64 capture_stack(void *ctx, __u32 slot, __u32 pid, int kernel)
+{
+	struct gs_stack *s = bpf_map_lookup_elem(&scratch, &slot);
+	if (!s)
+		return 0;
+	long n = bpf_get_stack(ctx, s->frames, sizeof(s->frames), kernel ? 0 : BPF_F_USER_STACK);
+	if (n <= 0)
+		return 0;
+	__u32 depth = n / sizeof(__u64);
+	if (depth > GS_MAX_STACK_DEPTH)
+		depth = GS_MAX_STACK_DEPTH;
+
+	/* FNV-1a over the frames (and the pid for user stacks). */
+	__u64 h = 0xcbf29ce484222325ULL;
+	if (!kernel)
+		h = (h ^ pid) * 0x100000001b3ULL;
+	for (__u32 i = 0; i < GS_MAX_STACK_DEPTH; i++) {
+		if (i >= depth)
+			break;
+		h = (h ^ s->frames[i]) * 0x100000001b3ULL;
+	}
+	h |= 1; /* never 0, which means "no stack" */
+
+	if (bpf_map_lookup_elem(&known_stacks, &h))
+		return h;
+
+	__u32 size = __builtin_offsetof(struct gs_stack, frames) + depth * sizeof(__u64);
+	if (size > sizeof(struct gs_stack))
+		size = sizeof(struct gs_stack);
+	fill_header(&s->h, GS_EV_STACK, size, kernel ? 0 : pid, 0, bpf_ktime_get_ns());
+	s->hash = h;
+	s->nr_frames = depth;
+	s->kernel = kernel ? 1 : 0;
+	if (bpf_ringbuf_output(&events, s, size, rb_flags()) != 0) {
+		count_drop(GS_EV_STACK);
+		/* Not marked known: the next capture tries again. */
+		return h;
+	}
+	__u8 one = 1;
+	bpf_map_update_elem(&known_stacks, &h, &one, BPF_ANY);
+	return h;
+}
+
+/* ------------------------------------------------------------ fd kinds */
+
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
+#define S_IFLNK 0120000
+#define S_IFREG 0100000
+#define S_IFBLK 0060000
+#define S_IFDIR 0040000
+#define S_IFCHR 0020000
+#define S_IFIFO 0010000
+
+#define ANON_INODE_FS_MAGIC 0x09041934
+#define PROC_SUPER_MAGIC 0x9fa0
+#define SYSFS_MAGIC 0x62656572
+#define CGROUP_SUPER_MAGIC 0x27e0eb
+#define CGROUP2_SUPER_MAGIC 0x63677270
+#define DEBUGFS_MAGIC 0x64626720
+#define TRACEFS_MAGIC 0x74726163
+
+#define AF_UNIX 1
+#define AF_INET 2
+#define AF_INET6 10
+
+static __always_inline __u8 fd_kind(int fd)
+{
+	if (fd < 0)
+		return GS_FD_NONE;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt)
+		return GS_FD_NONE;
+	if ((unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return GS_FD_NONE;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *file = NULL;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return GS_FD_NONE;
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	if (!inode)
+		return GS_FD_NONE;
+	unsigned long magic = BPF_CORE_READ(inode, i_sb, s_magic);
+	switch (magic) {
+	case ANON_INODE_FS_MAGIC:
+		return GS_FD_ANON;
+	case PROC_SUPER_MAGIC:
+	case SYSFS_MAGIC:
+	case CGROUP_SUPER_MAGIC:
+	case CGROUP2_SUPER_MAGIC:
+	case DEBUGFS_MAGIC:
+	case TRACEFS_MAGIC:
+		return GS_FD_PSEUDO;
+	}
+	umode_t mode = BPF_CORE_READ(inode, i_mode);
+	switch (mode & S_IFMT) {
+	case S_IFREG:
+	case S_IFDIR:
+	case S_IFLNK:
+		return GS_FD_FILE;
+	case S_IFBLK:
+		return GS_FD_BLOCK;
+	case S_IFIFO:
+		return GS_FD_PIPE;
+	case S_IFSOCK: {
+		struct socket *sock = BPF_CORE_READ(file, private_data);
+		__u16 family = BPF_CORE_READ(sock, sk, __sk_common.skc_family);
+		if (family == AF_INET || family == AF_INET6)
+			return GS_FD_SOCK_INET;
+		if (family == AF_UNIX)
+			return GS_FD_SOCK_UNIX;
+		return GS_FD_SOCK_OTHER;
+	}
+	case S_IFCHR: {
+		char name[8] = {};
+		const unsigned char *dname = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+		bpf_probe_read_kernel_str(name, sizeof(name), dname);
+		if (name[0] == 'n' && name[1] == 'v' && name[2] == 'i' && name[3] == 'd' &&
+		    name[4] == 'i' && name[5] == 'a')
+			return GS_FD_GPU;
+		return GS_FD_CHAR;
+	}
+	}
+	return GS_FD_NONE;
+}
+
+/* ------------------------------------------------------------- syscalls */
+
+/* x86_64 syscall numbers of the calls whose arguments matter here. */
+#if defined(__TARGET_ARCH_x86)
+enum {
+	NR_read = 0, NR_write = 1, NR_open = 2, NR_poll = 7, NR_ioctl = 16,
+	NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 19, NR_writev = 20,
+	NR_sendfile = 40, NR_connect = 42, NR_accept = 43, NR_sendto = 44,
+	NR_recvfrom = 45, NR_sendmsg = 46, NR_recvmsg = 47, NR_fcntl = 72,
+	NR_flock = 73, NR_fsync = 74, NR_fdatasync = 75, NR_ftruncate = 77,
+	NR_creat = 85, NR_readahead = 187, NR_getdents64 = 217,
+	NR_fadvise64 = 221, NR_epoll_wait = 232, NR_openat = 257,
+	NR_ppoll = 271, NR_splice = 275, NR_tee = 276, NR_sync_file_range = 277,
+	NR_epoll_pwait = 281, NR_fallocate = 285, NR_accept4 = 288,
+	NR_preadv = 295, NR_pwritev = 296, NR_recvmmsg = 299, NR_syncfs = 306,
+	NR_sendmmsg = 307, NR_copy_file_range = 326, NR_preadv2 = 327,
+	NR_pwritev2 = 328, NR_io_uring_enter = 426, NR_openat2 = 437,
+	NR_epoll_pwait2 = 441,
+};
+#else
+#error "gapscope's syscall table is x86_64-only for now"
+#endif
+
+/* Which argument holds the fd that says what the call waits on. */
+static __always_inline int fd_arg_index(long nr)
+{
+	switch (nr) {
+	case NR_read: case NR_write: case NR_ioctl: case NR_pread64:
+	case NR_pwrite64: case NR_readv: case NR_writev: case NR_connect:
+	case NR_accept: case NR_sendto: case NR_recvfrom: case NR_sendmsg:
+	case NR_recvmsg: case NR_fcntl: case NR_flock: case NR_fsync:
+	case NR_fdatasync: case NR_ftruncate: case NR_readahead:
+	case NR_getdents64: case NR_fadvise64: case NR_epoll_wait:
+	case NR_splice: case NR_tee: case NR_sync_file_range:
+	case NR_epoll_pwait: case NR_fallocate: case NR_accept4: case NR_preadv:
+	case NR_pwritev: case NR_recvmmsg: case NR_syncfs: case NR_sendmmsg:
+	case NR_copy_file_range: case NR_preadv2: case NR_pwritev2:
+	case NR_io_uring_enter: case NR_epoll_pwait2:
+		return 0;
+	case NR_sendfile: /* the source: what a sendfile waits on is its input */
+		return 1;
+	}
+	return -1;
+}
+
+static __always_inline __u64 syscall_arg(struct pt_regs *regs, int i)
+{
+	switch (i) {
+	case 0: return BPF_CORE_READ(regs, di);
+	case 1: return BPF_CORE_READ(regs, si);
+	case 2: return BPF_CORE_READ(regs, dx);
+	}
+	return 0;
+}
+
+SEC("raw_tp/sys_enter")
+int gs_sys_enter(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!is_tracked(tgid))
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)TP_ARG(ctx, 0);
+	long nr = (long)TP_ARG(ctx, 1);
+
+	struct inflight f = {};
+	f.ts = bpf_ktime_get_ns();
+	f.nr = nr;
+	f.fd = -1;
+	int idx = fd_arg_index(nr);
+	if (idx >= 0) {
+		f.fd = (int)syscall_arg(regs, idx);
+	} else if (nr == NR_poll || nr == NR_ppoll) {
+		/* The first polled fd says what kind of wait this is. */
+		struct pollfd pfd = {};
+		void *ufds = (void *)syscall_arg(regs, 0);
+		if (ufds && syscall_arg(regs, 1) > 0 &&
+		    bpf_probe_read_user(&pfd, sizeof(pfd), ufds) == 0)
+			f.fd = pfd.fd;
+	} else if (nr == NR_open || nr == NR_creat) {
+		f.path = syscall_arg(regs, 0);
+	} else if (nr == NR_openat || nr == NR_openat2) {
+		f.path = syscall_arg(regs, 1);
+	}
+	f.fd_kind = fd_kind(f.fd);
+	bpf_map_update_elem(&inflight, &tid, &f, BPF_ANY);
+	return 0;
+}
+
+SEC("raw_tp/sys_exit")
+int gs_sys_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!is_tracked(tgid))
+		return 0;
+	struct inflight *f = bpf_map_lookup_elem(&inflight, &tid);
+	if (!f || f->nr < 0)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	long ret = (long)TP_ARG(ctx, 1);
+
+	struct gs_syscall *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (e) {
+		fill_header(&e->h, GS_EV_SYSCALL, sizeof(*e), tgid, tid, f->ts);
+		e->duration = now - f->ts;
+		e->ret = ret;
+		e->nr = f->nr;
+		e->fd = f->fd;
+		e->fd_kind = f->fd_kind;
+		__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+		bpf_ringbuf_submit(e, rb_flags());
+	} else {
+		count_drop(GS_EV_SYSCALL);
+	}
+
+	if (f->path && ret >= 0) {
+		struct gs_open *o = bpf_ringbuf_reserve(&events, sizeof(*o), 0);
+		if (o) {
+			fill_header(&o->h, GS_EV_OPEN, sizeof(*o), tgid, tid, now);
+			o->fd = ret;
+			o->flags = 0;
+			if (bpf_probe_read_user_str(o->path, sizeof(o->path), (void *)f->path) < 0)
+				o->path[0] = 0;
+			bpf_ringbuf_submit(o, rb_flags());
+		} else {
+			count_drop(GS_EV_OPEN);
+		}
+	}
+	f->nr = -1;
+	f->path = 0;
+	return 0;
+}
+
+/* ---------------------------------------------------------- scheduler */
+
+SEC("raw_tp/sched_switch")
+int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(bool preempt, struct task_struct *prev,
+	 *          struct task_struct *next, unsigned int prev_state) */
+	__u8 preempt = (__u8)TP_ARG(ctx, 0);
+	struct task_struct *prev = (struct task_struct *)TP_ARG(ctx, 1);
+	struct task_struct *next = (struct task_struct *)TP_ARG(ctx, 2);
+	__u64 prev_state = TP_ARG(ctx, 3);
+
+	__u32 prev_tgid = BPF_CORE_READ(prev, tgid), prev_tid = BPF_CORE_READ(prev, pid);
+	__u32 next_tgid = BPF_CORE_READ(next, tgid), next_tid = BPF_CORE_READ(next, pid);
+	__u8 flags = 0;
+	if (prev_tid != 0 && is_tracked(prev_tgid))
+		flags |= GS_SW_PREV_TRACKED;
+	if (next_tid != 0 && is_tracked(next_tgid))
+		flags |= GS_SW_NEXT_TRACKED;
+	if (!flags)
+		return 0;
+	/* A task preempted before it could block stays on the runqueue. */
+	int blocked = !preempt && prev_state != 0;
+	if (!blocked)
+		flags |= GS_SW_PREEMPT;
+
+	__u64 ustack = 0, kstack = 0;
+	if ((flags & GS_SW_PREV_TRACKED) && blocked && gs_offcpu_stacks) {
+		/* current is still prev here. */
+		ustack = capture_stack(ctx, SCRATCH_SWITCH, prev_tgid, 0);
+		kstack = capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	struct gs_switch *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_SWITCH);
+		return 0;
+	}
+	if (flags & GS_SW_PREV_TRACKED)
+		fill_header(&e->h, GS_EV_SWITCH, sizeof(*e), prev_tgid, prev_tid, now);
+	else
+		fill_header(&e->h, GS_EV_SWITCH, sizeof(*e), next_tgid, next_tid, now);
+	e->prev_pid = prev_tgid;
+	e->prev_tid = prev_tid;
+	e->next_pid = next_tgid;
+	e->next_tid = next_tid;
+	e->prev_state = prev_state;
+	e->ustack = ustack;
+	e->kstack = kstack;
+	e->syscall = -1;
+	e->fd = -1;
+	e->fd_kind = GS_FD_NONE;
+	e->flags = flags;
+	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	if (flags & GS_SW_PREV_TRACKED) {
+		struct inflight *f = bpf_map_lookup_elem(&inflight, &prev_tid);
+		if (f && f->nr >= 0) {
+			e->syscall = f->nr;
+			e->fd = f->fd;
+			e->fd_kind = f->fd_kind;
+		}
+	}
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+
+static __always_inline int emit_wakeup(struct task_struct *p, __u8 wflags)
+{
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	if (!is_tracked(tgid))
+		return 0;
+	struct gs_wakeup *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_WAKEUP);
+		return 0;
+	}
+	__u64 id = bpf_get_current_pid_tgid();
+	fill_header(&e->h, GS_EV_WAKEUP, sizeof(*e), tgid, BPF_CORE_READ(p, pid),
+		    bpf_ktime_get_ns());
+	e->waker_pid = id >> 32;
+	e->waker_tid = (__u32)id;
+	e->target_cpu = BPF_CORE_READ(p, wake_cpu);
+	e->flags = wflags;
+	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+
+/* sched_waking, not sched_wakeup: it fires in the waker's context, so
+ * `current` is the waker even when the wakee is activated on another CPU. */
+SEC("raw_tp/sched_waking")
+int gs_sched_waking(struct bpf_raw_tracepoint_args *ctx)
+{
+	return emit_wakeup((struct task_struct *)TP_ARG(ctx, 0), 0);
+}
+
+SEC("raw_tp/sched_wakeup_new")
+int gs_sched_wakeup_new(struct bpf_raw_tracepoint_args *ctx)
+{
+	return emit_wakeup((struct task_struct *)TP_ARG(ctx, 0), GS_WK_NEW);
+}
+
+/* ----------------------------------------------------- process lifetime */
+
+SEC("raw_tp/sched_process_fork")
+int gs_sched_process_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)TP_ARG(ctx, 0);
+	struct task_struct *child = (struct task_struct *)TP_ARG(ctx, 1);
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	if (!is_tracked(parent_tgid))
+		return 0;
+	__u32 child_tgid = BPF_CORE_READ(child, tgid);
+	__u32 child_tid = BPF_CORE_READ(child, pid);
+	__u32 flags = 0;
+	if (child_tgid == parent_tgid) {
+		flags |= GS_FORK_THREAD;
+	} else {
+		__u32 one = 1;
+		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
+	}
+	struct gs_fork *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_FORK);
+		return 0;
+	}
+	fill_header(&e->h, GS_EV_FORK, sizeof(*e), child_tgid, child_tid, bpf_ktime_get_ns());
+	e->parent_pid = parent_tgid;
+	e->parent_tid = BPF_CORE_READ(parent, pid);
+	e->flags = flags;
+	e->_pad = 0;
+	BPF_CORE_READ_STR_INTO(&e->comm, child, comm);
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+
+SEC("raw_tp/sched_process_exec")
+int gs_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm) */
+	struct task_struct *p = (struct task_struct *)TP_ARG(ctx, 0);
+	struct linux_binprm *bprm = (struct linux_binprm *)TP_ARG(ctx, 2);
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	if (!is_tracked(tgid))
+		return 0;
+	struct gs_exec *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_EXEC);
+		return 0;
+	}
+	fill_header(&e->h, GS_EV_EXEC, sizeof(*e), tgid, BPF_CORE_READ(p, pid),
+		    bpf_ktime_get_ns());
+	e->old_tid = (__u32)TP_ARG(ctx, 1);
+	e->_pad = 0;
+	BPF_CORE_READ_STR_INTO(&e->comm, p, comm);
+	const char *filename = BPF_CORE_READ(bprm, filename);
+	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), filename) < 0)
+		e->filename[0] = 0;
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+
+SEC("raw_tp/sched_process_exit")
+int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *p = (struct task_struct *)TP_ARG(ctx, 0);
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	__u32 tid = BPF_CORE_READ(p, pid);
+	if (!is_tracked(tgid))
+		return 0;
+	/* signal->live is decremented before this tracepoint in do_exit(). */
+	int group_dead = BPF_CORE_READ(p, signal, live.counter) == 0;
+	struct gs_exit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (e) {
+		fill_header(&e->h, GS_EV_EXIT, sizeof(*e), tgid, tid, bpf_ktime_get_ns());
+		e->exit_code = BPF_CORE_READ(p, exit_code);
+		if (group_dead) {
+			int group_code = BPF_CORE_READ(p, signal, group_exit_code);
+			if (group_code)
+				e->exit_code = group_code;
+		}
+		e->group_dead = group_dead;
+		__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+		BPF_CORE_READ_STR_INTO(&e->comm, p, comm);
+		bpf_ringbuf_submit(e, rb_flags());
+	} else {
+		count_drop(GS_EV_EXIT);
+	}
+	bpf_map_delete_elem(&inflight, &tid);
+	if (group_dead)
+		bpf_map_delete_elem(&tracked, &tgid);
+	return 0;
+}
+
+/* ------------------------------------------------------ faults, samples */
+
+SEC("raw_tp/page_fault_user")
+int gs_page_fault_user(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code) */
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!is_tracked(tgid))
+		return 0;
+	struct gs_fault *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_FAULT);
+		return 0;
+	}
+	fill_header(&e->h, GS_EV_FAULT, sizeof(*e), tgid, (__u32)id, bpf_ktime_get_ns());
+	e->address = TP_ARG(ctx, 0);
+	e->error_code = TP_ARG(ctx, 2);
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+
+SEC("perf_event")
+int gs_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (tid == 0 || !is_tracked(tgid))
+		return 0;
+	__u64 ustack = capture_stack(ctx, SCRATCH_SAMPLE, tgid, 0);
+	__u64 kstack = capture_stack(ctx, SCRATCH_SAMPLE, 0, 1);
+	struct gs_sample *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_SAMPLE);
+		return 0;
+	}
+	fill_header(&e->h, GS_EV_SAMPLE, sizeof(*e), tgid, tid, bpf_ktime_get_ns());
+	e->ustack = ustack;
+	e->kstack = kstack;
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}

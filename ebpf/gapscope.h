@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The one definition of every record the kernel side hands to userspace.
+ *
+ * The Rust mirror lives in profiler/src/collect/bpf/abi.rs. Both sides assert
+ * the same sizes and offsets (GS_LAYOUT below and `const _` asserts in Rust),
+ * and a unit test parses this file's GS_LAYOUT lines and checks them against
+ * the Rust structs, so a change on one side that is not made on the other
+ * fails the build or the tests instead of silently misreading events.
+ *
+ * Rules: fixed-width fields only, explicit padding, no bool, variable-length
+ * data last with its count in front.
+ */
+#ifndef GAPSCOPE_H
+#define GAPSCOPE_H
+
+#define GS_COMM_LEN 16
+#define GS_PATH_LEN 256
+#define GS_MAX_STACK_DEPTH 127
+
+enum gs_event_kind {
+	GS_EV_SWITCH = 1,
+	GS_EV_WAKEUP = 2,
+	GS_EV_SYSCALL = 3,
+	GS_EV_SAMPLE = 4,
+	GS_EV_FAULT = 5,
+	GS_EV_FORK = 6,
+	GS_EV_EXEC = 7,
+	GS_EV_EXIT = 8,
+	GS_EV_STACK = 9,
+	GS_EV_OPEN = 10,
+	/* Not an event: the size of the per-kind drop counter array. */
+	GS_EV_KIND_MAX = 16,
+};
+
+/* What an fd refers to, decided in the kernel from the inode at syscall entry. */
+enum gs_fd_kind {
+	GS_FD_NONE = 0,
+	GS_FD_FILE = 1,      /* regular file or directory on a real filesystem */
+	GS_FD_BLOCK = 2,     /* block device */
+	GS_FD_SOCK_INET = 3, /* AF_INET / AF_INET6 socket */
+	GS_FD_SOCK_UNIX = 4, /* AF_UNIX socket */
+	GS_FD_SOCK_OTHER = 5,
+	GS_FD_PIPE = 6,  /* pipe or FIFO */
+	GS_FD_ANON = 7,  /* eventfd, epoll, timerfd, signalfd, ... */
+	GS_FD_GPU = 8,   /* /dev/nvidia* */
+	GS_FD_CHAR = 9,  /* any other character device (tty, /dev/null, ...) */
+	GS_FD_PSEUDO = 10, /* procfs, sysfs, cgroupfs, debugfs, tracefs */
+};
+
+/* Every record starts with this. */
+struct gs_header {
+	__u64 ts;   /* CLOCK_MONOTONIC ns (bpf_ktime_get_ns) */
+	__u32 pid;  /* tgid of the thread the record is about */
+	__u32 tid;
+	__u16 kind; /* enum gs_event_kind */
+	__u16 cpu;
+	__u32 size; /* bytes of the whole record, header included */
+};
+
+#define GS_SW_PREV_TRACKED 1
+#define GS_SW_NEXT_TRACKED 2
+#define GS_SW_PREEMPT 4 /* prev stays runnable: it was preempted, not blocked */
+
+/* sched_switch where prev or next (or both) belong to the tracked tree.
+ * header.pid/tid = prev when prev is tracked, else next. */
+struct gs_switch {
+	struct gs_header h;
+	__u32 prev_pid;
+	__u32 prev_tid;
+	__u32 next_pid;
+	__u32 next_tid;
+	__u64 prev_state; /* TASK_* bits of prev at switch-out */
+	__u64 ustack;     /* hash of prev's user stack when it blocked, 0 = none */
+	__u64 kstack;     /* hash of prev's kernel stack when it blocked, 0 = none */
+	__s32 syscall;    /* syscall prev was in when it switched out, -1 = none */
+	__s32 fd;         /* that syscall's fd argument, -1 = none */
+	__u8 fd_kind;     /* enum gs_fd_kind of that fd */
+	__u8 flags;       /* GS_SW_* */
+	__u8 _pad[6];
+};
+
+#define GS_WK_NEW 1 /* sched_wakeup_new: first wakeup of a new task */
+
+/* A tracked thread was made runnable. header = the wakee; waker = current. */
+struct gs_wakeup {
+	struct gs_header h;
+	__u32 waker_pid;
+	__u32 waker_tid;
+	__u32 target_cpu;
+	__u8 flags; /* GS_WK_* */
+	__u8 _pad[3];
+};
+
+/* One completed syscall of a tracked thread. header.ts = entry. */
+struct gs_syscall {
+	struct gs_header h;
+	__u64 duration;
+	__s64 ret;
+	__s32 nr;
+	__s32 fd;
+	__u8 fd_kind;
+	__u8 _pad[7];
+};
+
+/* perf_event cpu-clock sample of a tracked thread. */
+struct gs_sample {
+	struct gs_header h;
+	__u64 ustack;
+	__u64 kstack;
+};
+
+/* exceptions:page_fault_user of a tracked thread. */
+struct gs_fault {
+	struct gs_header h;
+	__u64 address;
+	__u64 error_code;
+};
+
+#define GS_FORK_THREAD 1 /* the child is a new thread, not a new process */
+
+/* sched_process_fork with a tracked parent. header = the child. */
+struct gs_fork {
+	struct gs_header h;
+	__u32 parent_pid;
+	__u32 parent_tid;
+	__u32 flags; /* GS_FORK_* */
+	__u32 _pad;
+	char comm[GS_COMM_LEN];
+};
+
+/* sched_process_exec of a tracked process. */
+struct gs_exec {
+	struct gs_header h;
+	__u32 old_tid;
+	__u32 _pad;
+	char comm[GS_COMM_LEN];
+	char filename[GS_PATH_LEN];
+};
+
+/* sched_process_exit of a tracked thread. */
+struct gs_exit {
+	struct gs_header h;
+	__s32 exit_code;  /* wait(2)-style status of the thread */
+	__u8 group_dead;  /* last thread of its process */
+	__u8 _pad[3];
+	char comm[GS_COMM_LEN];
+};
+
+/* A successful open/openat/openat2/creat of a tracked thread. */
+struct gs_open {
+	struct gs_header h;
+	__s32 fd;
+	__s32 flags;
+	char path[GS_PATH_LEN];
+};
+
+/* A stack seen for the first time (per LRU window). header.pid = owning
+ * process for user stacks, 0 for kernel stacks. Only the first nr_frames
+ * entries of frames are sent: the record is truncated to fit them. */
+struct gs_stack {
+	struct gs_header h;
+	__u64 hash;
+	__u32 nr_frames;
+	__u8 kernel;
+	__u8 _pad[3];
+	__u64 frames[GS_MAX_STACK_DEPTH];
+};
+
+/*
+ * Layout facts, checked by the compiler here and by the Rust test that
+ * parses these lines (profiler/src/collect/bpf/abi.rs).
+ */
+#define GS_LAYOUT_SIZE(type, size) _Static_assert(sizeof(struct type) == size, #type " size")
+#define GS_LAYOUT(type, field, off) \
+	_Static_assert(__builtin_offsetof(struct type, field) == off, #type "." #field " offset")
+
+GS_LAYOUT_SIZE(gs_header, 24);
+GS_LAYOUT(gs_header, ts, 0);
+GS_LAYOUT(gs_header, pid, 8);
+GS_LAYOUT(gs_header, tid, 12);
+GS_LAYOUT(gs_header, kind, 16);
+GS_LAYOUT(gs_header, cpu, 18);
+GS_LAYOUT(gs_header, size, 20);
+
+GS_LAYOUT_SIZE(gs_switch, 80);
+GS_LAYOUT(gs_switch, prev_pid, 24);
+GS_LAYOUT(gs_switch, prev_tid, 28);
+GS_LAYOUT(gs_switch, next_pid, 32);
+GS_LAYOUT(gs_switch, next_tid, 36);
+GS_LAYOUT(gs_switch, prev_state, 40);
+GS_LAYOUT(gs_switch, ustack, 48);
+GS_LAYOUT(gs_switch, kstack, 56);
+GS_LAYOUT(gs_switch, syscall, 64);
+GS_LAYOUT(gs_switch, fd, 68);
+GS_LAYOUT(gs_switch, fd_kind, 72);
+GS_LAYOUT(gs_switch, flags, 73);
+
+GS_LAYOUT_SIZE(gs_wakeup, 40);
+GS_LAYOUT(gs_wakeup, waker_pid, 24);
+GS_LAYOUT(gs_wakeup, waker_tid, 28);
+GS_LAYOUT(gs_wakeup, target_cpu, 32);
+GS_LAYOUT(gs_wakeup, flags, 36);
+
+GS_LAYOUT_SIZE(gs_syscall, 56);
+GS_LAYOUT(gs_syscall, duration, 24);
+GS_LAYOUT(gs_syscall, ret, 32);
+GS_LAYOUT(gs_syscall, nr, 40);
+GS_LAYOUT(gs_syscall, fd, 44);
+GS_LAYOUT(gs_syscall, fd_kind, 48);
+
+GS_LAYOUT_SIZE(gs_sample, 40);
+GS_LAYOUT(gs_sample, ustack, 24);
+GS_LAYOUT(gs_sample, kstack, 32);
+
+GS_LAYOUT_SIZE(gs_fault, 40);
+GS_LAYOUT(gs_fault, address, 24);
+GS_LAYOUT(gs_fault, error_code, 32);
+
+GS_LAYOUT_SIZE(gs_fork, 56);
+GS_LAYOUT(gs_fork, parent_pid, 24);
+GS_LAYOUT(gs_fork, parent_tid, 28);
+GS_LAYOUT(gs_fork, flags, 32);
+GS_LAYOUT(gs_fork, comm, 40);
+
+GS_LAYOUT_SIZE(gs_exec, 304);
+GS_LAYOUT(gs_exec, old_tid, 24);
+GS_LAYOUT(gs_exec, comm, 32);
+GS_LAYOUT(gs_exec, filename, 48);
+
+GS_LAYOUT_SIZE(gs_exit, 48);
+GS_LAYOUT(gs_exit, exit_code, 24);
+GS_LAYOUT(gs_exit, group_dead, 28);
+GS_LAYOUT(gs_exit, comm, 32);
+
+GS_LAYOUT_SIZE(gs_open, 288);
+GS_LAYOUT(gs_open, fd, 24);
+GS_LAYOUT(gs_open, flags, 28);
+GS_LAYOUT(gs_open, path, 32);
+
+GS_LAYOUT_SIZE(gs_stack, 1056);
+GS_LAYOUT(gs_stack, hash, 24);
+GS_LAYOUT(gs_stack, nr_frames, 32);
+GS_LAYOUT(gs_stack, kernel, 36);
+GS_LAYOUT(gs_stack, frames, 40);
+
+#endif /* GAPSCOPE_H */

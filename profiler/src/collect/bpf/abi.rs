@@ -1,0 +1,291 @@
+//! Rust mirror of `ebpf/gapscope.h`, the one definition of every record the
+//! kernel side sends. Layout is asserted here at compile time and checked
+//! against the header's `GS_LAYOUT` lines by a test, so the two cannot drift.
+
+use bytemuck::{Pod, Zeroable};
+
+pub const COMM_LEN: usize = 16;
+pub const PATH_LEN: usize = 256;
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// `enum gs_event_kind`.
+pub mod kind {
+    pub const SWITCH: u16 = 1;
+    pub const WAKEUP: u16 = 2;
+    pub const SYSCALL: u16 = 3;
+    pub const SAMPLE: u16 = 4;
+    pub const FAULT: u16 = 5;
+    pub const FORK: u16 = 6;
+    pub const EXEC: u16 = 7;
+    pub const EXIT: u16 = 8;
+    pub const STACK: u16 = 9;
+    pub const OPEN: u16 = 10;
+    /// Size of the per-kind drop counter array.
+    pub const MAX: usize = 16;
+
+    pub fn name(kind: usize) -> &'static str {
+        match kind as u16 {
+            SWITCH => "switch",
+            WAKEUP => "wakeup",
+            SYSCALL => "syscall",
+            SAMPLE => "sample",
+            FAULT => "fault",
+            FORK => "fork",
+            EXEC => "exec",
+            EXIT => "exit",
+            STACK => "stack",
+            OPEN => "open",
+            _ => "other",
+        }
+    }
+}
+
+pub const SW_PREV_TRACKED: u8 = 1;
+pub const SW_NEXT_TRACKED: u8 = 2;
+pub const SW_PREEMPT: u8 = 4;
+pub const WK_NEW: u8 = 1;
+pub const FORK_THREAD: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Header {
+    pub ts: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: u16,
+    pub cpu: u16,
+    pub size: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Switch {
+    pub h: Header,
+    pub prev_pid: u32,
+    pub prev_tid: u32,
+    pub next_pid: u32,
+    pub next_tid: u32,
+    pub prev_state: u64,
+    pub ustack: u64,
+    pub kstack: u64,
+    pub syscall: i32,
+    pub fd: i32,
+    pub fd_kind: u8,
+    pub flags: u8,
+    pub _pad: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Wakeup {
+    pub h: Header,
+    pub waker_pid: u32,
+    pub waker_tid: u32,
+    pub target_cpu: u32,
+    pub flags: u8,
+    pub _pad: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Syscall {
+    pub h: Header,
+    pub duration: u64,
+    pub ret: i64,
+    pub nr: i32,
+    pub fd: i32,
+    pub fd_kind: u8,
+    pub _pad: [u8; 7],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Sample {
+    pub h: Header,
+    pub ustack: u64,
+    pub kstack: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Fault {
+    pub h: Header,
+    pub address: u64,
+    pub error_code: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Fork {
+    pub h: Header,
+    pub parent_pid: u32,
+    pub parent_tid: u32,
+    pub flags: u32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Exec {
+    pub h: Header,
+    pub old_tid: u32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+    pub filename: [u8; PATH_LEN],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Exit {
+    pub h: Header,
+    pub exit_code: i32,
+    pub group_dead: u8,
+    pub _pad: [u8; 3],
+    pub comm: [u8; COMM_LEN],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Open {
+    pub h: Header,
+    pub fd: i32,
+    pub flags: i32,
+    pub path: [u8; PATH_LEN],
+}
+
+/// Variable length: only `nr_frames` frames are sent, the record is cut short.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct StackHead {
+    pub h: Header,
+    pub hash: u64,
+    pub nr_frames: u32,
+    pub kernel: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Offset of `frames` in `struct gs_stack`; also `size_of::<StackHead>()`.
+pub const STACK_FRAMES_OFFSET: usize = 40;
+pub const STACK_MAX_SIZE: usize = STACK_FRAMES_OFFSET + 8 * MAX_STACK_DEPTH;
+
+macro_rules! layout {
+    ($t:ty, $size:expr; $($field:ident @ $off:expr),* $(,)?) => {
+        const _: () = assert!(std::mem::size_of::<$t>() == $size);
+        $(const _: () = assert!(std::mem::offset_of!($t, $field) == $off);)*
+    };
+}
+
+layout!(Header, 24; ts @ 0, pid @ 8, tid @ 12, kind @ 16, cpu @ 18, size @ 20);
+layout!(Switch, 80; prev_pid @ 24, prev_tid @ 28, next_pid @ 32, next_tid @ 36,
+    prev_state @ 40, ustack @ 48, kstack @ 56, syscall @ 64, fd @ 68, fd_kind @ 72, flags @ 73);
+layout!(Wakeup, 40; waker_pid @ 24, waker_tid @ 28, target_cpu @ 32, flags @ 36);
+layout!(Syscall, 56; duration @ 24, ret @ 32, nr @ 40, fd @ 44, fd_kind @ 48);
+layout!(Sample, 40; ustack @ 24, kstack @ 32);
+layout!(Fault, 40; address @ 24, error_code @ 32);
+layout!(Fork, 56; parent_pid @ 24, parent_tid @ 28, flags @ 32, comm @ 40);
+layout!(Exec, 304; old_tid @ 24, comm @ 32, filename @ 48);
+layout!(Exit, 48; exit_code @ 24, group_dead @ 28, comm @ 32);
+layout!(Open, 288; fd @ 24, flags @ 28, path @ 32);
+layout!(StackHead, STACK_FRAMES_OFFSET; hash @ 24, nr_frames @ 32, kernel @ 36);
+
+/// Reads a record of type `T` from the front of `bytes`, or None if too short.
+pub fn read<T: Pod>(bytes: &[u8]) -> Option<T> {
+    bytes
+        .get(..std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+}
+
+/// A NUL-terminated C string field as UTF-8 (lossy).
+pub fn cstr(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// (C struct name, C field) -> Rust (size, offset), for every GS_LAYOUT line.
+    fn rust_layout(ty: &str, field: Option<&str>) -> Option<usize> {
+        macro_rules! table {
+            ($($c:literal => $t:ty { $($f:ident),* }),* $(,)?) => {
+                match (ty, field) {
+                    $(
+                        ($c, None) => Some(size_of::<$t>()),
+                        $(($c, Some(stringify!($f))) => Some(offset_of!($t, $f)),)*
+                    )*
+                    ("gs_stack", None) => Some(STACK_MAX_SIZE),
+                    ("gs_stack", Some("frames")) => Some(STACK_FRAMES_OFFSET),
+                    _ => None,
+                }
+            };
+        }
+        table! {
+            "gs_header" => Header { ts, pid, tid, kind, cpu, size },
+            "gs_switch" => Switch { prev_pid, prev_tid, next_pid, next_tid, prev_state,
+                                    ustack, kstack, syscall, fd, fd_kind, flags },
+            "gs_wakeup" => Wakeup { waker_pid, waker_tid, target_cpu, flags },
+            "gs_syscall" => Syscall { duration, ret, nr, fd, fd_kind },
+            "gs_sample" => Sample { ustack, kstack },
+            "gs_fault" => Fault { address, error_code },
+            "gs_fork" => Fork { parent_pid, parent_tid, flags, comm },
+            "gs_exec" => Exec { old_tid, comm, filename },
+            "gs_exit" => Exit { exit_code, group_dead, comm },
+            "gs_open" => Open { fd, flags, path },
+            "gs_stack" => StackHead { hash, nr_frames, kernel },
+        }
+    }
+
+    #[test]
+    fn header_layout_matches_rust_mirror() {
+        let header = include_str!("../../../../ebpf/gapscope.h");
+        let mut checked = 0;
+        for line in header.lines() {
+            let line = line.trim();
+            let (args, is_size) = if let Some(rest) = line.strip_prefix("GS_LAYOUT_SIZE(") {
+                (rest, true)
+            } else if let Some(rest) = line.strip_prefix("GS_LAYOUT(") {
+                (rest, false)
+            } else {
+                continue;
+            };
+            let args: Vec<&str> = args
+                .trim_end_matches(");")
+                .split(',')
+                .map(str::trim)
+                .collect();
+            let (ty, field, value) = if is_size {
+                (args[0], None, args[1])
+            } else {
+                (args[0], Some(args[1]), args[2])
+            };
+            let expected: usize = value.parse().expect("numeric layout value");
+            let actual = rust_layout(ty, field)
+                .unwrap_or_else(|| panic!("{ty}.{field:?} has no Rust mirror"));
+            assert_eq!(
+                actual, expected,
+                "{ty}.{field:?}: Rust {actual}, C {expected}"
+            );
+            checked += 1;
+        }
+        assert!(
+            checked > 50,
+            "only {checked} layout lines found in gapscope.h"
+        );
+    }
+
+    #[test]
+    fn cstr_stops_at_nul() {
+        assert_eq!(cstr(b"python3\0garbage"), "python3");
+        assert_eq!(cstr(b"no-nul"), "no-nul");
+    }
+
+    #[test]
+    fn kind_names_cover_every_kind() {
+        for k in 1..=10usize {
+            assert_ne!(kind::name(k), "other", "kind {k}");
+        }
+    }
+}

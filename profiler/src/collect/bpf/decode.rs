@@ -1,0 +1,216 @@
+//! Kernel records (abi) to session records. The only place that knows both.
+
+use super::abi::{self, kind};
+use crate::session::{Event, FdKind, Record, Stack, SwitchOut};
+
+/// Decodes one ring-buffer record. None when it is too short or of an
+/// unknown kind (counted by the caller as malformed, never trusted).
+pub fn decode(bytes: &[u8]) -> Option<Record> {
+    let h: abi::Header = abi::read(bytes)?;
+    let event = match h.kind {
+        kind::SWITCH => {
+            let e: abi::Switch = abi::read(bytes)?;
+            let out = (e.flags & abi::SW_PREV_TRACKED != 0).then(|| SwitchOut {
+                pid: e.prev_pid,
+                tid: e.prev_tid,
+                state: e.prev_state,
+                preempted: e.flags & abi::SW_PREEMPT != 0,
+                ustack: e.ustack,
+                kstack: e.kstack,
+                syscall: (e.syscall >= 0).then_some(e.syscall),
+                fd: e.fd,
+                fd_kind: FdKind::from_raw(e.fd_kind),
+            });
+            let in_ = (e.flags & abi::SW_NEXT_TRACKED != 0).then_some((e.next_pid, e.next_tid));
+            Event::Switch {
+                ts: h.ts,
+                cpu: h.cpu,
+                out,
+                in_,
+            }
+        }
+        kind::WAKEUP => {
+            let e: abi::Wakeup = abi::read(bytes)?;
+            Event::Wakeup {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                waker_pid: e.waker_pid,
+                waker_tid: e.waker_tid,
+                new_task: e.flags & abi::WK_NEW != 0,
+            }
+        }
+        kind::SYSCALL => {
+            let e: abi::Syscall = abi::read(bytes)?;
+            Event::Syscall {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                dur: e.duration,
+                nr: e.nr,
+                fd: e.fd,
+                fd_kind: FdKind::from_raw(e.fd_kind),
+                ret: e.ret,
+            }
+        }
+        kind::SAMPLE => {
+            let e: abi::Sample = abi::read(bytes)?;
+            Event::Sample {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                cpu: h.cpu,
+                ustack: e.ustack,
+                kstack: e.kstack,
+            }
+        }
+        kind::FAULT => {
+            let e: abi::Fault = abi::read(bytes)?;
+            Event::Fault {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                address: e.address,
+                error_code: e.error_code,
+            }
+        }
+        kind::FORK => {
+            let e: abi::Fork = abi::read(bytes)?;
+            Event::Fork {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                parent_pid: e.parent_pid,
+                parent_tid: e.parent_tid,
+                thread: e.flags & abi::FORK_THREAD != 0,
+                comm: abi::cstr(&e.comm),
+            }
+        }
+        kind::EXEC => {
+            let e: abi::Exec = abi::read(bytes)?;
+            Event::Exec {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                old_tid: e.old_tid,
+                comm: abi::cstr(&e.comm),
+                filename: abi::cstr(&e.filename),
+            }
+        }
+        kind::EXIT => {
+            let e: abi::Exit = abi::read(bytes)?;
+            Event::Exit {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                status: e.exit_code,
+                group_dead: e.group_dead != 0,
+                comm: abi::cstr(&e.comm),
+            }
+        }
+        kind::OPEN => {
+            let e: abi::Open = abi::read(bytes)?;
+            Event::Open {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                fd: e.fd,
+                path: abi::cstr(&e.path),
+            }
+        }
+        kind::STACK => {
+            let e: abi::StackHead = abi::read(bytes)?;
+            let n = (e.nr_frames as usize).min(abi::MAX_STACK_DEPTH);
+            let frames = bytes.get(abi::STACK_FRAMES_OFFSET..abi::STACK_FRAMES_OFFSET + 8 * n)?;
+            let addrs = frames
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            return Some(Record::Stack(Stack {
+                hash: e.hash,
+                pid: h.pid,
+                kernel: e.kernel != 0,
+                addrs,
+            }));
+        }
+        _ => return None,
+    };
+    Some(Record::Event(event))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytemuck::Zeroable;
+
+    fn header(kind: u16, size: usize) -> abi::Header {
+        abi::Header {
+            ts: 1_000,
+            pid: 10,
+            tid: 11,
+            kind,
+            cpu: 1,
+            size: size as u32,
+        }
+    }
+
+    #[test]
+    fn switch_with_blocked_prev() {
+        let mut e = abi::Switch::zeroed();
+        e.h = header(kind::SWITCH, std::mem::size_of::<abi::Switch>());
+        e.prev_pid = 10;
+        e.prev_tid = 11;
+        e.prev_state = 1;
+        e.syscall = 0;
+        e.fd = 3;
+        e.fd_kind = 1;
+        e.ustack = 77;
+        e.flags = abi::SW_PREV_TRACKED;
+        let Some(Record::Event(Event::Switch { out, in_, ts, .. })) =
+            decode(bytemuck::bytes_of(&e))
+        else {
+            panic!("not a switch");
+        };
+        assert_eq!(ts, 1_000);
+        assert_eq!(in_, None);
+        let out = out.unwrap();
+        assert_eq!(
+            (out.pid, out.tid, out.syscall, out.fd),
+            (10, 11, Some(0), 3)
+        );
+        assert_eq!(out.fd_kind, FdKind::File);
+        assert!(!out.preempted);
+        assert_eq!(out.ustack, 77);
+    }
+
+    #[test]
+    fn short_and_unknown_records_are_rejected() {
+        let e = abi::Switch::zeroed();
+        let mut bytes = bytemuck::bytes_of(&e).to_vec();
+        bytes[16] = kind::SWITCH as u8;
+        assert!(decode(&bytes[..40]).is_none());
+        bytes[16] = 200;
+        assert!(decode(&bytes).is_none());
+        assert!(decode(&[]).is_none());
+    }
+
+    #[test]
+    fn stack_reads_only_sent_frames() {
+        let mut bytes = vec![0u8; abi::STACK_FRAMES_OFFSET + 16];
+        let mut head = abi::StackHead::zeroed();
+        head.h = header(kind::STACK, bytes.len());
+        head.hash = 5;
+        head.nr_frames = 2;
+        bytes[..abi::STACK_FRAMES_OFFSET].copy_from_slice(bytemuck::bytes_of(&head));
+        bytes[40..48].copy_from_slice(&0x1234u64.to_le_bytes());
+        bytes[48..56].copy_from_slice(&0x5678u64.to_le_bytes());
+        let Some(Record::Stack(s)) = decode(&bytes) else {
+            panic!("not a stack")
+        };
+        assert_eq!(s.addrs, vec![0x1234, 0x5678]);
+        // A frame count larger than what was sent is refused, not over-read.
+        head.nr_frames = 3;
+        bytes[..abi::STACK_FRAMES_OFFSET].copy_from_slice(bytemuck::bytes_of(&head));
+        assert!(decode(&bytes).is_none());
+    }
+}

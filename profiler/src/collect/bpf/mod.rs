@@ -1,0 +1,202 @@
+//! The kernel side seen from userspace: load `ebpf/gapscope.bpf.c` (built by
+//! build.rs), seed the process-tree filter, attach every program, read the
+//! ring buffer and the drop counters.
+
+pub mod abi;
+mod decode;
+
+pub use decode::decode;
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{PerfEvent, RawTracePoint};
+use aya::{include_bytes_aligned, Ebpf, EbpfLoader};
+
+static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gapscope.bpf.o"));
+
+/// Raw tracepoints in the order they are attached: process lifetime first,
+/// so a fork racing with the attach itself is never missed by the filter.
+const RAW_TRACEPOINTS: &[(&str, &str)] = &[
+    ("gs_sched_process_fork", "sched_process_fork"),
+    ("gs_sched_process_exec", "sched_process_exec"),
+    ("gs_sched_process_exit", "sched_process_exit"),
+    ("gs_sched_switch", "sched_switch"),
+    ("gs_sched_waking", "sched_waking"),
+    ("gs_sched_wakeup_new", "sched_wakeup_new"),
+    ("gs_sys_enter", "sys_enter"),
+    ("gs_sys_exit", "sys_exit"),
+    ("gs_page_fault_user", "page_fault_user"),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("loading the BPF object: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("BPF program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("BPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("BPF object lacks {0}")]
+    Missing(&'static str),
+    #[error("listing online CPUs: {0}")]
+    Cpus(#[source] std::io::Error),
+}
+
+#[derive(Clone, Debug)]
+pub struct TracerConfig {
+    /// cpu-clock sampling frequency per CPU, Hz; 0 disables sampling.
+    pub sample_hz: u64,
+    /// Ring buffer size in bytes (rounded up to a power of two pages).
+    pub ring_bytes: u32,
+    /// Capture stacks when a tracked thread blocks.
+    pub offcpu_stacks: bool,
+}
+
+impl Default for TracerConfig {
+    fn default() -> Self {
+        TracerConfig {
+            sample_hz: 99,
+            ring_bytes: 32 << 20,
+            offcpu_stacks: true,
+        }
+    }
+}
+
+/// The loaded programs and the maps userspace talks to.
+pub struct Tracer {
+    ebpf: Ebpf,
+    tracked: BpfHashMap<MapData, u32, u32>,
+    drops: PerCpuArray<MapData, u64>,
+    ring: RingBuf<MapData>,
+    sample_hz: u64,
+}
+
+impl Tracer {
+    /// Loads (verifies) every program; attaches nothing yet.
+    pub fn load(config: &TracerConfig) -> Result<Tracer, BpfError> {
+        let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
+        let offcpu_stacks = config.offcpu_stacks as u8;
+        let wakeup_bytes: u64 = (ring_bytes as u64 / 8).min(1 << 20);
+        let mut ebpf = EbpfLoader::new()
+            .override_global("gs_offcpu_stacks", &offcpu_stacks, true)
+            .override_global("gs_wakeup_bytes", &wakeup_bytes, true)
+            .map_max_entries("events", ring_bytes)
+            .load(OBJECT)
+            .map_err(BpfError::Load)?;
+
+        for (name, _) in RAW_TRACEPOINTS {
+            let prog: &mut RawTracePoint = program(&mut ebpf, name)?;
+            prog.load()
+                .map_err(|source| BpfError::Program { name, source })?;
+        }
+        let sampler: &mut PerfEvent = program(&mut ebpf, "gs_sample")?;
+        sampler.load().map_err(|source| BpfError::Program {
+            name: "gs_sample",
+            source,
+        })?;
+
+        let tracked = take_map(&mut ebpf, "tracked")?;
+        let drops = take_map(&mut ebpf, "drops")?;
+        let ring = take_map(&mut ebpf, "events")?;
+        Ok(Tracer {
+            ebpf,
+            tracked,
+            drops,
+            ring,
+            sample_hz: config.sample_hz,
+        })
+    }
+
+    /// Adds a process (tgid) to the in-kernel filter.
+    pub fn track(&mut self, tgid: u32) -> Result<(), BpfError> {
+        self.tracked
+            .insert(tgid, 1, 0)
+            .map_err(|source| BpfError::Map {
+                name: "tracked",
+                source,
+            })
+    }
+
+    /// Attaches every program. Events flow for tracked processes from here on.
+    pub fn attach(&mut self) -> Result<(), BpfError> {
+        for (name, tp) in RAW_TRACEPOINTS {
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
+            prog.attach(tp)
+                .map_err(|source| BpfError::Program { name, source })?;
+        }
+        if self.sample_hz > 0 {
+            let prog: &mut PerfEvent = program(&mut self.ebpf, "gs_sample")?;
+            let cpus = aya::util::online_cpus().map_err(|(_, e)| BpfError::Cpus(e))?;
+            for cpu in cpus {
+                prog.attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(self.sample_hz),
+                    false,
+                )
+                .map_err(|source| BpfError::Program {
+                    name: "gs_sample",
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn ring_fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// Hands every record waiting in the ring buffer to `f`; returns how many.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            f(&item);
+            n += 1;
+        }
+        n
+    }
+
+    /// Records lost in the kernel so far, per event kind (summed over CPUs).
+    pub fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError> {
+        let mut out = [0u64; abi::kind::MAX];
+        for (kind, slot) in out.iter_mut().enumerate() {
+            let per_cpu = self
+                .drops
+                .get(&(kind as u32), 0)
+                .map_err(|source| BpfError::Map {
+                    name: "drops",
+                    source,
+                })?;
+            *slot = per_cpu.iter().sum();
+        }
+        Ok(out)
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, BpfError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(BpfError::Missing(name))?;
+    prog.try_into()
+        .map_err(|source| BpfError::Program { name, source })
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::Missing(name))?;
+    T::try_from(map).map_err(|source| BpfError::Map { name, source })
+}

@@ -1,0 +1,432 @@
+//! Recording: start or attach to the target tree, stream kernel records into
+//! the session until the target exits, the duration passes or the user
+//! interrupts, then symbolize and close the session.
+
+pub mod bpf;
+pub mod launch;
+pub mod preflight;
+pub mod procfs;
+mod signals;
+mod sink;
+mod status;
+pub mod symbolize;
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::clock;
+use crate::session::{
+    Footer, Mode, Record, SessionError, SessionHeader, SessionWriter, StopReason, FILE_NAME,
+};
+use bpf::{BpfError, Tracer, TracerConfig};
+use launch::LaunchError;
+use preflight::PreflightError;
+use signals::{Signal, SignalSource};
+use sink::Sink;
+
+/// What to record.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Start this command and record it and all its descendants.
+    Command(Vec<String>),
+    /// Record this running process and all its descendants.
+    Pid(u32),
+}
+
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    /// Where to write; None for `gapscope-<pid>-<time>/` in the current directory.
+    pub out_dir: Option<PathBuf>,
+    pub tracer: TracerConfig,
+    /// Stop after this long (attach).
+    pub duration: Option<Duration>,
+    /// Draw the live status line on stderr.
+    pub status_line: bool,
+    /// Extra environment for a started command.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// How a recording ended.
+#[derive(Clone, Debug)]
+pub struct Recording {
+    pub session: PathBuf,
+    pub reason: StopReason,
+    /// The target's exit code, shell style, when it exited during recording.
+    pub exit_code: Option<i32>,
+    pub events: u64,
+    pub drops: u64,
+    /// Target still running when recording stopped (second Ctrl-C).
+    pub target_left_running: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Preflight(#[from] PreflightError),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error("{0}; hint: the kernel may be too old (gapscope needs 5.18+ with BTF), or run `gapscope` as root")]
+    Bpf(#[from] BpfError),
+    #[error("writing the session: {0}")]
+    Session(#[from] SessionError),
+    #[error("no process with pid {0}; hint: check the pid with `ps -p {0}`")]
+    NoSuchProcess(u32),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RecordError {
+    let what = what.into();
+    move |source| RecordError::Io { what, source }
+}
+
+/// The ring buffer's fd, borrowed for readiness only.
+struct Readable(RawFd);
+impl AsRawFd for Readable {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is owned by us.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn header(mode: Mode, pid: u32, command: Vec<String>, sample_hz: u64) -> SessionHeader {
+    let uname = nix_uname();
+    SessionHeader {
+        gapscope_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode,
+        target_pid: pid,
+        command,
+        hostname: uname.0,
+        kernel: uname.1,
+        nr_cpus: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+        start_ns: clock::monotonic_ns(),
+        start_unix_ns: clock::realtime_ns(),
+        sample_hz,
+    }
+}
+
+fn nix_uname() -> (String, String) {
+    // SAFETY: uname fills a zeroed struct.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return (String::new(), String::new());
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    (field(&u.nodename), field(&u.release))
+}
+
+/// Records `target` into `opts.out_dir/session.gsz`.
+pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordError> {
+    preflight::check()?;
+    // Refuse a bad target before anything is created.
+    match &target {
+        Target::Command(argv) => {
+            launch::resolve(argv.first().ok_or(LaunchError::Empty)?)?;
+        }
+        Target::Pid(pid) => {
+            if !procfs::exists(*pid) {
+                return Err(RecordError::NoSuchProcess(*pid));
+            }
+        }
+    }
+    let mut tracer = Tracer::load(&opts.tracer)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("starting the event loop"))?;
+    let signals = SignalSource::install().map_err(io_err("installing signal handlers"))?;
+
+    let (sink, pidfd, child) = match target {
+        Target::Command(argv) => {
+            let paused = launch::spawn_paused(&argv, &opts.env)?;
+            let pid = paused.pid();
+            let started = open_session(opts, pid).and_then(|writer| {
+                tracer.track(pid)?;
+                tracer.attach()?;
+                let pidfd = pidfd_open(pid).map_err(io_err("watching the target"))?;
+                Ok((writer, pidfd))
+            });
+            let (writer, pidfd) = match started {
+                Ok(x) => x,
+                Err(e) => {
+                    paused.abort();
+                    return Err(e);
+                }
+            };
+            let mut sink = Sink::new(writer, pid);
+            sink.push(Record::Header(header(
+                Mode::Run,
+                pid,
+                argv.clone(),
+                opts.tracer.sample_hz,
+            )));
+            // The child is blocked reading the release pipe until now.
+            sink.push(Record::Thread(crate::session::ThreadSeed {
+                pid,
+                tid: pid,
+                comm: procfs::process_info(pid)
+                    .map(|p| p.comm)
+                    .unwrap_or_default(),
+                state: 'S',
+                syscall: Some(0),
+                fd_kind: crate::session::FdKind::Pipe,
+            }));
+            sink.live.insert(pid);
+            paused.release()?;
+            (sink, pidfd, Some(pid))
+        }
+        Target::Pid(pid) => {
+            let pidfd = pidfd_open(pid).map_err(|_| RecordError::NoSuchProcess(pid))?;
+            let writer = open_session(opts, pid)?;
+            tracer.attach()?;
+            let mut sink = Sink::new(writer, pid);
+            let command = procfs::process_info(pid)
+                .map(|p| p.argv)
+                .unwrap_or_default();
+            sink.push(Record::Header(header(
+                Mode::Attach,
+                pid,
+                command,
+                opts.tracer.sample_hz,
+            )));
+            // Seed the filter, then look again: a process forked by an
+            // untracked parent between the scan and the insert would be missed
+            // by the kernel, which only follows tracked parents.
+            for _ in 0..2 {
+                for p in procfs::descendants(pid) {
+                    if sink.live.insert(p) {
+                        tracer.track(p)?;
+                        seed_process(&mut sink, p);
+                    }
+                }
+            }
+            (sink, pidfd, None)
+        }
+    };
+
+    runtime.block_on(event_loop(&mut tracer, sink, pidfd, child, signals, opts))
+}
+
+/// The output directory: `-o DIR`, or `gapscope-<pid>-<time>/` here.
+pub fn default_out_dir(pid: u32) -> PathBuf {
+    let stamp = crate::export::units::utc(clock::realtime_ns())
+        .trim_end_matches(" UTC")
+        .replace(['-', ':'], "")
+        .replace(' ', "-");
+    PathBuf::from(format!("gapscope-{pid}-{stamp}"))
+}
+
+fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordError> {
+    let dir = opts.out_dir.clone().unwrap_or_else(|| default_out_dir(pid));
+    std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+    Ok(SessionWriter::create(&dir.join(FILE_NAME))?)
+}
+
+/// Writes what is known of a process that existed before recording.
+fn seed_process(sink: &mut Sink, pid: u32) {
+    if let Some(info) = procfs::process_info(pid) {
+        sink.push(Record::Process(info));
+    }
+    for tid in procfs::threads(pid) {
+        if let Some(seed) = procfs::thread_seed(pid, tid) {
+            sink.push(Record::Thread(seed));
+        }
+    }
+    for fd in procfs::fd_paths(pid) {
+        sink.push(Record::FdPath(fd));
+    }
+    sink.snapshot_maps(pid);
+}
+
+async fn event_loop(
+    tracer: &mut Tracer,
+    mut sink: Sink,
+    pidfd: OwnedFd,
+    child: Option<u32>,
+    mut signals: SignalSource,
+    opts: &RecordOptions,
+) -> Result<Recording, RecordError> {
+    // SAFETY: the ring buffer fd belongs to `tracer`, which outlives this
+    // function; the pidfd is owned by the AsyncFd itself.
+    let ring =
+        unsafe { AsyncFd::register_with_interest(Readable(tracer.ring_fd()), Interest::READABLE) }
+            .map_err(|e| io_err("polling the ring buffer")(e.into()))?;
+    let exited = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+        .map_err(|e| io_err("watching the target")(e.into()))?;
+    let started = Instant::now();
+    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+    // The kernel wakes us only for large batches; this bounds the latency of
+    // small ones and paces flushes, drop counters and the status line.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut status = status::StatusLine::new(opts.status_line);
+    let mut last_flush = Instant::now();
+    let mut interrupts = 0;
+    let mut target_left_running = false;
+
+    let reason = loop {
+        tokio::select! {
+            guard = ring.readable() => {
+                if let Ok(mut g) = guard {
+                    g.clear_ready();
+                }
+                tracer.drain(|b| sink.handle(b));
+            }
+            _ = tick.tick() => {
+                tracer.drain(|b| sink.handle(b));
+                if last_flush.elapsed() >= Duration::from_secs(1) {
+                    last_flush = Instant::now();
+                    if let Ok(d) = tracer.drops() {
+                        sink.drops_record(&d);
+                    }
+                    if let Err(e) = sink.writer.flush() {
+                        sink.error.get_or_insert(e);
+                    }
+                }
+                let drops = tracer.drops().map(|d| d.iter().sum()).unwrap_or(0);
+                status.update(started.elapsed(), sink.events, drops, sink.live.len());
+            }
+            _ = exited.readable() => break StopReason::TargetExited,
+            _ = sleep_until(deadline) => break StopReason::Duration,
+            sig = signals.recv() => {
+                match (sig, child) {
+                    // `run`: the child gets the signal; we finish when it exits.
+                    (Some(s), Some(pid)) => {
+                        if !s.from_terminal {
+                            // SAFETY: signalling our own child.
+                            unsafe { libc::kill(pid as i32, s.signo) };
+                        }
+                        if s.signo == libc::SIGINT {
+                            interrupts += 1;
+                            if interrupts >= 2 {
+                                target_left_running = true;
+                                break StopReason::Interrupted;
+                            }
+                            status.message("interrupt sent to the target; Ctrl-C again to stop recording now");
+                        }
+                    }
+                    // `attach`: stop recording, leave the target alone.
+                    (Some(Signal { .. }), None) => break StopReason::Interrupted,
+                    (None, _) => {}
+                }
+            }
+        }
+        if sink.error.is_some() {
+            break StopReason::Interrupted;
+        }
+    };
+    status.clear();
+
+    let mut exit_code = None;
+    if let Some(pid) = child {
+        if reason == StopReason::TargetExited {
+            let mut st = 0;
+            // SAFETY: reaping our own exited child.
+            if unsafe { libc::waitpid(pid as i32, &mut st, 0) } == pid as i32 {
+                exit_code = Some(launch::exit_code_of(st));
+            }
+        }
+    }
+    finish(tracer, sink, reason, exit_code, target_left_running)
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Drains what is left, detaches, symbolizes and closes the session.
+fn finish(
+    tracer: &mut Tracer,
+    mut sink: Sink,
+    reason: StopReason,
+    exit_code: Option<i32>,
+    target_left_running: bool,
+) -> Result<Recording, RecordError> {
+    let end_ns = clock::monotonic_ns();
+    tracer.drain(|b| sink.handle(b));
+    let drops = tracer
+        .drops()
+        .map(|d| sink.drops_record(&d))
+        .unwrap_or_default();
+    if let Some(e) = sink.error.take() {
+        return Err(e.into());
+    }
+    let symbols = symbolize::symbolize(&sink.stacks, &sink.maps);
+    for chunk in split_symbols(symbols) {
+        sink.push(Record::Symbols(chunk));
+    }
+    let exit_code = exit_code.or(sink.target_exit);
+    sink.push(Record::End(Footer {
+        end_ns,
+        reason,
+        exit_code,
+        events: sink.events,
+    }));
+    if let Some(e) = sink.error.take() {
+        return Err(e.into());
+    }
+    let session = sink.writer.path().to_path_buf();
+    let events = sink.events;
+    sink.writer.finish()?;
+    Ok(Recording {
+        session,
+        reason,
+        exit_code,
+        events,
+        drops: drops.cpu_events(),
+        target_left_running,
+    })
+}
+
+/// Keeps each Symbols record to a bounded size.
+fn split_symbols(all: crate::session::Symbols) -> Vec<crate::session::Symbols> {
+    use crate::session::Symbols;
+    const PER_RECORD: usize = 2048;
+    let mut out = Vec::new();
+    for stacks in all.stacks.chunks(PER_RECORD) {
+        let mut chunk = Symbols::default();
+        let mut remap = std::collections::HashMap::new();
+        for (hash, idx) in stacks {
+            let idx = idx
+                .iter()
+                .map(|&i| {
+                    *remap.entry(i).or_insert_with(|| {
+                        chunk.frames.push(all.frames[i as usize].clone());
+                        (chunk.frames.len() - 1) as u32
+                    })
+                })
+                .collect();
+            chunk.stacks.push((*hash, idx));
+        }
+        out.push(chunk);
+    }
+    out
+}

@@ -1,0 +1,276 @@
+//! Process and thread metadata from /proc, for the target tree only.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::path::Path;
+
+use crate::session::{FdKind, FdPath, MapRange, ProcessInfo, ThreadSeed};
+
+/// `(comm, state, ppid)` from /proc/<pid>[/task/<tid>]/stat. The comm may
+/// hold spaces and parentheses, so it is cut at the last ')'.
+pub fn parse_stat(stat: &str) -> Option<(String, char, u32)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_string();
+    let mut rest = stat.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some((comm, state, ppid))
+}
+
+fn stat_of(path: &Path) -> Option<(String, char, u32)> {
+    parse_stat(&fs::read_to_string(path).ok()?)
+}
+
+pub fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Owner uid of a process.
+pub fn owner_uid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// `root` and every process below it, breadth first.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some((_, _, ppid)) = stat_of(&entry.path().join("stat")) {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut queue = VecDeque::from([root]);
+    while let Some(pid) = queue.pop_front() {
+        for &child in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+            out.push(child);
+            queue.push_back(child);
+        }
+    }
+    out
+}
+
+pub fn threads(pid: u32) -> Vec<u32> {
+    let mut tids: Vec<u32> = fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    tids.sort_unstable();
+    tids
+}
+
+/// The process's command line; only ever read for processes of the target tree.
+pub fn process_info(pid: u32) -> Option<ProcessInfo> {
+    let (comm, _, ppid) = stat_of(Path::new(&format!("/proc/{pid}/stat")))?;
+    let argv = fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(ProcessInfo {
+        pid,
+        ppid,
+        comm,
+        argv,
+    })
+}
+
+/// A thread's state now, and what it is blocked in, for attach.
+pub fn thread_seed(pid: u32, tid: u32) -> Option<ThreadSeed> {
+    let base = format!("/proc/{pid}/task/{tid}");
+    let (comm, state, _) = stat_of(Path::new(&format!("{base}/stat")))?;
+    // "<nr> <arg0> ..." while in a syscall, "running" or "-1 ..." otherwise.
+    let syscall_line = fs::read_to_string(format!("{base}/syscall")).unwrap_or_default();
+    let mut fields = syscall_line.split_whitespace();
+    let syscall = fields
+        .next()
+        .and_then(|s| s.parse::<i32>().ok())
+        .filter(|&n| n >= 0);
+    let arg0 = fields
+        .next()
+        .and_then(|s| i64::from_str_radix(s.trim_start_matches("0x"), 16).ok());
+    let fd_kind = match (syscall, arg0) {
+        (Some(_), Some(fd)) if (0..1 << 20).contains(&fd) => fd_kind_of(pid, fd as i32),
+        _ => FdKind::None,
+    };
+    Some(ThreadSeed {
+        pid,
+        tid,
+        comm,
+        state,
+        syscall,
+        fd_kind,
+    })
+}
+
+/// The same classification the kernel side makes, from /proc's view.
+pub fn fd_kind_of(pid: u32, fd: i32) -> FdKind {
+    let Ok(target) = fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
+        return FdKind::None;
+    };
+    let target = target.to_string_lossy();
+    if let Some(inode) = target
+        .strip_prefix("socket:[")
+        .and_then(|s| s.strip_suffix(']'))
+    {
+        let unix = fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+        let is_unix = unix
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(6) == Some(inode));
+        return if is_unix {
+            FdKind::SockUnix
+        } else {
+            FdKind::SockInet
+        };
+    }
+    if target.starts_with("pipe:") {
+        return FdKind::Pipe;
+    }
+    if target.starts_with("anon_inode:") {
+        return FdKind::Anon;
+    }
+    if target.starts_with("/dev/nvidia") {
+        return FdKind::Gpu;
+    }
+    if target.starts_with("/proc/") || target.starts_with("/sys/") {
+        return FdKind::Pseudo;
+    }
+    use std::os::unix::fs::FileTypeExt;
+    match fs::metadata(format!("/proc/{pid}/fd/{fd}")) {
+        Ok(m) if m.file_type().is_block_device() => FdKind::Block,
+        Ok(m) if m.file_type().is_char_device() => FdKind::Char,
+        Ok(m) if m.file_type().is_fifo() => FdKind::Pipe,
+        Ok(_) => FdKind::File,
+        Err(_) => FdKind::None,
+    }
+}
+
+/// Paths of a process's open fds.
+pub fn fd_paths(pid: u32) -> Vec<FdPath> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<FdPath> = dir
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let path = fs::read_link(e.path()).ok()?.to_string_lossy().into_owned();
+            Some(FdPath { pid, fd, path })
+        })
+        .collect();
+    out.sort_by_key(|f| f.fd);
+    out
+}
+
+/// Executable mappings of a process, as symbolization needs them.
+pub fn exec_maps(pid: u32) -> Option<Vec<MapRange>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    Some(parse_maps(&text))
+}
+
+pub fn parse_maps(text: &str) -> Vec<MapRange> {
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
+            if !perms.contains('x') {
+                return None;
+            }
+            let _dev = f.next()?;
+            let _inode = f.next()?;
+            let path = f.collect::<Vec<_>>().join(" ");
+            let (start, end) = range.split_once('-')?;
+            Some(MapRange {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let (comm, state, ppid) =
+            parse_stat("42 (a (weird) name) S 7 42 42 0 -1 4194560 0 0").unwrap();
+        assert_eq!((comm.as_str(), state, ppid), ("a (weird) name", 'S', 7));
+        assert!(parse_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn maps_keep_executable_ranges_only() {
+        let text = "\
+55d0c0000000-55d0c0001000 r--p 00000000 08:01 123 /usr/bin/python3.11
+55d0c0001000-55d0c0200000 r-xp 00001000 08:01 123 /usr/bin/python3.11
+7f0000000000-7f0000001000 rwxp 00000000 00:00 0 
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0 [vdso]
+";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 3);
+        assert_eq!(maps[0].start, 0x55d0c0001000);
+        assert_eq!(maps[0].offset, 0x1000);
+        assert_eq!(maps[0].path, "/usr/bin/python3.11");
+        assert_eq!(maps[1].path, "");
+        assert_eq!(maps[2].path, "[vdso]");
+    }
+
+    #[test]
+    fn descendants_of_self_include_a_child() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let tree = descendants(me);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(tree[0], me);
+        assert!(tree.contains(&child.id()), "{tree:?} lacks {}", child.id());
+    }
+
+    #[test]
+    fn seed_of_a_thread_blocked_on_a_pipe() {
+        let mut child = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Wait until cat is blocked in read(0) on the pipe.
+        let mut seed = None;
+        for _ in 0..200 {
+            let s = thread_seed(pid, pid).unwrap();
+            if s.state == 'S' && s.syscall == Some(0) {
+                seed = Some(s);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let seed = seed.expect("cat never blocked in read");
+        assert_eq!(seed.fd_kind, FdKind::Pipe);
+        assert_eq!(seed.comm, "cat");
+    }
+}

@@ -1,0 +1,46 @@
+//! SIGINT/SIGTERM/SIGHUP delivered to the event loop with their origin, so a
+//! Ctrl-C that the terminal already sent to the whole foreground group is not
+//! forwarded to the target a second time.
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::low_level::siginfo::Cause;
+use tokio::sync::mpsc;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Signal {
+    pub signo: i32,
+    /// Sent by the kernel on behalf of the terminal (Ctrl-C, hangup), which
+    /// delivers it to the target as well.
+    pub from_terminal: bool,
+}
+
+pub struct SignalSource {
+    rx: mpsc::UnboundedReceiver<Signal>,
+}
+
+impl SignalSource {
+    pub fn install() -> std::io::Result<SignalSource> {
+        let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("gapscope-signals".into())
+            .spawn(move || {
+                for origin in signals.forever() {
+                    let signal = Signal {
+                        signo: origin.signal,
+                        from_terminal: matches!(origin.cause, Cause::Kernel),
+                    };
+                    if tx.send(signal).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(SignalSource { rx })
+    }
+
+    pub async fn recv(&mut self) -> Option<Signal> {
+        self.rx.recv().await
+    }
+}

@@ -1,0 +1,288 @@
+//! Turns raw stack addresses into function names, so that a session carries
+//! its own symbols and offline reports need neither the target's binaries nor
+//! root. User addresses are mapped to (file, offset) through the /proc maps
+//! snapshots taken while the processes were alive, then symbolized with
+//! blazesym; JIT frames come from perf maps (`/tmp/perf-PID.map`, written by
+//! e.g. Python 3.12+ with `-X perf`); kernel frames from /proc/kallsyms.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+
+use crate::session::{Frame, MapRange, ProcMaps, Stack, Symbols};
+
+const UNKNOWN: &str = "[unknown]";
+
+/// Where a user address lives.
+enum Location {
+    File { path: String, offset: u64 },
+    Anon,
+}
+
+struct Resolver<'a> {
+    /// Per pid, newest snapshot last.
+    maps: HashMap<u32, Vec<&'a [MapRange]>>,
+    perf_maps: HashMap<u32, Option<PerfMap>>,
+    kallsyms: Option<Kallsyms>,
+}
+
+impl<'a> Resolver<'a> {
+    fn locate(&self, pid: u32, addr: u64) -> Option<Location> {
+        let snapshots = self.maps.get(&pid)?;
+        for ranges in snapshots.iter().rev() {
+            if let Some(r) = ranges.iter().find(|r| r.start <= addr && addr < r.end) {
+                if r.path.is_empty() || r.path.starts_with('[') {
+                    return Some(Location::Anon);
+                }
+                return Some(Location::File {
+                    path: r.path.trim_end_matches(" (deleted)").to_string(),
+                    offset: addr - r.start + r.offset,
+                });
+            }
+        }
+        None
+    }
+
+    fn perf_map(&mut self, pid: u32) -> Option<&PerfMap> {
+        self.perf_maps
+            .entry(pid)
+            .or_insert_with(|| PerfMap::load(Path::new(&format!("/tmp/perf-{pid}.map"))))
+            .as_ref()
+    }
+}
+
+/// Symbolizes every stack; frames are interned in the result.
+pub fn symbolize(stacks: &HashMap<u64, Stack>, maps: &[ProcMaps]) -> Symbols {
+    let mut resolver = Resolver {
+        maps: HashMap::new(),
+        perf_maps: HashMap::new(),
+        kallsyms: None,
+    };
+    for m in maps {
+        resolver.maps.entry(m.pid).or_default().push(&m.ranges);
+    }
+    if stacks.values().any(|s| s.kernel) {
+        resolver.kallsyms = Kallsyms::load();
+    }
+
+    // Pass 1: find every (file, offset) to look up, batched per file.
+    let mut per_file: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for s in stacks.values().filter(|s| !s.kernel) {
+        for (i, &addr) in s.addrs.iter().enumerate() {
+            if let Some(Location::File { path, offset }) =
+                resolver.locate(s.pid, lookup_addr(i, addr))
+            {
+                per_file.entry(path).or_default().push(offset);
+            }
+        }
+    }
+    let symbolizer = Symbolizer::new();
+    let mut names: HashMap<(String, u64), String> = HashMap::new();
+    for (path, mut offsets) in per_file {
+        offsets.sort_unstable();
+        offsets.dedup();
+        let src = Source::Elf(Elf::new(&path));
+        let Ok(results) = symbolizer.symbolize(&src, Input::FileOffset(&offsets)) else {
+            continue;
+        };
+        for (offset, result) in offsets.iter().zip(results) {
+            if let Symbolized::Sym(sym) = result {
+                names.insert((path.clone(), *offset), sym.name.into_owned());
+            }
+        }
+    }
+
+    // Pass 2: build interned frames.
+    let mut out = Symbols::default();
+    let mut interned: HashMap<Frame, u32> = HashMap::new();
+    let mut intern = |frame: Frame, out: &mut Symbols| -> u32 {
+        *interned.entry(frame.clone()).or_insert_with(|| {
+            out.frames.push(frame);
+            (out.frames.len() - 1) as u32
+        })
+    };
+    let mut hashes: Vec<&u64> = stacks.keys().collect();
+    hashes.sort_unstable();
+    for hash in hashes {
+        let s = &stacks[hash];
+        let mut idx = Vec::with_capacity(s.addrs.len());
+        for (i, &addr) in s.addrs.iter().enumerate() {
+            let frame = if s.kernel {
+                Frame {
+                    function: resolver
+                        .kallsyms
+                        .as_ref()
+                        .and_then(|k| k.lookup(addr))
+                        .unwrap_or(UNKNOWN)
+                        .to_string(),
+                    module: "[kernel]".into(),
+                }
+            } else {
+                user_frame(&mut resolver, &names, s.pid, lookup_addr(i, addr))
+            };
+            idx.push(intern(frame, &mut out));
+        }
+        out.stacks.push((*hash, idx));
+    }
+    out
+}
+
+/// Return addresses point after the call; look up the call itself.
+fn lookup_addr(index: usize, addr: u64) -> u64 {
+    if index == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
+}
+
+fn user_frame(
+    resolver: &mut Resolver<'_>,
+    names: &HashMap<(String, u64), String>,
+    pid: u32,
+    addr: u64,
+) -> Frame {
+    match resolver.locate(pid, addr) {
+        Some(Location::File { path, offset }) => {
+            let module = Path::new(&path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.clone());
+            let function = names
+                .get(&(path, offset))
+                .cloned()
+                .unwrap_or_else(|| format!("{module}+{offset:#x}"));
+            Frame { function, module }
+        }
+        Some(Location::Anon) | None => {
+            let jit = resolver
+                .perf_map(pid)
+                .and_then(|m| m.lookup(addr))
+                .map(str::to_string);
+            Frame {
+                function: jit.unwrap_or_else(|| UNKNOWN.to_string()),
+                module: String::new(),
+            }
+        }
+    }
+}
+
+/// A `/tmp/perf-PID.map` file: "START SIZE NAME" per line, hex.
+struct PerfMap {
+    entries: Vec<(u64, u64, String)>,
+}
+
+impl PerfMap {
+    fn load(path: &Path) -> Option<PerfMap> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut entries: Vec<(u64, u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.splitn(3, ' ');
+                let start = u64::from_str_radix(f.next()?.trim_start_matches("0x"), 16).ok()?;
+                let size = u64::from_str_radix(f.next()?.trim_start_matches("0x"), 16).ok()?;
+                Some((start, size, f.next()?.to_string()))
+            })
+            .collect();
+        entries.sort_by_key(|e| e.0);
+        Some(PerfMap { entries })
+    }
+
+    fn lookup(&self, addr: u64) -> Option<&str> {
+        let i = self
+            .entries
+            .partition_point(|e| e.0 <= addr)
+            .checked_sub(1)?;
+        let (start, size, name) = &self.entries[i];
+        (addr < start + size).then_some(name.as_str())
+    }
+}
+
+/// /proc/kallsyms text symbols, sorted by address.
+struct Kallsyms {
+    syms: Vec<(u64, String)>,
+}
+
+impl Kallsyms {
+    fn load() -> Option<Kallsyms> {
+        let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+        let mut syms: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                let ty = f.next()?;
+                let name = f.next()?;
+                (addr != 0 && matches!(ty, "t" | "T" | "w" | "W")).then(|| (addr, name.to_string()))
+            })
+            .collect();
+        if syms.is_empty() {
+            return None; // not root: addresses are hidden
+        }
+        syms.sort_by_key(|s| s.0);
+        Some(Kallsyms { syms })
+    }
+
+    fn lookup(&self, addr: u64) -> Option<&str> {
+        let i = self.syms.partition_point(|s| s.0 <= addr).checked_sub(1)?;
+        Some(&self.syms[i].1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn marker_function_for_symbolization() -> usize {
+        marker_function_for_symbolization as *const () as usize
+    }
+
+    #[test]
+    fn own_function_resolves_from_maps_snapshot() {
+        let addr = marker_function_for_symbolization() as u64;
+        let pid = std::process::id();
+        let maps = vec![ProcMaps {
+            pid,
+            ranges: crate::collect::procfs::exec_maps(pid).unwrap(),
+        }];
+        let stack = Stack {
+            hash: 1,
+            pid,
+            kernel: false,
+            addrs: vec![addr + 1, 0x10],
+        };
+        let stacks = HashMap::from([(1, stack)]);
+        let sym = symbolize(&stacks, &maps);
+        let frames: Vec<&Frame> = sym.stacks[0]
+            .1
+            .iter()
+            .map(|&i| &sym.frames[i as usize])
+            .collect();
+        assert!(
+            frames[0]
+                .function
+                .contains("marker_function_for_symbolization"),
+            "{frames:?}"
+        );
+        assert_eq!(frames[1].function, UNKNOWN);
+    }
+
+    #[test]
+    fn perf_map_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("perf-1.map");
+        std::fs::write(
+            &path,
+            "1000 100 py::train:train.py\n2000 10 py::step:train.py\n",
+        )
+        .unwrap();
+        let m = PerfMap::load(&path).unwrap();
+        assert_eq!(m.lookup(0x1050), Some("py::train:train.py"));
+        assert_eq!(m.lookup(0x1100), None);
+        assert_eq!(m.lookup(0x2005), Some("py::step:train.py"));
+        assert_eq!(m.lookup(0x10), None);
+    }
+}

@@ -1,0 +1,382 @@
+//! The report model: everything the text, markdown and JSON summaries show,
+//! computed once. JSON field names are the `gapscope.report/1` contract.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::session::{Frame, Mode, Session, StopReason};
+use crate::timeline::{syscall_name, OffKind, ThreadTimeline, Timeline};
+
+pub const SCHEMA: &str = "gapscope.report/1";
+const TOP_SYSCALLS: usize = 8;
+const TOP_STACKS: usize = 5;
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Report {
+    pub schema: &'static str,
+    pub target: TargetInfo,
+    pub window_ns: Window,
+    pub drops: DropsInfo,
+    pub threads: Vec<ThreadReport>,
+    pub gpus: Vec<GpuReport>,
+    pub recommendations: Vec<Recommendation>,
+    pub session: SessionInfo,
+    pub processes: Vec<ProcessReport>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TargetInfo {
+    pub pid: u32,
+    pub command: Vec<String>,
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Window {
+    pub start: u64,
+    pub end: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct DropsInfo {
+    pub cpu_events: u64,
+    pub gpu_records: u64,
+    pub cpu_by_kind: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SessionInfo {
+    pub gapscope_version: String,
+    pub mode: &'static str,
+    pub hostname: String,
+    pub kernel: String,
+    pub nr_cpus: u32,
+    pub sample_hz: u64,
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+    pub events: u64,
+    pub stop_reason: Option<&'static str>,
+    /// Why the session is incomplete, when it is.
+    pub truncated: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub argv: Vec<String>,
+    pub execs: Vec<String>,
+    pub exit_code: Option<i32>,
+    pub threads: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct OffCpuNs {
+    pub file: u64,
+    pub net: u64,
+    pub ipc: u64,
+    pub sleep: u64,
+    pub gpu: u64,
+    pub fault: u64,
+    pub other: u64,
+}
+
+impl OffCpuNs {
+    pub fn get(&self, kind: OffKind) -> u64 {
+        match kind {
+            OffKind::File => self.file,
+            OffKind::Net => self.net,
+            OffKind::Ipc => self.ipc,
+            OffKind::Sleep => self.sleep,
+            OffKind::Gpu => self.gpu,
+            OffKind::Fault => self.fault,
+            OffKind::Other => self.other,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        OffKind::ALL.iter().map(|&k| self.get(k)).sum()
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct BytesReport {
+    pub file: u64,
+    pub net: u64,
+    pub ipc: u64,
+    pub other: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SyscallReport {
+    pub name: String,
+    pub nr: i32,
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StackReport {
+    /// On-CPU: estimated from samples (samples x period); off-CPU: measured.
+    pub weight_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<OffKind>,
+    /// User frames, innermost first.
+    pub frames: Vec<String>,
+    /// Kernel frames, innermost first.
+    pub kernel_frames: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ThreadReport {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub lifetime_ns: u64,
+    pub on_cpu_ns: u64,
+    pub runnable_ns: u64,
+    pub off_cpu_ns: OffCpuNs,
+    pub read_bytes: BytesReport,
+    pub write_bytes: BytesReport,
+    pub page_faults: u64,
+    pub samples: u64,
+    pub syscalls: Vec<SyscallReport>,
+    pub on_cpu_stacks: Vec<StackReport>,
+    pub off_cpu_stacks: Vec<StackReport>,
+}
+
+/// Filled by the GPU analysis; empty until a GPU source is recorded.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GpuReport {}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Recommendation {
+    pub cause: String,
+    pub title: String,
+    pub evidence: Vec<String>,
+    pub est_speedup: f64,
+}
+
+/// Resolves stack hashes to frame names, from the session's symbols.
+struct Stacks<'a> {
+    session: &'a Session,
+}
+
+impl Stacks<'_> {
+    fn frames(&self, hash: u64) -> Vec<String> {
+        if hash == 0 {
+            return Vec::new();
+        }
+        if let Some(frames) = self.session.symbols.get(&hash) {
+            return frames.iter().map(frame_name).collect();
+        }
+        match self.session.stacks.get(&hash) {
+            Some(s) => s.addrs.iter().map(|a| format!("{a:#x}")).collect(),
+            None => vec!["[stack lost]".into()],
+        }
+    }
+}
+
+fn frame_name(f: &Frame) -> String {
+    f.function.clone()
+}
+
+fn build_thread(t: &ThreadTimeline, stacks: &Stacks, period_ns: u64) -> ThreadReport {
+    let off = |k| t.off.get(&k).copied().unwrap_or(0);
+    let mut syscalls: Vec<SyscallReport> = t
+        .syscalls
+        .iter()
+        .map(|(&nr, s)| SyscallReport {
+            name: syscall_name(nr).into_owned(),
+            nr,
+            count: s.count,
+            total_ns: s.total_ns,
+            max_ns: s.max_ns,
+        })
+        .collect();
+    syscalls.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.nr.cmp(&b.nr)));
+    syscalls.truncate(TOP_SYSCALLS);
+
+    let mut on: Vec<((u64, u64), u64)> = t.samples.iter().map(|(k, v)| (*k, *v)).collect();
+    on.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let on_cpu_stacks = on
+        .into_iter()
+        .take(TOP_STACKS)
+        .map(|((u, k), n)| StackReport {
+            weight_ns: n * period_ns,
+            samples: Some(n),
+            kind: None,
+            frames: stacks.frames(u),
+            kernel_frames: stacks.frames(k),
+        })
+        .collect();
+    let mut offs: Vec<((OffKind, u64, u64), u64)> =
+        t.off_stacks.iter().map(|(k, v)| (*k, *v)).collect();
+    offs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let off_cpu_stacks = offs
+        .into_iter()
+        .take(TOP_STACKS)
+        .map(|((kind, u, k), ns)| StackReport {
+            weight_ns: ns,
+            samples: None,
+            kind: Some(kind),
+            frames: stacks.frames(u),
+            kernel_frames: stacks.frames(k),
+        })
+        .collect();
+
+    ThreadReport {
+        pid: t.pid,
+        tid: t.tid,
+        comm: t.comm.clone(),
+        start_ns: t.start,
+        end_ns: t.end,
+        lifetime_ns: t.lifetime(),
+        on_cpu_ns: t.on_cpu,
+        runnable_ns: t.runnable,
+        off_cpu_ns: OffCpuNs {
+            file: off(OffKind::File),
+            net: off(OffKind::Net),
+            ipc: off(OffKind::Ipc),
+            sleep: off(OffKind::Sleep),
+            gpu: off(OffKind::Gpu),
+            fault: off(OffKind::Fault),
+            other: off(OffKind::Other),
+        },
+        read_bytes: bytes(t.read_bytes),
+        write_bytes: bytes(t.write_bytes),
+        page_faults: t.page_faults,
+        samples: t.samples.values().sum(),
+        syscalls,
+        on_cpu_stacks,
+        off_cpu_stacks,
+    }
+}
+
+fn bytes(b: crate::timeline::thread::Bytes) -> BytesReport {
+    BytesReport {
+        file: b.file,
+        net: b.net,
+        ipc: b.ipc,
+        other: b.other,
+    }
+}
+
+/// Builds the report of a session.
+pub fn build(session: &Session) -> Report {
+    let tl = Timeline::build(session, Default::default());
+    let header = session.header();
+    let stacks = Stacks { session };
+    let period_ns = 1_000_000_000 / header.sample_hz.max(1);
+
+    let threads: Vec<ThreadReport> = tl
+        .threads
+        .values()
+        .map(|t| build_thread(t, &stacks, period_ns))
+        .collect();
+
+    let mut thread_counts: HashMap<u32, usize> = HashMap::new();
+    for t in &threads {
+        *thread_counts.entry(t.pid).or_default() += 1;
+    }
+    let processes = tl
+        .processes
+        .values()
+        .map(|p| ProcessReport {
+            pid: p.pid,
+            ppid: p.ppid,
+            comm: p.comm.clone(),
+            argv: p.argv.clone(),
+            execs: p.execs.clone(),
+            exit_code: p.exit_code,
+            threads: thread_counts.get(&p.pid).copied().unwrap_or(0),
+        })
+        .collect();
+
+    let footer = session.footer.as_ref();
+    let exit_code = footer.and_then(|f| f.exit_code).or_else(|| {
+        tl.processes
+            .get(&header.target_pid)
+            .and_then(|p| p.exit_code)
+    });
+    let mut notes = session.notes.clone();
+    notes.extend(stack_depth_note(session, &tl));
+
+    Report {
+        schema: SCHEMA,
+        target: TargetInfo {
+            pid: header.target_pid,
+            command: header.command.clone(),
+            exit_code,
+        },
+        window_ns: Window {
+            start: tl.start,
+            end: tl.end,
+        },
+        drops: DropsInfo {
+            cpu_events: session.drops.cpu_events(),
+            gpu_records: session.drops.gpu_records,
+            cpu_by_kind: session.drops.cpu_by_kind.iter().cloned().collect(),
+        },
+        threads,
+        gpus: Vec::new(),
+        recommendations: Vec::new(),
+        session: SessionInfo {
+            gapscope_version: header.gapscope_version.clone(),
+            mode: match header.mode {
+                Mode::Run => "run",
+                Mode::Attach => "attach",
+            },
+            hostname: header.hostname.clone(),
+            kernel: header.kernel.clone(),
+            nr_cpus: header.nr_cpus,
+            sample_hz: header.sample_hz,
+            start_unix_ns: header.start_unix_ns,
+            duration_ns: tl.end - tl.start,
+            events: session.events.len() as u64,
+            stop_reason: footer.map(|f| match f.reason {
+                StopReason::TargetExited => "target exited",
+                StopReason::Duration => "duration reached",
+                StopReason::Interrupted => "interrupted",
+            }),
+            truncated: session.truncated.clone(),
+        },
+        processes,
+        notes,
+    }
+}
+
+/// Debian's and most distributions' glibc lack frame pointers, so a user
+/// stack captured inside libc often stops there. Say so when it matters.
+fn stack_depth_note(session: &Session, tl: &Timeline) -> Option<String> {
+    let mut total = 0u64;
+    let mut short_in_libc = 0u64;
+    for t in tl.threads.values() {
+        for (&(_, ustack, _), &ns) in &t.off_stacks {
+            total += ns;
+            let short = session.symbols.get(&ustack).is_some_and(|frames| {
+                frames.len() <= 2
+                    && frames
+                        .first()
+                        .is_some_and(|f| f.module.starts_with("libc.so"))
+            });
+            if short {
+                short_in_libc += ns;
+            }
+        }
+    }
+    (total > 0 && short_in_libc * 4 >= total).then(|| {
+        "user stacks that block inside glibc are short: this system's libc is built without \
+         frame pointers, so unwinding stops there (times and syscalls are exact; only the \
+         call chain above libc is missing)"
+            .to_string()
+    })
+}

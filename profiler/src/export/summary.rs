@@ -1,0 +1,373 @@
+//! The human summaries (text for terminals, markdown for issues and chats).
+//! Both show the same content, built once here as sections of lines and
+//! tables; only the layout differs.
+
+use std::io::{self, Write};
+
+use super::report::{Report, StackReport, ThreadReport};
+use super::units;
+use crate::timeline::OffKind;
+
+/// Most threads listed in the per-thread table; the JSON has all.
+const MAX_THREAD_ROWS: usize = 40;
+/// Frames shown per stack.
+const MAX_FRAMES: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    Text,
+    Markdown,
+}
+
+struct Table {
+    header: Vec<&'static str>,
+    /// Right-aligned columns (numbers).
+    right: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+enum Block {
+    Heading(String),
+    Line(String),
+    Table(Table),
+    Bullets(Vec<String>),
+}
+
+pub fn write_summary(report: &Report, style: Style, mut out: impl Write) -> io::Result<()> {
+    for block in blocks(report) {
+        match style {
+            Style::Text => write_text(&block, &mut out)?,
+            Style::Markdown => write_markdown(&block, &mut out)?,
+        }
+    }
+    Ok(())
+}
+
+fn blocks(r: &Report) -> Vec<Block> {
+    let mut b = Vec::new();
+    let cmd = if r.target.command.is_empty() {
+        "?".to_string()
+    } else {
+        r.target.command.join(" ")
+    };
+    let exit = match r.target.exit_code {
+        Some(c) => format!("exit {c}"),
+        None => "still running".into(),
+    };
+    b.push(Block::Heading(format!(
+        "gapscope · {cmd} · pid {} · {exit}",
+        r.target.pid
+    )));
+    let s = &r.session;
+    b.push(Block::Line(format!(
+        "{} {} · {} · {} on {} (Linux {}, {} CPUs) · {} events · {} Hz sampling",
+        if s.mode == "run" { "ran" } else { "attached" },
+        units::utc(s.start_unix_ns),
+        units::duration(s.duration_ns),
+        s.stop_reason.unwrap_or("recording cut short"),
+        s.hostname,
+        s.kernel,
+        s.nr_cpus,
+        units::count(s.events),
+        s.sample_hz
+    )));
+    if let Some(why) = &s.truncated {
+        b.push(Block::Line(format!(
+            "TRUNCATED session: {why}; everything up to that point is shown"
+        )));
+    }
+    b.push(Block::Line(drops_line(r)));
+    b.push(Block::Line(if r.gpus.is_empty() {
+        "GPUs: none recorded in this session (CPU-side account only)".into()
+    } else {
+        format!("GPUs: {}", r.gpus.len())
+    }));
+
+    b.push(Block::Heading(
+        "Where each thread's time went (share of its lifetime)".into(),
+    ));
+    b.push(Block::Table(thread_table(r)));
+
+    let io: Vec<String> = r
+        .threads
+        .iter()
+        .filter_map(|t| {
+            let rd = t.read_bytes.file + t.read_bytes.net + t.read_bytes.ipc + t.read_bytes.other;
+            let wr =
+                t.write_bytes.file + t.write_bytes.net + t.write_bytes.ipc + t.write_bytes.other;
+            (rd + wr > 0).then(|| {
+                let parts = |x: &super::report::BytesReport| {
+                    [
+                        ("file", x.file),
+                        ("net", x.net),
+                        ("ipc", x.ipc),
+                        ("other", x.other),
+                    ]
+                    .iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(k, n)| format!("{k} {}", units::bytes(*n)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                };
+                let mut line = format!("{}: ", who(t));
+                if rd > 0 {
+                    line += &format!("read {}", parts(&t.read_bytes));
+                }
+                if wr > 0 {
+                    if rd > 0 {
+                        line += " · ";
+                    }
+                    line += &format!("wrote {}", parts(&t.write_bytes));
+                }
+                line
+            })
+        })
+        .collect();
+    if !io.is_empty() {
+        b.push(Block::Heading("Bytes moved".into()));
+        b.push(Block::Bullets(io));
+    }
+
+    let sys: Vec<String> = r
+        .threads
+        .iter()
+        .filter(|t| !t.syscalls.is_empty())
+        .map(|t| {
+            let calls: Vec<String> = t
+                .syscalls
+                .iter()
+                .take(4)
+                .map(|s| {
+                    format!(
+                        "{} ×{} {} (max {})",
+                        s.name,
+                        units::count(s.count),
+                        units::duration(s.total_ns),
+                        units::duration(s.max_ns)
+                    )
+                })
+                .collect();
+            format!("{}: {}", who(t), calls.join(" · "))
+        })
+        .collect();
+    if !sys.is_empty() {
+        b.push(Block::Heading("Top syscalls by time".into()));
+        b.push(Block::Bullets(sys));
+    }
+
+    let on = top_stacks(r, |t| &t.on_cpu_stacks);
+    if !on.is_empty() {
+        b.push(Block::Heading(format!(
+            "Top on-CPU stacks (sampled at {} Hz)",
+            r.session.sample_hz
+        )));
+        b.push(Block::Bullets(on));
+    }
+    let off = top_stacks(r, |t| &t.off_cpu_stacks);
+    if !off.is_empty() {
+        b.push(Block::Heading("Top off-CPU stacks (blocked time)".into()));
+        b.push(Block::Bullets(off));
+    }
+    if !r.notes.is_empty() {
+        b.push(Block::Heading("Notes".into()));
+        b.push(Block::Bullets(r.notes.clone()));
+    }
+    b
+}
+
+fn who(t: &ThreadReport) -> String {
+    format!("{}/{} {}", t.pid, t.tid, t.comm)
+}
+
+fn drops_line(r: &Report) -> String {
+    if r.drops.cpu_events == 0 && r.drops.gpu_records == 0 {
+        return "drops: none".into();
+    }
+    let by_kind: Vec<String> = r
+        .drops
+        .cpu_by_kind
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    format!(
+        "drops: {} CPU events ({}), {} GPU records — times around them are less certain; \
+         a larger --buffer-mb or a lower --freq helps",
+        r.drops.cpu_events,
+        by_kind.join(", "),
+        r.drops.gpu_records
+    )
+}
+
+fn thread_table(r: &Report) -> Table {
+    let mut header = vec!["PID", "TID", "COMM", "LIFETIME", "ON-CPU", "RUNQ"];
+    header.extend(OffKind::ALL.iter().map(|k| match k {
+        OffKind::File => "FILE",
+        OffKind::Net => "NET",
+        OffKind::Ipc => "IPC",
+        OffKind::Sleep => "SLEEP",
+        OffKind::Gpu => "GPU",
+        OffKind::Fault => "FAULT",
+        OffKind::Other => "OTHER",
+    }));
+    let mut right = vec![true; header.len()];
+    right[2] = false;
+    let mut threads: Vec<&ThreadReport> = r.threads.iter().collect();
+    let hidden = threads.len().saturating_sub(MAX_THREAD_ROWS);
+    if hidden > 0 {
+        threads.sort_by_key(|t| std::cmp::Reverse(t.on_cpu_ns + t.off_cpu_ns.total()));
+        threads.truncate(MAX_THREAD_ROWS);
+        threads.sort_by_key(|t| (t.pid, t.tid));
+    }
+    let mut rows: Vec<Vec<String>> = threads
+        .iter()
+        .map(|t| {
+            let life = t.lifetime_ns;
+            let mut row = vec![
+                t.pid.to_string(),
+                t.tid.to_string(),
+                t.comm.clone(),
+                units::duration(life),
+                units::percent(t.on_cpu_ns, life),
+                units::percent(t.runnable_ns, life),
+            ];
+            row.extend(
+                OffKind::ALL
+                    .iter()
+                    .map(|&k| units::percent(t.off_cpu_ns.get(k), life)),
+            );
+            row
+        })
+        .collect();
+    if hidden > 0 {
+        let mut row = vec![String::new(); header.len()];
+        row[2] = format!("… {hidden} more threads (see --format json)");
+        rows.push(row);
+    }
+    Table {
+        header,
+        right,
+        rows,
+    }
+}
+
+fn top_stacks(r: &Report, pick: impl Fn(&ThreadReport) -> &Vec<StackReport>) -> Vec<String> {
+    let mut all: Vec<(&ThreadReport, &StackReport)> = r
+        .threads
+        .iter()
+        .flat_map(|t| pick(t).iter().map(move |s| (t, s)))
+        .collect();
+    all.sort_by(|a, b| b.1.weight_ns.cmp(&a.1.weight_ns));
+    all.into_iter()
+        .take(6)
+        .map(|(t, s)| {
+            let mut frames: Vec<&str> = s
+                .frames
+                .iter()
+                .take(MAX_FRAMES)
+                .map(String::as_str)
+                .collect();
+            if s.frames.len() > MAX_FRAMES {
+                frames.push("…");
+            }
+            let chain = if frames.is_empty() {
+                "[no user stack]".to_string()
+            } else {
+                frames.join(" ← ")
+            };
+            let kind = s.kind.map(|k| format!("{} ", k.name())).unwrap_or_default();
+            // The kernel frame just below the syscall entry says what it did.
+            let kernel = s
+                .kernel_frames
+                .iter()
+                .rev()
+                .find(|f| {
+                    !f.starts_with("entry_")
+                        && !f.starts_with("do_syscall")
+                        && !f.starts_with("x64_sys_call")
+                })
+                .map(|f| format!("  [kernel: {f}]"))
+                .unwrap_or_default();
+            format!(
+                "{} {kind}{}: {chain}{kernel}",
+                who(t),
+                units::duration(s.weight_ns)
+            )
+        })
+        .collect()
+}
+
+fn write_text(block: &Block, out: &mut impl Write) -> io::Result<()> {
+    match block {
+        Block::Heading(h) => writeln!(out, "\n{h}"),
+        Block::Line(l) => writeln!(out, "{l}"),
+        Block::Bullets(items) => {
+            for i in items {
+                writeln!(out, "  {i}")?;
+            }
+            Ok(())
+        }
+        Block::Table(t) => {
+            let widths: Vec<usize> = (0..t.header.len())
+                .map(|c| {
+                    t.rows
+                        .iter()
+                        .map(|r| r[c].chars().count())
+                        .chain([t.header[c].len()])
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            let line = |cells: Vec<&str>| {
+                let mut s = String::from(" ");
+                for (c, cell) in cells.iter().enumerate() {
+                    let pad = widths[c].saturating_sub(cell.chars().count());
+                    s.push(' ');
+                    if t.right[c] {
+                        s += &" ".repeat(pad);
+                        s += cell;
+                    } else {
+                        s += cell;
+                        s += &" ".repeat(pad);
+                    }
+                }
+                s.trim_end().to_string()
+            };
+            writeln!(out, "{}", line(t.header.clone()))?;
+            for r in &t.rows {
+                writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn write_markdown(block: &Block, out: &mut impl Write) -> io::Result<()> {
+    match block {
+        Block::Heading(h) => writeln!(out, "\n### {}\n", md_escape(h)),
+        Block::Line(l) => writeln!(out, "{}  ", md_escape(l)),
+        Block::Bullets(items) => {
+            for i in items {
+                writeln!(out, "- `{}`", i.replace('`', "'"))?;
+            }
+            Ok(())
+        }
+        Block::Table(t) => {
+            writeln!(out, "| {} |", t.header.join(" | "))?;
+            let align: Vec<&str> = t
+                .right
+                .iter()
+                .map(|&r| if r { "---:" } else { "---" })
+                .collect();
+            writeln!(out, "|{}|", align.join("|"))?;
+            for r in &t.rows {
+                let cells: Vec<String> = r.iter().map(|c| md_escape(c)).collect();
+                writeln!(out, "| {} |", cells.join(" | "))?;
+            }
+            Ok(())
+        }
+    }
+}

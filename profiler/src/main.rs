@@ -1,0 +1,224 @@
+//! The `gapscope` command line: clap arguments turned into library calls.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
+use gapscope::export::{self, Format};
+use gapscope::session;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gapscope",
+    version,
+    about = "Why do your GPUs sit idle? Records a process tree with eBPF and tells where its time went.",
+    long_about = None,
+    after_help = "Examples:\n  sudo gapscope run -- python3 train.py\n  sudo gapscope attach --pid 4242 --duration 30\n  gapscope report gapscope-4242-20261129-164012/ --format json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start a command and record it and all its descendants until it exits.
+    Run {
+        #[command(flatten)]
+        rec: RecordArgs,
+        /// The command to run, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Record a running process, its threads and all its descendants.
+    Attach {
+        /// Process to record.
+        #[arg(long, short = 'p')]
+        pid: u32,
+        /// Stop after this many seconds (default: until Ctrl-C or the target exits).
+        #[arg(long, short = 'd', value_name = "SECS")]
+        duration: Option<f64>,
+        #[command(flatten)]
+        rec: RecordArgs,
+    },
+    /// Print the report of a recorded session (no privileges needed).
+    Report {
+        /// A session file (session.gsz) or a run directory.
+        path: PathBuf,
+        #[arg(long, short = 'f', value_enum, default_value_t = FormatArg::Text)]
+        format: FormatArg,
+    },
+}
+
+#[derive(Args, Debug)]
+struct RecordArgs {
+    /// Output directory [default: ./gapscope-<pid>-<time>/]
+    #[arg(long, short = 'o', value_name = "DIR")]
+    output: Option<PathBuf>,
+    /// cpu-clock sampling frequency per CPU, Hz (0 turns sampling off).
+    #[arg(long, default_value_t = 99, value_name = "HZ", value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    freq: u64,
+    /// Kernel ring buffer size, MiB.
+    #[arg(long, default_value_t = 32, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    buffer_mb: u32,
+    /// Do not capture stacks when threads block (cheaper; no off-CPU stacks).
+    #[arg(long)]
+    no_offcpu_stacks: bool,
+    /// No status line while recording, no report at the end.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FormatArg {
+    Text,
+    Json,
+    Md,
+}
+
+impl From<FormatArg> for Format {
+    fn from(f: FormatArg) -> Format {
+        match f {
+            FormatArg::Text => Format::Text,
+            FormatArg::Json => Format::Json,
+            FormatArg::Md => Format::Markdown,
+        }
+    }
+}
+
+impl RecordArgs {
+    fn options(&self, duration: Option<Duration>) -> RecordOptions {
+        RecordOptions {
+            out_dir: self.output.clone(),
+            tracer: TracerConfig {
+                sample_hz: self.freq,
+                ring_bytes: self.buffer_mb << 20,
+                offcpu_stacks: !self.no_offcpu_stacks,
+            },
+            duration,
+            status_line: !self.quiet && std::io::stderr().is_terminal(),
+            env: std::env::vars_os().collect::<Vec<(OsString, OsString)>>(),
+        }
+    }
+}
+
+/// One line: the error and its causes, outermost first.
+fn fail(err: impl Into<Box<dyn std::error::Error>>) -> ExitCode {
+    let err = err.into();
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line += &format!(": {text}");
+        }
+        source = cause.source();
+    }
+    eprintln!("gapscope: error: {line}");
+    ExitCode::from(1)
+}
+
+/// Reads the session back from disk, writes the report files beside it and
+/// prints the text report: what is printed is exactly what `report` shows.
+fn after_recording(rec: &Recording, quiet: bool) -> Result<(), String> {
+    let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
+    let s = session::read_session(&rec.session).map_err(|e| e.to_string())?;
+    let report = export::build_report(&s);
+    export::write_bundle(dir, &report).map_err(|e| format!("writing reports: {e}"))?;
+    if !quiet {
+        let mut err = std::io::stderr().lock();
+        export::write_report(&report, Format::Text, &mut err).map_err(|e| e.to_string())?;
+        eprintln!("\ngapscope: session and reports in {}/", dir.display());
+    }
+    if rec.target_left_running {
+        eprintln!("gapscope: recording stopped; the target is still running");
+    }
+    Ok(())
+}
+
+fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
+    match collect::record(target, &opts) {
+        Ok(rec) => {
+            if let Err(e) = after_recording(&rec, quiet) {
+                return fail(e);
+            }
+            match rec.exit_code {
+                Some(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                None => ExitCode::SUCCESS,
+            }
+        }
+        Err(RecordError::Launch(e)) => {
+            eprintln!("gapscope: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { rec, cmd } => record(Target::Command(cmd), rec.options(None), rec.quiet),
+        Command::Attach { pid, duration, rec } => {
+            let duration = match duration {
+                Some(d) if !(d > 0.0 && d.is_finite()) => {
+                    eprintln!("gapscope: error: --duration must be a positive number of seconds");
+                    return ExitCode::from(2);
+                }
+                d => d.map(Duration::from_secs_f64),
+            };
+            record(Target::Pid(pid), rec.options(duration), rec.quiet)
+        }
+        Command::Report { path, format } => {
+            let s = match session::read_session(&path) {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            };
+            let report = export::build_report(&s);
+            let stdout = std::io::stdout().lock();
+            match export::write_report(&report, format.into(), stdout) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_dashes() {
+        let cli = Cli::try_parse_from(["gapscope", "run", "-o", "d", "--", "python3", "-c", "1"])
+            .unwrap();
+        let Command::Run { rec, cmd } = cli.command else {
+            panic!()
+        };
+        assert_eq!(cmd, ["python3", "-c", "1"]);
+        assert_eq!(rec.output, Some(PathBuf::from("d")));
+        assert_eq!(rec.freq, 99);
+    }
+
+    #[test]
+    fn misuse_is_rejected() {
+        assert!(Cli::try_parse_from(["gapscope", "run"]).is_err());
+        assert!(Cli::try_parse_from(["gapscope", "attach"]).is_err());
+        assert!(Cli::try_parse_from(["gapscope", "attach", "--pid", "x"]).is_err());
+        assert!(
+            Cli::try_parse_from(["gapscope", "run", "--freq", "100000", "--", "true"]).is_err()
+        );
+    }
+}

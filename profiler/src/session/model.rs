@@ -1,0 +1,293 @@
+//! What a session holds: the records written while recording, in the order
+//! they were observed. Independent of the kernel ABI, so the BPF side can
+//! change without breaking recorded sessions.
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped when a record changes meaning; readers refuse newer versions.
+pub const FORMAT_VERSION: u16 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Record {
+    Header(SessionHeader),
+    Event(Event),
+    Stack(Stack),
+    Process(ProcessInfo),
+    Thread(ThreadSeed),
+    Maps(ProcMaps),
+    FdPath(FdPath),
+    Drops(Drops),
+    Symbols(Symbols),
+    Note(String),
+    End(Footer),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    Run,
+    Attach,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionHeader {
+    pub gapscope_version: String,
+    pub mode: Mode,
+    pub target_pid: u32,
+    pub command: Vec<String>,
+    pub hostname: String,
+    pub kernel: String,
+    pub nr_cpus: u32,
+    /// CLOCK_MONOTONIC ns at which recording started (the window start).
+    pub start_ns: u64,
+    /// CLOCK_REALTIME ns read together with `start_ns`, to print wall times.
+    pub start_unix_ns: u64,
+    pub sample_hz: u64,
+}
+
+/// Kind of the file behind an fd, decided in the kernel (`enum gs_fd_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum FdKind {
+    None,
+    File,
+    Block,
+    SockInet,
+    SockUnix,
+    SockOther,
+    Pipe,
+    Anon,
+    Gpu,
+    Char,
+    Pseudo,
+}
+
+impl FdKind {
+    pub fn from_raw(raw: u8) -> FdKind {
+        match raw {
+            1 => FdKind::File,
+            2 => FdKind::Block,
+            3 => FdKind::SockInet,
+            4 => FdKind::SockUnix,
+            5 => FdKind::SockOther,
+            6 => FdKind::Pipe,
+            7 => FdKind::Anon,
+            8 => FdKind::Gpu,
+            9 => FdKind::Char,
+            10 => FdKind::Pseudo,
+            _ => FdKind::None,
+        }
+    }
+}
+
+/// The thread that left a CPU in a `Switch`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SwitchOut {
+    pub pid: u32,
+    pub tid: u32,
+    /// TASK_* state bits; meaningless when `preempted`.
+    pub state: u64,
+    /// Still runnable: preempted, or yielded, rather than blocked.
+    pub preempted: bool,
+    pub ustack: u64,
+    pub kstack: u64,
+    /// Syscall in flight, if any.
+    pub syscall: Option<i32>,
+    pub fd: i32,
+    pub fd_kind: FdKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// A tracked thread left (`out`) and/or took (`in_`) a CPU.
+    Switch {
+        ts: u64,
+        cpu: u16,
+        out: Option<SwitchOut>,
+        in_: Option<(u32, u32)>,
+    },
+    Wakeup {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        waker_pid: u32,
+        waker_tid: u32,
+        new_task: bool,
+    },
+    Syscall {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        dur: u64,
+        nr: i32,
+        fd: i32,
+        fd_kind: FdKind,
+        ret: i64,
+    },
+    Sample {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        cpu: u16,
+        ustack: u64,
+        kstack: u64,
+    },
+    Fault {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        address: u64,
+        error_code: u64,
+    },
+    Fork {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        parent_pid: u32,
+        parent_tid: u32,
+        thread: bool,
+        comm: String,
+    },
+    Exec {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        old_tid: u32,
+        comm: String,
+        filename: String,
+    },
+    Exit {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        /// wait(2)-style status of the thread.
+        status: i32,
+        group_dead: bool,
+        comm: String,
+    },
+    Open {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        fd: i32,
+        path: String,
+    },
+}
+
+impl Event {
+    pub fn ts(&self) -> u64 {
+        match self {
+            Event::Switch { ts, .. }
+            | Event::Wakeup { ts, .. }
+            | Event::Syscall { ts, .. }
+            | Event::Sample { ts, .. }
+            | Event::Fault { ts, .. }
+            | Event::Fork { ts, .. }
+            | Event::Exec { ts, .. }
+            | Event::Exit { ts, .. }
+            | Event::Open { ts, .. } => *ts,
+        }
+    }
+}
+
+/// A raw stack as captured, identified by the hash the kernel gave it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stack {
+    pub hash: u64,
+    /// Owning process for user stacks; 0 for kernel stacks.
+    pub pid: u32,
+    pub kernel: bool,
+    /// Innermost frame first.
+    pub addrs: Vec<u64>,
+}
+
+/// A process of the target tree, from /proc or from fork/exec events.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub argv: Vec<String>,
+}
+
+/// A thread that existed when recording started (attach), with its state
+/// then, so its time before its first event is accounted correctly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThreadSeed {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// /proc state letter: R, S, D, ...
+    pub state: char,
+    pub syscall: Option<i32>,
+    pub fd_kind: FdKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MapRange {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// A process's executable mappings, read while it was alive.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcMaps {
+    pub pid: u32,
+    pub ranges: Vec<MapRange>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FdPath {
+    pub pid: u32,
+    pub fd: i32,
+    pub path: String,
+}
+
+/// Cumulative counts of records lost, per source. The last one wins.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Drops {
+    /// Kernel records lost to a full ring buffer, by event kind name.
+    pub cpu_by_kind: Vec<(String, u64)>,
+    /// Records that arrived but could not be decoded.
+    pub cpu_malformed: u64,
+    pub gpu_records: u64,
+}
+
+impl Drops {
+    pub fn cpu_events(&self) -> u64 {
+        self.cpu_by_kind.iter().map(|(_, n)| n).sum::<u64>() + self.cpu_malformed
+    }
+}
+
+/// One symbolized frame.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    pub function: String,
+    /// File name of the module (binary or shared library), "" for the kernel.
+    pub module: String,
+}
+
+/// Resolved frames for stacks, written when recording ends. Frames are
+/// interned per record: `stacks[i].1` indexes into `frames`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Symbols {
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<(u64, Vec<u32>)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    TargetExited,
+    Duration,
+    Interrupted,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Footer {
+    /// CLOCK_MONOTONIC ns at which recording stopped (the window end).
+    pub end_ns: u64,
+    pub reason: StopReason,
+    /// The target's exit code, shell style (128+N when killed by signal N).
+    pub exit_code: Option<i32>,
+    pub events: u64,
+}

@@ -1,0 +1,248 @@
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use super::{
+    Drops, Event, FdPath, Footer, Frame, ProcMaps, ProcessInfo, Record, SessionError,
+    SessionHeader, Stack, ThreadSeed, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC,
+    MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
+};
+
+/// Streams records out of a session file. A damaged or cut-off tail ends the
+/// stream and is reported through [`SessionReader::truncated`], never as a
+/// panic: everything before it is still good.
+pub struct SessionReader {
+    input: BufReader<File>,
+    path: PathBuf,
+    offset: u64,
+    chunk: Vec<u8>,
+    pos: usize,
+    truncated: Option<String>,
+    done: bool,
+}
+
+impl SessionReader {
+    pub fn open(path: &Path) -> Result<Self, SessionError> {
+        let io = |source| SessionError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let mut input = BufReader::with_capacity(1 << 20, file);
+        let mut header = [0u8; FILE_HEADER_LEN];
+        let n = read_full(&mut input, &mut header).map_err(io)?;
+        if n < FILE_HEADER_LEN || &header[..8] != MAGIC {
+            return Err(SessionError::NotASession {
+                path: path.to_path_buf(),
+            });
+        }
+        let version = u16::from_le_bytes([header[8], header[9]]);
+        if version > FORMAT_VERSION {
+            return Err(SessionError::UnsupportedVersion {
+                path: path.to_path_buf(),
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        Ok(SessionReader {
+            input,
+            path: path.to_path_buf(),
+            offset: FILE_HEADER_LEN as u64,
+            chunk: Vec::new(),
+            pos: 0,
+            truncated: None,
+            done: false,
+        })
+    }
+
+    /// Why the stream ended early, if it did.
+    pub fn truncated(&self) -> Option<&str> {
+        self.truncated.as_deref()
+    }
+
+    fn stop(&mut self, why: String) {
+        self.truncated = Some(why);
+        self.done = true;
+    }
+
+    /// Loads the next chunk; false at a clean end or when the tail is bad.
+    fn next_chunk(&mut self) -> bool {
+        let mut head = [0u8; CHUNK_HEADER_LEN];
+        match read_full(&mut self.input, &mut head) {
+            Ok(0) => {
+                self.done = true;
+                return false;
+            }
+            Ok(n) if n < CHUNK_HEADER_LEN => {
+                self.stop(format!(
+                    "cut off inside a chunk header at byte {}",
+                    self.offset
+                ));
+                return false;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.stop(format!("read error at byte {}: {e}", self.offset));
+                return false;
+            }
+        }
+        let len = u32::from_le_bytes(head[0..4].try_into().unwrap());
+        let raw_len = u32::from_le_bytes(head[4..8].try_into().unwrap());
+        let crc = u32::from_le_bytes(head[8..12].try_into().unwrap());
+        if len > MAX_CHUNK_COMPRESSED || raw_len > MAX_CHUNK_RAW {
+            self.stop(format!(
+                "implausible chunk length at byte {} ({len} / {raw_len} bytes)",
+                self.offset
+            ));
+            return false;
+        }
+        let mut compressed = vec![0u8; len as usize];
+        match read_full(&mut self.input, &mut compressed) {
+            Ok(n) if n == len as usize => {}
+            Ok(_) => {
+                self.stop(format!("cut off inside the chunk at byte {}", self.offset));
+                return false;
+            }
+            Err(e) => {
+                self.stop(format!("read error at byte {}: {e}", self.offset));
+                return false;
+            }
+        }
+        if crc32fast::hash(&compressed) != crc {
+            self.stop(format!(
+                "checksum mismatch in the chunk at byte {}",
+                self.offset
+            ));
+            return false;
+        }
+        match zstd::bulk::decompress(&compressed, raw_len as usize) {
+            Ok(raw) if raw.len() == raw_len as usize => self.chunk = raw,
+            _ => {
+                self.stop(format!("undecodable chunk at byte {}", self.offset));
+                return false;
+            }
+        }
+        self.offset += (CHUNK_HEADER_LEN + len as usize) as u64;
+        self.pos = 0;
+        true
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Iterator for SessionReader {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        while !self.done {
+            if self.pos < self.chunk.len() {
+                match postcard::take_from_bytes::<Record>(&self.chunk[self.pos..]) {
+                    Ok((record, rest)) => {
+                        self.pos = self.chunk.len() - rest.len();
+                        return Some(record);
+                    }
+                    Err(e) => {
+                        self.stop(format!(
+                            "undecodable record in the chunk ending before byte {}: {e}",
+                            self.offset
+                        ));
+                        return None;
+                    }
+                }
+            }
+            if !self.next_chunk() {
+                return None;
+            }
+        }
+        None
+    }
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A whole session, read into memory and grouped by record type.
+#[derive(Debug, Default)]
+pub struct Session {
+    pub header: Option<SessionHeader>,
+    pub events: Vec<Event>,
+    pub stacks: HashMap<u64, Stack>,
+    pub processes: Vec<ProcessInfo>,
+    pub threads: Vec<ThreadSeed>,
+    pub maps: Vec<ProcMaps>,
+    pub fd_paths: Vec<FdPath>,
+    pub drops: Drops,
+    pub symbols: HashMap<u64, Vec<Frame>>,
+    pub notes: Vec<String>,
+    pub footer: Option<Footer>,
+    /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
+    pub truncated: Option<String>,
+}
+
+impl Session {
+    pub fn header(&self) -> &SessionHeader {
+        self.header
+            .as_ref()
+            .expect("read_session guarantees a header")
+    }
+}
+
+/// Reads a session file (or the session in a run directory).
+pub fn read_session(path: &Path) -> Result<Session, SessionError> {
+    let path = super::resolve_path(path);
+    let mut reader = SessionReader::open(&path)?;
+    let mut s = Session::default();
+    let mut first = true;
+    for record in reader.by_ref() {
+        if first {
+            if !matches!(record, Record::Header(_)) {
+                return Err(SessionError::NoHeader { path });
+            }
+            first = false;
+        }
+        match record {
+            Record::Header(h) => s.header = Some(h),
+            Record::Event(e) => s.events.push(e),
+            Record::Stack(st) => {
+                s.stacks.insert(st.hash, st);
+            }
+            Record::Process(p) => s.processes.push(p),
+            Record::Thread(t) => s.threads.push(t),
+            Record::Maps(m) => s.maps.push(m),
+            Record::FdPath(f) => s.fd_paths.push(f),
+            Record::Drops(d) => s.drops = d,
+            Record::Symbols(sym) => {
+                for (hash, idx) in sym.stacks {
+                    let frames = idx
+                        .iter()
+                        .filter_map(|&i| sym.frames.get(i as usize).cloned())
+                        .collect();
+                    s.symbols.insert(hash, frames);
+                }
+            }
+            Record::Note(n) => s.notes.push(n),
+            Record::End(f) => s.footer = Some(f),
+        }
+    }
+    if first {
+        return Err(SessionError::Empty { path });
+    }
+    s.truncated = reader.truncated().map(str::to_string);
+    if s.truncated.is_none() && s.footer.is_none() {
+        s.truncated = Some("the recording did not finish (no end record)".into());
+    }
+    Ok(s)
+}

@@ -1,0 +1,94 @@
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{Record, SessionError, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC};
+
+/// Raw bytes gathered before a chunk is cut. Small enough that a crash loses
+/// little, large enough that zstd compresses well.
+const CHUNK_TARGET: usize = 256 << 10;
+const ZSTD_LEVEL: i32 = 3;
+
+/// Appends records to a session file, one self-checking chunk at a time.
+pub struct SessionWriter {
+    file: File,
+    path: PathBuf,
+    buf: Vec<u8>,
+    records: u64,
+}
+
+impl SessionWriter {
+    /// Creates (or truncates) the file, readable by its owner only.
+    pub fn create(path: &Path) -> Result<Self, SessionError> {
+        let io = |source| SessionError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io)?;
+        let mut header = [0u8; FILE_HEADER_LEN];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        file.write_all(&header).map_err(io)?;
+        Ok(SessionWriter {
+            file,
+            path: path.to_path_buf(),
+            buf: Vec::with_capacity(CHUNK_TARGET + 4096),
+            records: 0,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records pushed so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    pub fn push(&mut self, record: &Record) -> Result<(), SessionError> {
+        postcard::to_io(record, &mut self.buf)?;
+        self.records += 1;
+        if self.buf.len() >= CHUNK_TARGET {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is buffered as one chunk. Called on a timer while
+    /// recording so a crash loses at most the last interval.
+    pub fn flush(&mut self) -> Result<(), SessionError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let io = |source| SessionError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let compressed = zstd::bulk::compress(&self.buf, ZSTD_LEVEL).map_err(io)?;
+        let mut chunk = Vec::with_capacity(CHUNK_HEADER_LEN + compressed.len());
+        chunk.extend_from_slice(&(compressed.len() as u32).to_le_bytes());
+        chunk.extend_from_slice(&(self.buf.len() as u32).to_le_bytes());
+        chunk.extend_from_slice(&crc32fast::hash(&compressed).to_le_bytes());
+        chunk.extend_from_slice(&compressed);
+        self.file.write_all(&chunk).map_err(io)?;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Flushes and syncs. Records pushed after the footer are not expected.
+    pub fn finish(mut self) -> Result<(), SessionError> {
+        self.flush()?;
+        self.file.sync_all().map_err(|source| SessionError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}

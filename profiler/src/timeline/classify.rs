@@ -1,0 +1,167 @@
+//! What a syscall is, and what a thread blocked in it was waiting for. The
+//! one place these rules live.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+
+use super::syscall_names::NAMES;
+use crate::session::FdKind;
+
+pub fn syscall_name(nr: i32) -> Cow<'static, str> {
+    match NAMES.get(nr as usize) {
+        Some(name) if nr >= 0 && !name.is_empty() => Cow::Borrowed(name),
+        _ => Cow::Owned(format!("syscall_{nr}")),
+    }
+}
+
+/// Why a thread was off-CPU. Order and names are the report's contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OffKind {
+    File,
+    Net,
+    Ipc,
+    Sleep,
+    Gpu,
+    Fault,
+    Other,
+}
+
+impl OffKind {
+    pub const ALL: [OffKind; 7] = [
+        OffKind::File,
+        OffKind::Net,
+        OffKind::Ipc,
+        OffKind::Sleep,
+        OffKind::Gpu,
+        OffKind::Fault,
+        OffKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OffKind::File => "file",
+            OffKind::Net => "net",
+            OffKind::Ipc => "ipc",
+            OffKind::Sleep => "sleep",
+            OffKind::Gpu => "gpu",
+            OffKind::Fault => "fault",
+            OffKind::Other => "other",
+        }
+    }
+}
+
+/// Where bytes moved, for the read/write totals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ByteClass {
+    File,
+    Net,
+    Ipc,
+    Other,
+}
+
+pub fn byte_class(kind: FdKind) -> ByteClass {
+    match kind {
+        FdKind::File | FdKind::Block => ByteClass::File,
+        FdKind::SockInet | FdKind::SockOther => ByteClass::Net,
+        FdKind::SockUnix | FdKind::Pipe | FdKind::Anon => ByteClass::Ipc,
+        FdKind::Gpu | FdKind::Char | FdKind::Pseudo | FdKind::None => ByteClass::Other,
+    }
+}
+
+fn wait_on_fd(kind: FdKind) -> OffKind {
+    match kind {
+        FdKind::File | FdKind::Block => OffKind::File,
+        FdKind::SockInet | FdKind::SockOther => OffKind::Net,
+        FdKind::SockUnix | FdKind::Pipe | FdKind::Anon => OffKind::Ipc,
+        FdKind::Gpu => OffKind::Gpu,
+        FdKind::Char | FdKind::Pseudo | FdKind::None => OffKind::Other,
+    }
+}
+
+/// Direction of a syscall's byte count (its return value when positive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoDir {
+    Read,
+    Write,
+    None,
+}
+
+pub fn io_dir(nr: i32) -> IoDir {
+    match syscall_name(nr).as_ref() {
+        "read" | "pread64" | "readv" | "preadv" | "preadv2" | "recvfrom" | "recvmsg" => IoDir::Read,
+        "write" | "pwrite64" | "writev" | "pwritev" | "pwritev2" | "sendto" | "sendmsg" => {
+            IoDir::Write
+        }
+        _ => IoDir::None,
+    }
+}
+
+/// What a thread that blocked (not preempted) was waiting for.
+///
+/// A user thread can only block inside a syscall or an exception, so a
+/// blocked thread with no syscall in flight was in a page fault.
+pub fn offcpu_kind(syscall: Option<i32>, fd_kind: FdKind) -> OffKind {
+    let Some(nr) = syscall else {
+        return OffKind::Fault;
+    };
+    match syscall_name(nr).as_ref() {
+        "nanosleep" | "clock_nanosleep" | "pause" | "rt_sigsuspend" | "rt_sigtimedwait" => {
+            OffKind::Sleep
+        }
+        "futex" | "futex_waitv" | "futex_wait" | "wait4" | "waitid" | "msgrcv" | "msgsnd"
+        | "semop" | "semtimedop" | "mq_timedreceive" | "mq_timedsend" => OffKind::Ipc,
+        "accept" | "accept4" | "connect" => OffKind::Net,
+        "mmap" | "munmap" | "mremap" | "mprotect" | "madvise" | "brk" | "mlock" | "mlock2"
+        | "munlock" | "mlockall" | "msync" | "userfaultfd" => OffKind::Fault,
+        "open" | "openat" | "openat2" | "creat" | "stat" | "lstat" | "newfstatat" | "statx"
+        | "access" | "faccessat" | "faccessat2" | "unlink" | "unlinkat" | "rename" | "renameat"
+        | "renameat2" | "mkdir" | "mkdirat" | "rmdir" | "readlink" | "readlinkat" | "sync"
+        | "truncate" | "chdir" | "execve" | "execveat" => OffKind::File,
+        // Waits on a set of fds we only know the first of (or none).
+        "select" | "pselect6" | "epoll_wait" | "epoll_pwait" | "epoll_pwait2" => match fd_kind {
+            FdKind::Anon | FdKind::None => OffKind::Other,
+            k => wait_on_fd(k),
+        },
+        _ => wait_on_fd(fd_kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(syscall_name(0), "read");
+        assert_eq!(syscall_name(202), "futex");
+        assert_eq!(syscall_name(230), "clock_nanosleep");
+        assert_eq!(syscall_name(-1), "syscall_-1");
+        assert_eq!(syscall_name(9999), "syscall_9999");
+    }
+
+    #[test]
+    fn the_waits_the_tests_arrange() {
+        assert_eq!(offcpu_kind(Some(0), FdKind::File), OffKind::File); // O_DIRECT read
+        assert_eq!(offcpu_kind(Some(17), FdKind::Block), OffKind::File); // pread64
+        assert_eq!(offcpu_kind(Some(202), FdKind::None), OffKind::Ipc); // futex
+        assert_eq!(offcpu_kind(Some(0), FdKind::Pipe), OffKind::Ipc); // pipe read
+        assert_eq!(offcpu_kind(Some(45), FdKind::SockInet), OffKind::Net); // recvfrom
+        assert_eq!(offcpu_kind(Some(45), FdKind::SockUnix), OffKind::Ipc);
+        assert_eq!(offcpu_kind(Some(230), FdKind::None), OffKind::Sleep); // clock_nanosleep
+        assert_eq!(offcpu_kind(Some(35), FdKind::None), OffKind::Sleep); // nanosleep
+        assert_eq!(offcpu_kind(Some(16), FdKind::Gpu), OffKind::Gpu); // ioctl /dev/nvidia*
+        assert_eq!(offcpu_kind(None, FdKind::None), OffKind::Fault);
+        assert_eq!(offcpu_kind(Some(7), FdKind::Pipe), OffKind::Ipc); // poll on a pipe
+        assert_eq!(offcpu_kind(Some(232), FdKind::Anon), OffKind::Other); // epoll_wait
+    }
+
+    #[test]
+    fn byte_directions() {
+        assert_eq!(io_dir(0), IoDir::Read);
+        assert_eq!(io_dir(45), IoDir::Read);
+        assert_eq!(io_dir(1), IoDir::Write);
+        assert_eq!(io_dir(202), IoDir::None);
+    }
+}

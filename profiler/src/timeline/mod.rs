@@ -1,0 +1,228 @@
+//! The merged model of a recording: per-thread state accounts on one clock
+//! (CLOCK_MONOTONIC ns), built from a session by replaying its events in
+//! time order.
+
+pub mod classify;
+mod syscall_names;
+pub mod thread;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::session::{Event, Session};
+pub use classify::{syscall_name, OffKind};
+pub use thread::{Interval, OffCpu, State, ThreadTimeline};
+
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTimeline {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub argv: Vec<String>,
+    /// Executables it ran, in order.
+    pub execs: Vec<String>,
+    pub exit_code: Option<i32>,
+    pub start: Option<u64>,
+    pub end: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct Timeline {
+    pub start: u64,
+    pub end: u64,
+    pub threads: BTreeMap<(u32, u32), ThreadTimeline>,
+    pub processes: BTreeMap<u32, ProcessTimeline>,
+    /// Paths of fds (pid, fd) as opened during recording or found at attach.
+    pub fd_paths: HashMap<(u32, i32), String>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildOptions {
+    /// Keep every state interval (the gap analysis needs them; the per-thread
+    /// report does not).
+    pub intervals: bool,
+}
+
+/// The thread an event is about, created on first sight.
+fn thread_mut(
+    threads: &mut BTreeMap<(u32, u32), ThreadTimeline>,
+    pid: u32,
+    tid: u32,
+    ts: u64,
+    keep: bool,
+) -> &mut ThreadTimeline {
+    threads
+        .entry((pid, tid))
+        .or_insert_with(|| ThreadTimeline::first_seen(pid, tid, ts, keep))
+}
+
+macro_rules! with_thread {
+    ($threads:expr, $pid:expr, $tid:expr, $ts:expr, $keep:expr, |$t:ident| $body:expr) => {{
+        let $t = thread_mut($threads, $pid, $tid, $ts, $keep);
+        $body
+    }};
+}
+
+impl Timeline {
+    pub fn build(session: &Session, opts: BuildOptions) -> Timeline {
+        let header = session.header();
+        let start = header.start_ns;
+        let mut events: Vec<&Event> = session.events.iter().collect();
+        // Records are written in ring-buffer order, which differs from time
+        // order by at most a few microseconds across CPUs.
+        events.sort_by_key(|e| e.ts());
+        let last_ts = events.last().map(|e| e.ts()).unwrap_or(start);
+        let end = session
+            .footer
+            .as_ref()
+            .map(|f| f.end_ns)
+            .unwrap_or(last_ts)
+            .max(start);
+
+        let mut tl = Timeline {
+            start,
+            end,
+            threads: BTreeMap::new(),
+            processes: BTreeMap::new(),
+            fd_paths: HashMap::new(),
+        };
+        for p in &session.processes {
+            let e = tl.processes.entry(p.pid).or_default();
+            e.pid = p.pid;
+            e.ppid = p.ppid;
+            e.comm = p.comm.clone();
+            if !p.argv.is_empty() {
+                e.argv = p.argv.clone();
+            }
+        }
+        for f in &session.fd_paths {
+            tl.fd_paths.insert((f.pid, f.fd), f.path.clone());
+        }
+        for seed in &session.threads {
+            tl.threads.insert(
+                (seed.pid, seed.tid),
+                ThreadTimeline::seeded(seed, start, opts.intervals),
+            );
+        }
+
+        let keep = opts.intervals;
+        for e in events {
+            match e {
+                Event::Switch { ts, out, in_, .. } => {
+                    if let Some(o) = out {
+                        with_thread!(&mut tl.threads, o.pid, o.tid, *ts, keep, |t| t
+                            .switch_out(*ts, o));
+                    }
+                    if let Some((pid, tid)) = in_ {
+                        with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t.switch_in(*ts));
+                    }
+                }
+                Event::Wakeup {
+                    ts,
+                    pid,
+                    tid,
+                    waker_pid,
+                    waker_tid,
+                    new_task,
+                } => {
+                    if !new_task {
+                        with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t
+                            .wakeup(*ts, (*waker_pid, *waker_tid)));
+                    }
+                }
+                Event::Syscall {
+                    ts,
+                    pid,
+                    tid,
+                    dur,
+                    nr,
+                    fd_kind,
+                    ret,
+                    ..
+                } => with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t
+                    .syscall(*nr, *dur, *fd_kind, *ret)),
+                Event::Sample {
+                    ts,
+                    pid,
+                    tid,
+                    ustack,
+                    kstack,
+                    ..
+                } => with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t
+                    .sample(*ustack, *kstack)),
+                Event::Fault { ts, pid, tid, .. } => {
+                    with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t.page_faults +=
+                        1)
+                }
+                Event::Fork {
+                    ts,
+                    pid,
+                    tid,
+                    parent_pid,
+                    thread: is_thread,
+                    comm,
+                    ..
+                } => {
+                    let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep);
+                    t.comm = comm.clone();
+                    tl.threads.insert((*pid, *tid), t);
+                    if !is_thread {
+                        let p = tl.processes.entry(*pid).or_default();
+                        p.pid = *pid;
+                        p.ppid = *parent_pid;
+                        p.comm = comm.clone();
+                        p.start = Some(*ts);
+                    }
+                }
+                Event::Exec {
+                    pid,
+                    tid,
+                    comm,
+                    filename,
+                    ..
+                } => {
+                    let p = tl.processes.entry(*pid).or_default();
+                    p.pid = *pid;
+                    p.comm = comm.clone();
+                    p.execs.push(filename.clone());
+                    if let Some(t) = tl.threads.get_mut(&(*pid, *tid)) {
+                        t.comm = comm.clone();
+                    }
+                }
+                Event::Exit {
+                    ts,
+                    pid,
+                    tid,
+                    status,
+                    group_dead,
+                    comm,
+                } => {
+                    with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| {
+                        t.exit(*ts);
+                        t.comm = comm.clone();
+                    });
+                    if *group_dead {
+                        let p = tl.processes.entry(*pid).or_default();
+                        p.pid = *pid;
+                        p.end = Some(*ts);
+                        p.exit_code = Some(crate::collect::launch::exit_code_of(*status));
+                    }
+                }
+                Event::Open { pid, fd, path, .. } => {
+                    tl.fd_paths.insert((*pid, *fd), path.clone());
+                }
+            }
+        }
+        for t in tl.threads.values_mut() {
+            t.finish(end);
+        }
+        // Threads whose names came only from /proc or fork keep those.
+        for t in tl.threads.values_mut() {
+            if t.comm.is_empty() {
+                if let Some(p) = tl.processes.get(&t.pid) {
+                    t.comm = p.comm.clone();
+                }
+            }
+        }
+        tl
+    }
+}

@@ -1,0 +1,396 @@
+//! One thread's account: a state machine over its scheduler events that
+//! splits its lifetime into on-CPU, runnable and off-CPU (by kind), plus
+//! what it did in syscalls and where its stacks were.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::classify::{byte_class, io_dir, offcpu_kind, ByteClass, IoDir, OffKind};
+use crate::session::{FdKind, SwitchOut, ThreadSeed};
+
+/// Why a thread was off-CPU, with what the kernel saw at switch-out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OffCpu {
+    pub kind: OffKind,
+    pub syscall: Option<i32>,
+    pub fd: i32,
+    pub fd_kind: FdKind,
+    pub ustack: u64,
+    pub kstack: u64,
+    /// The thread that woke it (pid, tid), once known.
+    pub waker: Option<(u32, u32)>,
+}
+
+impl OffCpu {
+    pub fn from_switch(out: &SwitchOut) -> OffCpu {
+        OffCpu {
+            kind: offcpu_kind(out.syscall, out.fd_kind),
+            syscall: out.syscall,
+            fd: out.fd,
+            fd_kind: out.fd_kind,
+            ustack: out.ustack,
+            kstack: out.kstack,
+            waker: None,
+        }
+    }
+
+    fn from_seed(seed: &ThreadSeed) -> OffCpu {
+        OffCpu {
+            kind: offcpu_kind(seed.syscall, seed.fd_kind),
+            syscall: seed.syscall,
+            fd: -1,
+            fd_kind: seed.fd_kind,
+            ustack: 0,
+            kstack: 0,
+            waker: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    OnCpu,
+    Runnable,
+    Off(OffCpu),
+}
+
+/// A span of one state, kept when the caller asks for intervals.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interval {
+    pub start: u64,
+    pub end: u64,
+    pub state: State,
+}
+
+#[derive(Clone, Debug)]
+enum Cur {
+    /// Existed before recording; what it was doing is inferred from its
+    /// first event. `hint` is what /proc said it was blocked on, if anything.
+    Unknown {
+        hint: Option<OffCpu>,
+    },
+    Known(State),
+    Dead,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SyscallStat {
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bytes {
+    pub file: u64,
+    pub net: u64,
+    pub ipc: u64,
+    pub other: u64,
+}
+
+impl Bytes {
+    fn add(&mut self, class: ByteClass, n: u64) {
+        match class {
+            ByteClass::File => self.file += n,
+            ByteClass::Net => self.net += n,
+            ByteClass::Ipc => self.ipc += n,
+            ByteClass::Other => self.other += n,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ThreadTimeline {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// Lifetime inside the window.
+    pub start: u64,
+    pub end: u64,
+    pub on_cpu: u64,
+    pub runnable: u64,
+    pub off: BTreeMap<OffKind, u64>,
+    pub syscalls: BTreeMap<i32, SyscallStat>,
+    pub read_bytes: Bytes,
+    pub write_bytes: Bytes,
+    pub page_faults: u64,
+    /// cpu-clock samples by (user stack, kernel stack).
+    pub samples: HashMap<(u64, u64), u64>,
+    /// Blocked time by (kind, user stack, kernel stack).
+    pub off_stacks: HashMap<(OffKind, u64, u64), u64>,
+    pub intervals: Option<Vec<Interval>>,
+    cur: Cur,
+    since: u64,
+}
+
+impl ThreadTimeline {
+    fn new(pid: u32, tid: u32, start: u64, cur: Cur, keep_intervals: bool) -> ThreadTimeline {
+        ThreadTimeline {
+            pid,
+            tid,
+            comm: String::new(),
+            start,
+            end: start,
+            on_cpu: 0,
+            runnable: 0,
+            off: BTreeMap::new(),
+            syscalls: BTreeMap::new(),
+            read_bytes: Bytes::default(),
+            write_bytes: Bytes::default(),
+            page_faults: 0,
+            samples: HashMap::new(),
+            off_stacks: HashMap::new(),
+            intervals: keep_intervals.then(Vec::new),
+            cur,
+            since: start,
+        }
+    }
+
+    /// A thread that existed when recording started.
+    pub fn seeded(seed: &ThreadSeed, window_start: u64, keep: bool) -> ThreadTimeline {
+        let hint = match seed.state {
+            'R' => None,
+            _ => Some(OffCpu::from_seed(seed)),
+        };
+        let mut t = Self::new(
+            seed.pid,
+            seed.tid,
+            window_start,
+            Cur::Unknown { hint },
+            keep,
+        );
+        t.comm = seed.comm.clone();
+        t
+    }
+
+    /// A thread created during recording: runnable until it first runs.
+    pub fn forked(pid: u32, tid: u32, ts: u64, keep: bool) -> ThreadTimeline {
+        Self::new(pid, tid, ts, Cur::Known(State::Runnable), keep)
+    }
+
+    /// A thread first seen mid-stream (its creation was not recorded).
+    pub fn first_seen(pid: u32, tid: u32, ts: u64, keep: bool) -> ThreadTimeline {
+        Self::new(pid, tid, ts, Cur::Unknown { hint: None }, keep)
+    }
+
+    pub fn is_dead(&self) -> bool {
+        matches!(self.cur, Cur::Dead)
+    }
+
+    pub fn lifetime(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// Closes the current span at `ts`; `before` is what the event implies the
+    /// thread was doing, used when the state was unknown.
+    fn close(&mut self, ts: u64, before: State) {
+        let ts = ts.max(self.since);
+        let state = match std::mem::replace(&mut self.cur, Cur::Dead) {
+            Cur::Known(s) => s,
+            Cur::Unknown { hint } => match (before, hint) {
+                (State::Off(_), Some(h)) => State::Off(h),
+                (State::Off(o), None) => State::Off(o),
+                (b, _) => b,
+            },
+            Cur::Dead => return,
+        };
+        let dur = ts - self.since;
+        match &state {
+            State::OnCpu => self.on_cpu += dur,
+            State::Runnable => self.runnable += dur,
+            State::Off(o) => {
+                *self.off.entry(o.kind).or_default() += dur;
+                if o.ustack != 0 || o.kstack != 0 {
+                    *self
+                        .off_stacks
+                        .entry((o.kind, o.ustack, o.kstack))
+                        .or_default() += dur;
+                }
+            }
+        }
+        if let Some(iv) = self.intervals.as_mut() {
+            if dur > 0 {
+                iv.push(Interval {
+                    start: self.since,
+                    end: ts,
+                    state,
+                });
+            }
+        }
+        self.since = ts;
+        self.end = ts;
+    }
+
+    fn set(&mut self, state: State) {
+        self.cur = Cur::Known(state);
+    }
+
+    pub fn switch_out(&mut self, ts: u64, out: &SwitchOut) {
+        if self.is_dead() {
+            return;
+        }
+        self.close(ts, State::OnCpu);
+        self.set(if out.preempted {
+            State::Runnable
+        } else {
+            State::Off(OffCpu::from_switch(out))
+        });
+    }
+
+    pub fn switch_in(&mut self, ts: u64) {
+        if self.is_dead() {
+            return;
+        }
+        self.close(ts, State::Runnable);
+        self.set(State::OnCpu);
+    }
+
+    pub fn wakeup(&mut self, ts: u64, waker: (u32, u32)) {
+        let blocked = match &mut self.cur {
+            Cur::Known(State::Off(o)) => {
+                o.waker = Some(waker);
+                true
+            }
+            Cur::Unknown { hint } => {
+                if let Some(h) = hint {
+                    h.waker = Some(waker);
+                }
+                true
+            }
+            _ => false,
+        };
+        if blocked {
+            let unknown = OffCpu {
+                kind: OffKind::Other,
+                syscall: None,
+                fd: -1,
+                fd_kind: FdKind::None,
+                ustack: 0,
+                kstack: 0,
+                waker: Some(waker),
+            };
+            self.close(ts, State::Off(unknown));
+            self.set(State::Runnable);
+        }
+    }
+
+    pub fn exit(&mut self, ts: u64) {
+        self.close(ts, State::OnCpu);
+        self.cur = Cur::Dead;
+    }
+
+    /// Ends the account at the window end.
+    pub fn finish(&mut self, end: u64) {
+        if !self.is_dead() {
+            // Never switched during the window: a thread seen running was on
+            // a CPU the whole time.
+            self.close(end, State::OnCpu);
+            self.cur = Cur::Dead;
+        }
+    }
+
+    pub fn syscall(&mut self, nr: i32, dur: u64, fd_kind: FdKind, ret: i64) {
+        let s = self.syscalls.entry(nr).or_default();
+        s.count += 1;
+        s.total_ns += dur;
+        s.max_ns = s.max_ns.max(dur);
+        if ret > 0 {
+            match io_dir(nr) {
+                IoDir::Read => self.read_bytes.add(byte_class(fd_kind), ret as u64),
+                IoDir::Write => self.write_bytes.add(byte_class(fd_kind), ret as u64),
+                IoDir::None => {}
+            }
+        }
+    }
+
+    pub fn sample(&mut self, ustack: u64, kstack: u64) {
+        *self.samples.entry((ustack, kstack)).or_default() += 1;
+    }
+
+    pub fn off_total(&self) -> u64 {
+        self.off.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocked(syscall: i32, fd_kind: FdKind) -> SwitchOut {
+        SwitchOut {
+            pid: 1,
+            tid: 1,
+            state: 1,
+            preempted: false,
+            ustack: 9,
+            kstack: 0,
+            syscall: Some(syscall),
+            fd: 3,
+            fd_kind,
+        }
+    }
+
+    #[test]
+    fn states_partition_the_lifetime() {
+        let mut t = ThreadTimeline::forked(1, 1, 100, true);
+        t.switch_in(110); // runnable 10
+        t.switch_out(150, &blocked(0, FdKind::File)); // on 40
+        t.wakeup(250, (1, 2)); // file 100
+        t.switch_in(255); // runnable 5
+        let mut pre = blocked(0, FdKind::None);
+        pre.preempted = true;
+        t.switch_out(300, &pre); // on 45
+        t.switch_in(320); // runnable 20
+        t.exit(330); // on 10
+        t.switch_out(331, &blocked(60, FdKind::None)); // after death: ignored
+        assert_eq!(t.on_cpu, 95);
+        assert_eq!(t.runnable, 35);
+        assert_eq!(t.off[&OffKind::File], 100);
+        assert_eq!(t.lifetime(), 230);
+        assert_eq!(t.on_cpu + t.runnable + t.off_total(), t.lifetime());
+        assert_eq!(t.off_stacks[&(OffKind::File, 9, 0)], 100);
+        let iv = t.intervals.as_ref().unwrap();
+        assert_eq!(iv.len(), 7);
+        assert!(matches!(&iv[2].state, State::Off(o) if o.waker == Some((1, 2))));
+    }
+
+    #[test]
+    fn unknown_start_is_inferred_from_first_event() {
+        // Seen running at attach, first event is a switch-out: it was on-CPU.
+        let seed = ThreadSeed {
+            pid: 1,
+            tid: 1,
+            comm: "x".into(),
+            state: 'R',
+            syscall: None,
+            fd_kind: FdKind::None,
+        };
+        let mut t = ThreadTimeline::seeded(&seed, 0, false);
+        t.switch_out(40, &blocked(202, FdKind::None));
+        assert_eq!(t.on_cpu, 40);
+        // Blocked in a pipe read at attach: off-CPU ipc until its wakeup.
+        let seed = ThreadSeed {
+            state: 'S',
+            syscall: Some(0),
+            fd_kind: FdKind::Pipe,
+            ..seed
+        };
+        let mut t = ThreadTimeline::seeded(&seed, 0, false);
+        t.wakeup(70, (5, 5));
+        t.finish(100);
+        assert_eq!(t.off[&OffKind::Ipc], 70);
+        assert_eq!(t.runnable, 30);
+    }
+
+    #[test]
+    fn bytes_by_direction_and_kind() {
+        let mut t = ThreadTimeline::forked(1, 1, 0, false);
+        t.syscall(0, 10, FdKind::File, 4096);
+        t.syscall(0, 10, FdKind::File, -11);
+        t.syscall(45, 10, FdKind::SockInet, 100);
+        t.syscall(1, 10, FdKind::Pipe, 7);
+        assert_eq!(t.read_bytes.file, 4096);
+        assert_eq!(t.read_bytes.net, 100);
+        assert_eq!(t.write_bytes.ipc, 7);
+        assert_eq!(t.syscalls[&0].count, 2);
+    }
+}
