@@ -392,6 +392,8 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
 	/* TP_PROTO(bool preempt, struct task_struct *prev,
 	 *          struct task_struct *next, unsigned int prev_state) */
+	/* The moment of the switch, before any stack walking below. */
+	__u64 now = bpf_ktime_get_ns();
 	__u8 preempt = (__u8)TP_ARG(ctx, 0);
 	struct task_struct *prev = (struct task_struct *)TP_ARG(ctx, 1);
 	struct task_struct *next = (struct task_struct *)TP_ARG(ctx, 2);
@@ -418,7 +420,6 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		kstack = capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
 	}
 
-	__u64 now = bpf_ktime_get_ns();
 	struct gs_switch *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_drop(GS_EV_SWITCH);

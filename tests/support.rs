@@ -1,1 +1,189 @@
+//! Helpers for the end-to-end tests: find the built binaries, run gapscope,
+//! read reports and workload ground truth, and decide whether BPF tests can
+//! run here (with `GAPSCOPE_REQUIRE_BPF=1` they must).
 
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// target/<profile>/ of this build (tests live in target/<profile>/deps/).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A binary of the workspace, built before the tests run.
+pub fn bin(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the tests with `cargo xtask test` (or `cargo build --workspace` first)",
+        path.display()
+    );
+    path
+}
+
+pub fn gapscope() -> PathBuf {
+    bin("gapscope")
+}
+
+pub fn workload() -> PathBuf {
+    bin("gs-workload")
+}
+
+/// Why recording cannot work here, if it cannot.
+fn bpf_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root".into());
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Some("no kernel BTF at /sys/kernel/btf/vmlinux".into());
+    }
+    None
+}
+
+/// Returns false (after saying so) when a BPF test must be skipped; panics
+/// instead when `GAPSCOPE_REQUIRE_BPF=1`, so CI cannot pass by skipping.
+pub fn bpf_ready(test: &str) -> bool {
+    match bpf_unavailable() {
+        None => true,
+        Some(why) if std::env::var("GAPSCOPE_REQUIRE_BPF").as_deref() == Ok("1") => {
+            panic!("{test}: BPF is required (GAPSCOPE_REQUIRE_BPF=1) but {why}")
+        }
+        Some(why) => {
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
+/// Serializes recording tests across test binaries and processes: on two
+/// cores, concurrent recordings would only make each other's timing noisy.
+pub struct RecordingLock {
+    _held: File,
+}
+
+pub fn recording_lock() -> RecordingLock {
+    let path = target_dir().join("gapscope-recording-tests.lock");
+    let f = File::create(&path).expect("lock file");
+    // SAFETY: flock on an fd we own.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    RecordingLock { _held: f }
+}
+
+/// A scratch directory for one test, on a real filesystem (O_DIRECT needs
+/// one; /tmp may be tmpfs), removed when dropped.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    let base = target_dir().join("test-scratch");
+    std::fs::create_dir_all(&base).unwrap();
+    tempfile::Builder::new()
+        .prefix(&format!("{name}-"))
+        .tempdir_in(base)
+        .unwrap()
+}
+
+pub struct Run {
+    pub output: Output,
+    pub dir: PathBuf,
+}
+
+impl Run {
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    pub fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+
+    /// The report of the recorded session, re-read offline.
+    pub fn report(&self) -> Value {
+        report_json(&self.dir)
+    }
+}
+
+/// `gapscope run -o DIR ARGS -- CMD`.
+pub fn run(dir: &Path, args: &[&str], cmd: &[&str]) -> Run {
+    let output = Command::new(gapscope())
+        .arg("run")
+        .arg("-o")
+        .arg(dir)
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running gapscope");
+    Run {
+        output,
+        dir: dir.to_path_buf(),
+    }
+}
+
+/// `gapscope report PATH --format json`, parsed.
+pub fn report_json(path: &Path) -> Value {
+    let out = Command::new(gapscope())
+        .args(["report", "--format", "json"])
+        .arg(path)
+        .output()
+        .expect("running gapscope report");
+    assert!(
+        out.status.success(),
+        "gapscope report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("report is JSON")
+}
+
+/// Ground-truth lines a workload appended to its --truth file.
+pub fn truth(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("truth line is JSON"))
+        .collect()
+}
+
+pub fn u64_of(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"))
+}
+
+/// The report's entry for one thread.
+pub fn thread(report: &Value, tid: u64) -> &Value {
+    report["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .find(|t| t["tid"].as_u64() == Some(tid))
+        .unwrap_or_else(|| panic!("thread {tid} is not in the report"))
+}
+
+pub fn off_cpu_total(t: &Value) -> u64 {
+    t["off_cpu_ns"]
+        .as_object()
+        .expect("off_cpu_ns")
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum()
+}
+
+/// Asserts |actual - expected| <= tol * expected.
+#[track_caller]
+pub fn assert_close(what: &str, actual: u64, expected: u64, tol: f64) {
+    let diff = (actual as f64 - expected as f64).abs();
+    assert!(
+        diff <= tol * expected as f64,
+        "{what}: {actual} vs expected {expected} (off by {:.1}%, allowed {:.0}%)",
+        diff * 100.0 / expected.max(1) as f64,
+        tol * 100.0
+    );
+}

@@ -1,1 +1,503 @@
-fn main() {}
+//! gs-workload: CPU-side workloads with known behaviour, for gapscope's tests
+//! and demo. Each does real work (real files, pipes, sockets, processes) and
+//! appends its own ground truth as JSON lines to `--truth FILE`: which
+//! thread did what, for how long, and what the kernel's own accounting
+//! (/proc/<pid>/task/<tid>/schedstat) says about it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const USAGE: &str = "\
+gs-workload: workloads with known behaviour, for gapscope's tests and demo
+
+usage: gs-workload COMMAND [--truth FILE] [options]
+
+commands:
+  spin     --ms N                      spin on one CPU for N ms of CPU time
+  oread    --mib N --dir D             read an N MiB file with O_DIRECT in one thread
+  waits    --ms N                      four threads blocked N ms each: futex, pipe,
+                                       loopback TCP recv, nanosleep
+  tree     --workers N --dir D --mib M --ms S
+                                       fork N worker processes that read M MiB and
+                                       spin S ms each; worker 0 execs a grandchild
+  hold     --secs N --dir D            a parent and a child that read and compute
+                                       for N seconds (a target for attach)
+  pipeline --workers N --steps K --dir D
+                                       demo: worker processes read and decode
+                                       batches and hand them over pipes to a
+                                       consumer that computes on them
+
+Ground truth is appended to --truth FILE as one JSON object per line.";
+
+struct Args {
+    cmd: String,
+    opts: Vec<(String, String)>,
+}
+
+impl Args {
+    fn parse() -> Args {
+        let mut it = std::env::args().skip(1);
+        let cmd = it.next().unwrap_or_default();
+        let rest: Vec<String> = it.collect();
+        let mut opts = Vec::new();
+        let mut i = 0;
+        while i < rest.len() {
+            let key = rest[i].trim_start_matches("--").to_string();
+            let val = rest.get(i + 1).cloned().unwrap_or_default();
+            opts.push((key, val));
+            i += 2;
+        }
+        Args { cmd, opts }
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.opts
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn num(&self, key: &str, default: u64) -> u64 {
+        match self.get(key) {
+            Some(v) => v
+                .parse()
+                .unwrap_or_else(|_| die(&format!("--{key}: not a number: {v}"))),
+            None => default,
+        }
+    }
+
+    fn dir(&self) -> PathBuf {
+        PathBuf::from(self.get("dir").unwrap_or("."))
+    }
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("gs-workload: {msg}");
+    std::process::exit(2);
+}
+
+fn tid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn pid() -> u32 {
+    std::process::id()
+}
+
+/// The kernel's own account of this thread: (on-CPU ns, runqueue wait ns),
+/// the first two fields of /proc/self/task/<tid>/schedstat.
+fn schedstat() -> (u64, u64) {
+    let text =
+        std::fs::read_to_string(format!("/proc/self/task/{}/schedstat", tid())).unwrap_or_default();
+    let mut f = text.split_whitespace().map(|v| v.parse().unwrap_or(0));
+    (f.next().unwrap_or(0), f.next().unwrap_or(0))
+}
+
+fn schedstat_ns() -> u64 {
+    schedstat().0
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Appends one line of ground truth; one write() so processes can share a file.
+fn truth(path: Option<&str>, mut v: Value) {
+    let Some(path) = path else { return };
+    v["pid"] = json!(pid());
+    if v.get("tid").is_none() {
+        v["tid"] = json!(tid());
+    }
+    let mut line = v.to_string();
+    line.push('\n');
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| die(&format!("{path}: {e}")));
+    f.write_all(line.as_bytes())
+        .unwrap_or_else(|e| die(&format!("{path}: {e}")));
+}
+
+/// Burns CPU until this thread has used `ms` of CPU time.
+fn spin_cpu(ms: u64) -> u64 {
+    let target = thread_cpu_ns() + ms * 1_000_000;
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    while thread_cpu_ns() < target {
+        for _ in 0..10_000 {
+            x = x.rotate_left(7).wrapping_mul(0x100000001b3) ^ 0x5bd1e995;
+        }
+        std::hint::black_box(x);
+    }
+    x
+}
+
+/// A CPU-heavy "decode" of a buffer (a checksum over it, several passes).
+fn decode(buf: &[u8], passes: u32) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for _ in 0..passes {
+        for chunk in buf.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x100000001b3);
+        }
+    }
+    std::hint::black_box(h)
+}
+
+fn create_file(path: &Path, mib: u64) {
+    let mut f = File::create(path).unwrap_or_else(|e| die(&format!("{}: {e}", path.display())));
+    let block: Vec<u8> = (0..1 << 20).map(|i| (i * 31 % 251) as u8).collect();
+    for _ in 0..mib {
+        f.write_all(&block).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: non-zero size layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, len }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len bytes, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
+        // SAFETY: allocated with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+fn cmd_spin(a: &Args) {
+    let ms = a.num("ms", 300);
+    spin_cpu(ms);
+    let (on_cpu, run_delay) = schedstat();
+    truth(
+        a.get("truth"),
+        json!({"role": a.get("role").unwrap_or("spin"), "schedstat_ns": on_cpu,
+               "run_delay_ns": run_delay}),
+    );
+}
+
+fn cmd_oread(a: &Args) {
+    let mib = a.num("mib", 64);
+    let path = a.dir().join(format!("gs-oread-{}.dat", pid()));
+    create_file(&path, mib);
+    let truth_path = a.get("truth").map(str::to_string);
+    // The reads happen in a thread of their own, so its account holds them alone.
+    let p = path.clone();
+    let reader = std::thread::spawn(move || {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+            .unwrap_or_else(|e| die(&format!("O_DIRECT open of {}: {e}", p.display())));
+        let mut buf = Aligned::new(1 << 20);
+        let mut total = 0u64;
+        loop {
+            let n = f
+                .read(buf.as_mut())
+                .unwrap_or_else(|e| die(&format!("read: {e}")));
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        truth(
+            truth_path.as_deref(),
+            json!({"role": "oread", "bytes": total, "schedstat_ns": schedstat_ns()}),
+        );
+    });
+    reader.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+fn cmd_waits(a: &Args) {
+    let ms = a.num("ms", 300);
+    let dur = Duration::from_millis(ms);
+    let t = a.get("truth").map(str::to_string);
+    let report = move |t: &Option<String>, kind: &str, start: Instant| {
+        truth(
+            t.as_deref(),
+            json!({"role": "wait", "kind": kind, "arranged_ns": ms * 1_000_000,
+                   "measured_ns": start.elapsed().as_nanos() as u64}),
+        );
+    };
+    let mut threads = Vec::new();
+
+    // futex: wait on a condvar that a helper signals after `dur`.
+    let t1 = t.clone();
+    threads.push(std::thread::spawn(move || {
+        let pair = Arc::new((Mutex::new(false), Condvar::new()));
+        let p2 = pair.clone();
+        let start = Instant::now();
+        let helper = std::thread::spawn(move || {
+            std::thread::sleep(dur);
+            *p2.0.lock().unwrap() = true;
+            p2.1.notify_one();
+        });
+        let mut ready = pair.0.lock().unwrap();
+        while !*ready {
+            ready = pair.1.wait(ready).unwrap();
+        }
+        drop(ready);
+        report(&t1, "ipc-futex", start);
+        helper.join().unwrap();
+    }));
+
+    // pipe: block in read() until a helper writes after `dur`.
+    let t2 = t.clone();
+    threads.push(std::thread::spawn(move || {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a 2-element array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (r, w) = (fds[0], fds[1]);
+        let start = Instant::now();
+        let helper = std::thread::spawn(move || {
+            std::thread::sleep(dur);
+            // SAFETY: writing one byte to our pipe.
+            unsafe { libc::write(w, b"x".as_ptr() as *const _, 1) };
+        });
+        let mut byte = 0u8;
+        // SAFETY: reading one byte into a live buffer.
+        unsafe { libc::read(r, &mut byte as *mut u8 as *mut _, 1) };
+        report(&t2, "ipc-pipe", start);
+        helper.join().unwrap();
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
+    }));
+
+    // net: block in recv() on a loopback TCP socket until the peer sends.
+    let t3 = t.clone();
+    threads.push(std::thread::spawn(move || {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let helper = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            std::thread::sleep(dur);
+            conn.write_all(b"batch").unwrap();
+        });
+        let mut s = TcpStream::connect(addr).unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        report(&t3, "net", start);
+        helper.join().unwrap();
+    }));
+
+    // sleep
+    let t4 = t.clone();
+    threads.push(std::thread::spawn(move || {
+        let start = Instant::now();
+        std::thread::sleep(dur);
+        report(&t4, "sleep", start);
+    }));
+
+    for th in threads {
+        th.join().unwrap();
+    }
+}
+
+fn fork_or_die() -> i32 {
+    // SAFETY: the workload is single-threaded when it forks.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    child
+}
+
+fn wait_children(children: &[i32]) -> bool {
+    let mut ok = true;
+    for &c in children {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(c, &mut status, 0) };
+        ok &= libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    }
+    ok
+}
+
+fn cmd_tree(a: &Args) {
+    let workers = a.num("workers", 4);
+    let mib = a.num("mib", 16);
+    let ms = a.num("ms", 300);
+    let dir = a.dir();
+    let data = dir.join(format!("gs-tree-{}.dat", pid()));
+    create_file(&data, mib);
+    let truth_path = a.get("truth").map(str::to_string);
+    let mut children = Vec::new();
+    for w in 0..workers {
+        let child = fork_or_die();
+        if child == 0 {
+            let mut grandchild = None;
+            if w == 0 {
+                // An exec'd grandchild: the tree must be followed through exec.
+                let exe = std::env::current_exe().unwrap();
+                let mut cmd = std::process::Command::new(exe);
+                cmd.args(["spin", "--ms", "100", "--role", "grandchild"]);
+                if let Some(t) = &truth_path {
+                    cmd.args(["--truth", t]);
+                }
+                grandchild = Some(cmd.spawn().unwrap());
+            }
+            let mut f = File::open(&data).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut bytes = 0u64;
+            loop {
+                let n = f.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                bytes += n as u64;
+            }
+            spin_cpu(ms);
+            if let Some(mut g) = grandchild {
+                g.wait().unwrap();
+            }
+            let (on_cpu, run_delay) = schedstat();
+            truth(
+                truth_path.as_deref(),
+                json!({"role": "worker", "index": w, "bytes": bytes,
+                       "schedstat_ns": on_cpu, "run_delay_ns": run_delay}),
+            );
+            std::process::exit(0);
+        }
+        children.push(child);
+    }
+    let ok = wait_children(&children);
+    let _ = std::fs::remove_file(&data);
+    truth(
+        truth_path.as_deref(),
+        json!({"role": "parent", "workers": children}),
+    );
+    if !ok {
+        die("a worker failed");
+    }
+}
+
+fn cmd_hold(a: &Args) {
+    let secs = a.num("secs", 5);
+    let dir = a.dir();
+    let data = dir.join(format!("gs-hold-{}.dat", pid()));
+    create_file(&data, 4);
+    let until = Instant::now() + Duration::from_secs(secs);
+    let work = |role: &str| {
+        let mut buf = vec![0u8; 1 << 20];
+        while Instant::now() < until {
+            let mut f = File::open(&data).unwrap();
+            while f.read(&mut buf).unwrap() > 0 {}
+            decode(&buf, 2);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = role;
+    };
+    let child = fork_or_die();
+    if child == 0 {
+        work("child");
+        std::process::exit(0);
+    }
+    truth(
+        a.get("truth"),
+        json!({"role": "hold", "child": child, "secs": secs}),
+    );
+    work("parent");
+    wait_children(&[child]);
+    let _ = std::fs::remove_file(&data);
+}
+
+fn cmd_pipeline(a: &Args) {
+    let workers = a.num("workers", 2);
+    let steps = a.num("steps", 20);
+    let dir = a.dir();
+    let data = dir.join(format!("gs-pipeline-{}.dat", pid()));
+    println!(
+        "gs-workload pipeline: {workers} loader processes read and decode batches from a \
+         file and pass them over pipes to a consumer that computes on them ({steps} steps)"
+    );
+    create_file(&data, 32);
+    let mut readers = Vec::new();
+    let mut children = Vec::new();
+    for w in 0..workers {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a 2-element array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let child = fork_or_die();
+        if child == 0 {
+            unsafe { libc::close(fds[0]) };
+            let mut f = File::open(&data).unwrap();
+            let mut batch = vec![0u8; 2 << 20];
+            for step in 0..steps {
+                if step % workers != w {
+                    continue;
+                }
+                if f.read(&mut batch).unwrap() < batch.len() {
+                    f = File::open(&data).unwrap();
+                    f.read_exact(&mut batch).unwrap();
+                }
+                let h = decode(&batch, 3).to_le_bytes();
+                // SAFETY: writing 8 bytes from a live buffer to our pipe.
+                unsafe { libc::write(fds[1], h.as_ptr() as *const _, 8) };
+            }
+            std::process::exit(0);
+        }
+        unsafe { libc::close(fds[1]) };
+        readers.push(fds[0]);
+        children.push(child);
+    }
+    for step in 0..steps {
+        let r = readers[(step % workers) as usize];
+        let mut h = [0u8; 8];
+        // SAFETY: reading 8 bytes into a live buffer from our pipe.
+        unsafe { libc::read(r, h.as_mut_ptr() as *mut _, 8) };
+        spin_cpu(15); // the "training step"
+    }
+    wait_children(&children);
+    let _ = std::fs::remove_file(&data);
+    println!("gs-workload pipeline: done");
+}
+
+fn main() {
+    let args = Args::parse();
+    match args.cmd.as_str() {
+        "spin" => cmd_spin(&args),
+        "oread" => cmd_oread(&args),
+        "waits" => cmd_waits(&args),
+        "tree" => cmd_tree(&args),
+        "hold" => cmd_hold(&args),
+        "pipeline" => cmd_pipeline(&args),
+        "-h" | "--help" | "help" => println!("{USAGE}"),
+        "" => die(&format!("missing command\n\n{USAGE}")),
+        other => die(&format!("unknown command {other:?}\n\n{USAGE}")),
+    }
+}

@@ -44,6 +44,9 @@ pub struct DropsInfo {
     pub cpu_events: u64,
     pub gpu_records: u64,
     pub cpu_by_kind: BTreeMap<String, u64>,
+    /// Context switches the kernel never reported, inferred from what the
+    /// threads did (not losses, but places where a boundary is estimated).
+    pub inferred_switches: u64,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -325,6 +328,7 @@ pub fn build(session: &Session) -> Report {
             cpu_events: session.drops.cpu_events(),
             gpu_records: session.drops.gpu_records,
             cpu_by_kind: session.drops.cpu_by_kind.iter().cloned().collect(),
+            inferred_switches: tl.threads.values().map(|t| t.inferred_switches).sum(),
         },
         threads,
         gpus: Vec::new(),

@@ -180,8 +180,12 @@ fn who(t: &ThreadReport) -> String {
 }
 
 fn drops_line(r: &Report) -> String {
+    let inferred = match r.drops.inferred_switches {
+        0 => String::new(),
+        n => format!(" ({n} context switches the kernel did not report were inferred)"),
+    };
     if r.drops.cpu_events == 0 && r.drops.gpu_records == 0 {
-        return "drops: none".into();
+        return format!("drops: none{inferred}");
     }
     let by_kind: Vec<String> = r
         .drops
@@ -191,7 +195,7 @@ fn drops_line(r: &Report) -> String {
         .collect();
     format!(
         "drops: {} CPU events ({}), {} GPU records — times around them are less certain; \
-         a larger --buffer-mb or a lower --freq helps",
+         a larger --buffer-mb or a lower --freq helps{inferred}",
         r.drops.cpu_events,
         by_kind.join(", "),
         r.drops.gpu_records

@@ -93,6 +93,9 @@ pub struct SwitchOut {
     pub syscall: Option<i32>,
     pub fd: i32,
     pub fd_kind: FdKind,
+    /// The thread (pid, tid) that took the CPU, tracked or not: who a
+    /// preempted thread lost its CPU to.
+    pub next: (u32, u32),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

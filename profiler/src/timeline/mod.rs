@@ -55,13 +55,6 @@ fn thread_mut(
         .or_insert_with(|| ThreadTimeline::first_seen(pid, tid, ts, keep))
 }
 
-macro_rules! with_thread {
-    ($threads:expr, $pid:expr, $tid:expr, $ts:expr, $keep:expr, |$t:ident| $body:expr) => {{
-        let $t = thread_mut($threads, $pid, $tid, $ts, $keep);
-        $body
-    }};
-}
-
 impl Timeline {
     pub fn build(session: &Session, opts: BuildOptions) -> Timeline {
         let header = session.header();
@@ -109,11 +102,10 @@ impl Timeline {
             match e {
                 Event::Switch { ts, out, in_, .. } => {
                     if let Some(o) = out {
-                        with_thread!(&mut tl.threads, o.pid, o.tid, *ts, keep, |t| t
-                            .switch_out(*ts, o));
+                        thread_mut(&mut tl.threads, o.pid, o.tid, *ts, keep).switch_out(*ts, o);
                     }
                     if let Some((pid, tid)) = in_ {
-                        with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t.switch_in(*ts));
+                        thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).switch_in(*ts);
                     }
                 }
                 Event::Wakeup {
@@ -125,8 +117,12 @@ impl Timeline {
                     new_task,
                 } => {
                     if !new_task {
-                        with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t
-                            .wakeup(*ts, (*waker_pid, *waker_tid)));
+                        thread_mut(&mut tl.threads, *pid, *tid, *ts, keep)
+                            .wakeup(*ts, (*waker_pid, *waker_tid));
+                    }
+                    // Waking a thread is done on a CPU.
+                    if let Some(w) = tl.threads.get_mut(&(*waker_pid, *waker_tid)) {
+                        w.evidence_of_running(*ts);
                     }
                 }
                 Event::Syscall {
@@ -138,8 +134,11 @@ impl Timeline {
                     fd_kind,
                     ret,
                     ..
-                } => with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t
-                    .syscall(*nr, *dur, *fd_kind, *ret)),
+                } => {
+                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                    t.evidence_of_running(*ts);
+                    t.syscall(*nr, *dur, *fd_kind, *ret);
+                }
                 Event::Sample {
                     ts,
                     pid,
@@ -147,11 +146,15 @@ impl Timeline {
                     ustack,
                     kstack,
                     ..
-                } => with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t
-                    .sample(*ustack, *kstack)),
+                } => {
+                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                    t.evidence_of_running(*ts);
+                    t.sample(*ustack, *kstack);
+                }
                 Event::Fault { ts, pid, tid, .. } => {
-                    with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| t.page_faults +=
-                        1)
+                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                    t.evidence_of_running(*ts);
+                    t.page_faults += 1;
                 }
                 Event::Fork {
                     ts,
@@ -196,10 +199,9 @@ impl Timeline {
                     group_dead,
                     comm,
                 } => {
-                    with_thread!(&mut tl.threads, *pid, *tid, *ts, keep, |t| {
-                        t.exit(*ts);
-                        t.comm = comm.clone();
-                    });
+                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                    t.exit(*ts);
+                    t.comm = comm.clone();
                     if *group_dead {
                         let p = tl.processes.entry(*pid).or_default();
                         p.pid = *pid;

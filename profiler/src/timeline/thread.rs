@@ -33,6 +33,19 @@ impl OffCpu {
         }
     }
 
+    /// Blocked on something the recording did not see.
+    fn unknown(waker: Option<(u32, u32)>) -> OffCpu {
+        OffCpu {
+            kind: OffKind::Other,
+            syscall: None,
+            fd: -1,
+            fd_kind: FdKind::None,
+            ustack: 0,
+            kstack: 0,
+            waker,
+        }
+    }
+
     fn from_seed(seed: &ThreadSeed) -> OffCpu {
         OffCpu {
             kind: offcpu_kind(seed.syscall, seed.fd_kind),
@@ -118,8 +131,15 @@ pub struct ThreadTimeline {
     /// Blocked time by (kind, user stack, kernel stack).
     pub off_stacks: HashMap<(OffKind, u64, u64), u64>,
     pub intervals: Option<Vec<Interval>>,
+    /// Context switches the kernel did not report but other events prove
+    /// (see `evidence_of_running`).
+    pub inferred_switches: u64,
     cur: Cur,
     since: u64,
+    /// Latest moment the thread is known to have been on a CPU.
+    last_ran: u64,
+    /// A wakeup seen while the thread was believed on-CPU.
+    pending_wakeup: Option<(u64, (u32, u32))>,
 }
 
 impl ThreadTimeline {
@@ -140,8 +160,11 @@ impl ThreadTimeline {
             samples: HashMap::new(),
             off_stacks: HashMap::new(),
             intervals: keep_intervals.then(Vec::new),
+            inferred_switches: 0,
             cur,
             since: start,
+            last_ran: start,
+            pending_wakeup: None,
         }
     }
 
@@ -234,14 +257,48 @@ impl ThreadTimeline {
         } else {
             State::Off(OffCpu::from_switch(out))
         });
+        self.pending_wakeup = None;
     }
 
     pub fn switch_in(&mut self, ts: u64) {
         if self.is_dead() {
             return;
         }
+        if matches!(self.cur, Cur::Known(State::OnCpu)) && ts > self.since {
+            // Its switch-out was never reported: it ran until the last sign
+            // of life, then waited (blocked until a wakeup, if one came).
+            self.inferred_switches += 1;
+            self.close(self.last_ran, State::OnCpu);
+            if let Some((woken, waker)) = self.pending_wakeup.take() {
+                if woken > self.since && woken < ts {
+                    self.set(State::Off(OffCpu::unknown(Some(waker))));
+                    self.close(woken, State::Runnable);
+                }
+            }
+            self.set(State::Runnable);
+        }
         self.close(ts, State::Runnable);
         self.set(State::OnCpu);
+        self.last_ran = ts;
+    }
+
+    /// The thread did something only a running thread does (entered a
+    /// syscall, took a fault, was sampled, woke another thread) at `ts`.
+    ///
+    /// The kernel occasionally runs a task without a sched_switch event for
+    /// it (seen on 6.x: both ftrace and BPF miss it); without this, the time
+    /// until its next switch-out would be counted as waiting.
+    pub fn evidence_of_running(&mut self, ts: u64) {
+        match &self.cur {
+            Cur::Known(State::OnCpu) => self.last_ran = self.last_ran.max(ts),
+            Cur::Known(_) if ts > self.since => {
+                self.inferred_switches += 1;
+                self.close(ts, State::Runnable);
+                self.set(State::OnCpu);
+                self.last_ran = ts;
+            }
+            _ => {}
+        }
     }
 
     pub fn wakeup(&mut self, ts: u64, waker: (u32, u32)) {
@@ -256,19 +313,16 @@ impl ThreadTimeline {
                 }
                 true
             }
+            Cur::Known(State::OnCpu) => {
+                // Usually woken just before it would have slept; kept in
+                // case its switch-out went unreported.
+                self.pending_wakeup = Some((ts, waker));
+                false
+            }
             _ => false,
         };
         if blocked {
-            let unknown = OffCpu {
-                kind: OffKind::Other,
-                syscall: None,
-                fd: -1,
-                fd_kind: FdKind::None,
-                ustack: 0,
-                kstack: 0,
-                waker: Some(waker),
-            };
-            self.close(ts, State::Off(unknown));
+            self.close(ts, State::Off(OffCpu::unknown(Some(waker))));
             self.set(State::Runnable);
         }
     }
@@ -326,6 +380,7 @@ mod tests {
             syscall: Some(syscall),
             fd: 3,
             fd_kind,
+            next: (0, 0),
         }
     }
 
@@ -379,6 +434,50 @@ mod tests {
         t.finish(100);
         assert_eq!(t.off[&OffKind::Ipc], 70);
         assert_eq!(t.runnable, 30);
+    }
+
+    #[test]
+    fn an_unreported_switch_in_is_inferred_from_activity() {
+        let mut t = ThreadTimeline::forked(1, 1, 0, false);
+        t.switch_in(10);
+        let mut pre = blocked(0, FdKind::None);
+        pre.preempted = true;
+        t.switch_out(20, &pre); // runnable from 20 ...
+        t.evidence_of_running(25); // ... but running again by 25 (switch-in lost)
+        t.evidence_of_running(30);
+        t.switch_out(40, &pre);
+        t.finish(40);
+        assert_eq!(t.on_cpu, 10 + 15);
+        assert_eq!(t.runnable, 10 + 5);
+        assert_eq!(t.inferred_switches, 1);
+    }
+
+    #[test]
+    fn an_unreported_switch_out_is_inferred_from_a_second_switch_in() {
+        let mut t = ThreadTimeline::forked(1, 1, 0, false);
+        t.switch_in(10);
+        t.evidence_of_running(20); // last sign of life
+        t.wakeup(50, (7, 7)); // it had blocked (switch-out lost) and is woken
+        t.switch_in(60);
+        t.finish(70);
+        assert_eq!(t.on_cpu, 10 + 10);
+        assert_eq!(t.off[&OffKind::Other], 30);
+        assert_eq!(t.runnable, 10 + 10);
+        assert_eq!(t.inferred_switches, 1);
+        assert_eq!(t.on_cpu + t.runnable + t.off_total(), t.lifetime());
+    }
+
+    #[test]
+    fn a_wakeup_while_running_changes_nothing() {
+        let mut t = ThreadTimeline::forked(1, 1, 0, false);
+        t.switch_in(10);
+        t.wakeup(15, (7, 7));
+        t.switch_out(20, &blocked(202, FdKind::None));
+        t.wakeup(30, (7, 7));
+        t.switch_in(35);
+        t.finish(40);
+        assert_eq!((t.on_cpu, t.runnable, t.off[&OffKind::Ipc]), (15, 15, 10));
+        assert_eq!(t.inferred_switches, 0);
     }
 
     #[test]

@@ -212,12 +212,13 @@ mod tests {
         macro_rules! table {
             ($($c:literal => $t:ty { $($f:ident),* }),* $(,)?) => {
                 match (ty, field) {
+                    // The C struct carries the frames; the Rust head stops before them.
+                    ("gs_stack", None) => Some(STACK_MAX_SIZE),
+                    ("gs_stack", Some("frames")) => Some(STACK_FRAMES_OFFSET),
                     $(
                         ($c, None) => Some(size_of::<$t>()),
                         $(($c, Some(stringify!($f))) => Some(offset_of!($t, $f)),)*
                     )*
-                    ("gs_stack", None) => Some(STACK_MAX_SIZE),
-                    ("gs_stack", Some("frames")) => Some(STACK_FRAMES_OFFSET),
                     _ => None,
                 }
             };

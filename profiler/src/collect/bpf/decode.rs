@@ -20,6 +20,7 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
                 syscall: (e.syscall >= 0).then_some(e.syscall),
                 fd: e.fd,
                 fd_kind: FdKind::from_raw(e.fd_kind),
+                next: (e.next_pid, e.next_tid),
             });
             let in_ = (e.flags & abi::SW_NEXT_TRACKED != 0).then_some((e.next_pid, e.next_tid));
             Event::Switch {

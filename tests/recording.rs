@@ -1,0 +1,380 @@
+//! Recording for real: the built `gapscope` loads and attaches its BPF
+//! programs and records example workloads whose behaviour is known. Each
+//! figure is checked against an independent reference: the kernel's own
+//! schedstat, the bytes the workload read, the waits it arranged.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+fn truth_of<'a>(lines: &'a [Value], role: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|l| l["role"] == role).collect()
+}
+
+#[test]
+fn o_direct_reads_are_file_time_with_exact_bytes() {
+    if !bpf_ready("o_direct_reads_are_file_time_with_exact_bytes") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("oread");
+    let truth_path = dir.path().join("truth.jsonl");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "oread",
+            "--mib",
+            "64",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let lines = truth(&truth_path);
+    let t = truth_of(&lines, "oread")[0];
+    let report = run.report();
+    let th = thread(&report, u64_of(t, "tid"));
+
+    assert_eq!(u64_of(&th["read_bytes"], "file"), u64_of(t, "bytes"));
+    assert_eq!(u64_of(t, "bytes"), 64 << 20);
+    let off = off_cpu_total(th);
+    let file = u64_of(&th["off_cpu_ns"], "file");
+    assert!(off > 0, "the O_DIRECT reader never blocked: {th}");
+    assert!(
+        file as f64 >= 0.7 * off as f64,
+        "file is {file} of {off} ns off-CPU: {th}"
+    );
+}
+
+#[test]
+fn spinner_on_cpu_matches_schedstat() {
+    if !bpf_ready("spinner_on_cpu_matches_schedstat") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("spin");
+    let truth_path = dir.path().join("truth.jsonl");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "spin",
+            "--ms",
+            "400",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let lines = truth(&truth_path);
+    let t = truth_of(&lines, "spin")[0];
+    let report = run.report();
+    let th = thread(&report, u64_of(t, "tid"));
+    assert_close(
+        "spinner on-CPU vs schedstat",
+        u64_of(th, "on_cpu_ns"),
+        u64_of(t, "schedstat_ns"),
+        0.05,
+    );
+    // The account partitions the thread's lifetime exactly.
+    let total = u64_of(th, "on_cpu_ns") + u64_of(th, "runnable_ns") + off_cpu_total(th);
+    assert_eq!(total, u64_of(th, "lifetime_ns"));
+    assert!(u64_of(th, "samples") > 0, "no cpu-clock samples: {th}");
+}
+
+#[test]
+fn waits_are_classified_by_what_they_wait_on() {
+    if !bpf_ready("waits_are_classified_by_what_they_wait_on") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("waits");
+    let truth_path = dir.path().join("truth.jsonl");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "waits",
+            "--ms",
+            "300",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let report = run.report();
+    let lines = truth(&truth_path);
+    let waits = truth_of(&lines, "wait");
+    assert_eq!(waits.len(), 4);
+    for w in waits {
+        let kind = w["kind"].as_str().unwrap();
+        let field = match kind {
+            "ipc-futex" | "ipc-pipe" => "ipc",
+            "net" => "net",
+            "sleep" => "sleep",
+            other => panic!("unexpected wait kind {other}"),
+        };
+        let th = thread(&report, u64_of(w, "tid"));
+        assert_close(
+            &format!("{kind} wait as off-CPU {field}"),
+            u64_of(&th["off_cpu_ns"], field),
+            u64_of(w, "arranged_ns"),
+            0.20,
+        );
+    }
+}
+
+#[test]
+fn forked_workers_and_an_execd_grandchild_are_followed() {
+    if !bpf_ready("forked_workers_and_an_execd_grandchild_are_followed") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("tree");
+    let truth_path = dir.path().join("truth.jsonl");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "tree",
+            "--workers",
+            "4",
+            "--mib",
+            "16",
+            "--ms",
+            "300",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let report = run.report();
+    let lines = truth(&truth_path);
+    let workers = truth_of(&lines, "worker");
+    assert_eq!(workers.len(), 4);
+    for w in workers {
+        let th = thread(&report, u64_of(w, "tid"));
+        assert_close(
+            &format!("worker {} on-CPU vs schedstat", w["index"]),
+            u64_of(th, "on_cpu_ns"),
+            u64_of(w, "schedstat_ns"),
+            0.10,
+        );
+        assert_eq!(u64_of(&th["read_bytes"], "file"), u64_of(w, "bytes"));
+    }
+    let grandchild = truth_of(&lines, "grandchild")[0];
+    let gpid = u64_of(grandchild, "pid");
+    let th = thread(&report, u64_of(grandchild, "tid"));
+    assert_close(
+        "exec'd grandchild on-CPU vs schedstat",
+        u64_of(th, "on_cpu_ns"),
+        u64_of(grandchild, "schedstat_ns"),
+        0.10,
+    );
+    let process = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(gpid))
+        .expect("grandchild process in the report");
+    assert!(
+        process["execs"][0]
+            .as_str()
+            .is_some_and(|e| e.ends_with("gs-workload")),
+        "grandchild exec not recorded: {process}"
+    );
+}
+
+#[test]
+fn attach_follows_a_running_process_and_its_existing_child() {
+    if !bpf_ready("attach_follows_a_running_process_and_its_existing_child") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("attach");
+    let truth_path = dir.path().join("truth.jsonl");
+    let mut target = Command::new(workload())
+        .args(["hold", "--secs", "6", "--dir"])
+        .arg(dir.path())
+        .arg("--truth")
+        .arg(&truth_path)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !truth_path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // mid-flight
+    let rec = dir.path().join("rec");
+    let out = Command::new(gapscope())
+        .args(["attach", "-q", "--duration", "1.5", "--pid"])
+        .arg(target.id().to_string())
+        .arg("-o")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    let status = target.wait().unwrap();
+    assert!(
+        out.status.success(),
+        "attach failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(status.success());
+    let lines = truth(&truth_path);
+    let hold = truth_of(&lines, "hold")[0];
+    let (parent, child) = (u64_of(hold, "pid"), u64_of(hold, "child"));
+    let report = report_json(&rec);
+    assert_eq!(report["target"]["pid"].as_u64(), Some(parent));
+    assert!(
+        report["target"]["exit_code"].is_null(),
+        "target outlived the recording"
+    );
+    let window = u64_of(&report["window_ns"], "end") - u64_of(&report["window_ns"], "start");
+    assert_close("recording window", window, 1_500_000_000, 0.10);
+    for pid in [parent, child] {
+        let th = thread(&report, pid);
+        assert_eq!(th["pid"].as_u64(), Some(pid));
+        // Alive through the whole window, and doing its work in it.
+        assert_close(
+            &format!("{pid} lifetime"),
+            u64_of(th, "lifetime_ns"),
+            window,
+            0.02,
+        );
+        assert!(u64_of(th, "on_cpu_ns") > 0, "{th}");
+        assert!(u64_of(&th["read_bytes"], "file") >= 4 << 20, "{th}");
+        assert!(u64_of(&th["off_cpu_ns"], "sleep") > 0, "{th}");
+    }
+}
+
+#[test]
+fn a_process_outside_the_tree_never_appears() {
+    if !bpf_ready("a_process_outside_the_tree_never_appears") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("sibling");
+    let args = |truth: &Path| {
+        vec![
+            "oread".to_string(),
+            "--mib".into(),
+            "32".into(),
+            "--dir".into(),
+            dir.path().to_str().unwrap().into(),
+            "--truth".into(),
+            truth.to_str().unwrap().into(),
+        ]
+    };
+    let sibling_truth = dir.path().join("sibling.jsonl");
+    let mut sibling = Command::new(workload())
+        .args(args(&sibling_truth))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let target_truth = dir.path().join("target.jsonl");
+    let mut cmd = vec![workload().to_str().unwrap().to_string()];
+    cmd.extend(args(&target_truth));
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let run = run(&dir.path().join("rec"), &["-q"], &cmd);
+    assert!(sibling.wait().unwrap().success());
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let report = run.report();
+    let sibling_pid = u64_of(&truth(&sibling_truth)[0], "pid");
+    let target_pid = u64_of(&truth(&target_truth)[0], "pid");
+    let pids: Vec<u64> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap())
+        .collect();
+    assert!(pids.contains(&target_pid), "target missing: {pids:?}");
+    assert!(
+        !pids.contains(&sibling_pid),
+        "sibling {sibling_pid} recorded: {pids:?}"
+    );
+    assert!(
+        report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["pid"].as_u64() != Some(sibling_pid)),
+        "sibling in processes"
+    );
+}
+
+#[test]
+fn offline_report_equals_the_one_printed_at_the_end_of_the_run() {
+    if !bpf_ready("offline_report_equals_the_one_printed_at_the_end_of_the_run") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("offline");
+    let rec = dir.path().join("rec");
+    let run = run(
+        &rec,
+        &[],
+        &[workload().to_str().unwrap(), "waits", "--ms", "50"],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let printed = run.stderr();
+    let printed = printed
+        .rsplit_once("\ngapscope: session and reports in")
+        .map(|(report, _)| report.to_string())
+        .expect("run printed its report and output directory");
+    let offline = Command::new(gapscope())
+        .arg("report")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(offline.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&offline.stdout).trim_end(),
+        printed.trim_end()
+    );
+    // And the files written beside the session are that same report.
+    let json_file: Value =
+        serde_json::from_str(&std::fs::read_to_string(rec.join("report.json")).unwrap()).unwrap();
+    assert_eq!(json_file, report_json(&rec));
+    assert_eq!(json_file["schema"], "gapscope.report/1");
+    assert_eq!(json_file["gpus"], serde_json::json!([]));
+}
+
+#[test]
+fn run_exits_with_the_targets_exit_code() {
+    if !bpf_ready("run_exits_with_the_targets_exit_code") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("exit");
+    let r = run(&dir.path().join("a"), &["-q"], &["sh", "-c", "exit 7"]);
+    assert_eq!(r.code(), Some(7), "{}", r.stderr());
+    assert_eq!(r.report()["target"]["exit_code"], 7);
+    let r = run(
+        &dir.path().join("b"),
+        &["-q"],
+        &["sh", "-c", "kill -TERM $$"],
+    );
+    assert_eq!(r.code(), Some(128 + 15), "{}", r.stderr());
+    let r = run(
+        &dir.path().join("c"),
+        &["-q"],
+        &["gapscope-no-such-command"],
+    );
+    assert_eq!(r.code(), Some(127));
+    assert_eq!(
+        r.stderr().trim(),
+        "gapscope: gapscope-no-such-command: command not found"
+    );
+}
