@@ -29,7 +29,7 @@ commands:
                                        spin S ms each; worker 0 execs a grandchild
   hold     --secs N --dir D            a parent and a child that read and compute
                                        for N seconds (a target for attach)
-  pipeline --workers N --steps K --dir D
+  pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
                                        consumer that computes on them
@@ -138,7 +138,7 @@ fn spin_cpu(ms: u64) -> u64 {
     let target = thread_cpu_ns() + ms * 1_000_000;
     let mut x: u64 = 0x9e3779b97f4a7c15;
     while thread_cpu_ns() < target {
-        for _ in 0..10_000 {
+        for _ in 0..100_000 {
             x = x.rotate_left(7).wrapping_mul(0x100000001b3) ^ 0x5bd1e995;
         }
         std::hint::black_box(x);
@@ -146,17 +146,21 @@ fn spin_cpu(ms: u64) -> u64 {
     x
 }
 
-/// A CPU-heavy "decode" of a buffer (a checksum over it, several passes).
-fn decode(buf: &[u8], passes: u32) -> u64 {
+/// A CPU-heavy "decode" of a buffer: checksum passes over it until this
+/// thread has spent `ms` of CPU time (so it costs the same in any build).
+fn decode(buf: &[u8], ms: u64) -> u64 {
+    let target = thread_cpu_ns() + ms * 1_000_000;
     let mut h: u64 = 0xcbf29ce484222325;
-    for _ in 0..passes {
-        for chunk in buf.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x100000001b3);
+    loop {
+        for chunk in buf.chunks(256 << 10) {
+            for w in chunk.chunks_exact(8) {
+                h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x100000001b3);
+            }
+            if thread_cpu_ns() >= target {
+                return std::hint::black_box(h);
+            }
         }
     }
-    std::hint::black_box(h)
 }
 
 fn create_file(path: &Path, mib: u64) {
@@ -417,7 +421,7 @@ fn cmd_hold(a: &Args) {
         while Instant::now() < until {
             let mut f = File::open(&data).unwrap();
             while f.read(&mut buf).unwrap() > 0 {}
-            decode(&buf, 2);
+            decode(&buf, 5);
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = role;
@@ -439,6 +443,8 @@ fn cmd_hold(a: &Args) {
 fn cmd_pipeline(a: &Args) {
     let workers = a.num("workers", 2);
     let steps = a.num("steps", 20);
+    let decode_ms = a.num("decode-ms", 60);
+    let step_ms = a.num("step-ms", 15);
     let dir = a.dir();
     let data = dir.join(format!("gs-pipeline-{}.dat", pid()));
     println!(
@@ -465,7 +471,7 @@ fn cmd_pipeline(a: &Args) {
                     f = File::open(&data).unwrap();
                     f.read_exact(&mut batch).unwrap();
                 }
-                let h = decode(&batch, 3).to_le_bytes();
+                let h = decode(&batch, decode_ms).to_le_bytes();
                 // SAFETY: writing 8 bytes from a live buffer to our pipe.
                 unsafe { libc::write(fds[1], h.as_ptr() as *const _, 8) };
             }
@@ -480,7 +486,7 @@ fn cmd_pipeline(a: &Args) {
         let mut h = [0u8; 8];
         // SAFETY: reading 8 bytes into a live buffer from our pipe.
         unsafe { libc::read(r, h.as_mut_ptr() as *mut _, 8) };
-        spin_cpu(15); // the "training step"
+        spin_cpu(step_ms); // the "training step"
     }
     wait_children(&children);
     let _ = std::fs::remove_file(&data);

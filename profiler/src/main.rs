@@ -31,8 +31,14 @@ enum Command {
     Run {
         #[command(flatten)]
         rec: RecordArgs,
-        /// The command to run, after `--`.
-        #[arg(last = true, required = true, value_name = "CMD")]
+        /// The command to run and its arguments (put `--` before it if its
+        /// first argument starts with a dash).
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         cmd: Vec<String>,
     },
     /// Record a running process, its threads and all its descendants.
@@ -210,6 +216,17 @@ mod tests {
         assert_eq!(cmd, ["python3", "-c", "1"]);
         assert_eq!(rec.output, Some(PathBuf::from("d")));
         assert_eq!(rec.freq, 99);
+    }
+
+    #[test]
+    fn run_takes_the_command_without_dashes_too() {
+        let cli =
+            Cli::try_parse_from(["gapscope", "run", "-q", "python3", "-u", "train.py"]).unwrap();
+        let Command::Run { rec, cmd } = cli.command else {
+            panic!()
+        };
+        assert!(rec.quiet);
+        assert_eq!(cmd, ["python3", "-u", "train.py"]);
     }
 
     #[test]

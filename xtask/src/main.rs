@@ -1,1 +1,214 @@
-fn main() {}
+//! `cargo xtask`: the project's own commands.
+//!
+//!   setup     install what building needs (clang, libbpf headers) with apt
+//!   build     build everything (release)
+//!   demo      record an example workload end to end and print its report
+//!   test      formatting, lints, then every test (BPF tests need root)
+//!   vmlinux   regenerate ebpf/vmlinux.h from this kernel's BTF
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+const USAGE: &str = "usage: cargo xtask <setup|build|demo|test|vmlinux>";
+const APT_PACKAGES: &[&str] = &["clang-19", "llvm-19", "libbpf-dev"];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", describe(cmd));
+    }
+    Ok(())
+}
+
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// What building the BPF programs needs and is not installed.
+fn missing() -> Vec<&'static str> {
+    let mut m = Vec::new();
+    let clang = std::env::var("GAPSCOPE_CLANG").is_ok()
+        || ["clang-19", "clang-20", "clang-18", "clang"]
+            .iter()
+            .any(|c| have(c));
+    if !clang {
+        m.extend(["clang-19", "llvm-19"]);
+    }
+    if !Path::new("/usr/include/bpf/bpf_helpers.h").exists() {
+        m.push("libbpf-dev");
+    }
+    m
+}
+
+fn setup() -> Result<()> {
+    let missing = missing();
+    if missing.is_empty() {
+        eprintln!("xtask: setup: clang and libbpf headers are present");
+        return Ok(());
+    }
+    if !is_root() || !have("apt-get") {
+        bail!(
+            "missing: {}; install them with: sudo apt-get update && sudo apt-get install -y {}",
+            missing.join(", "),
+            APT_PACKAGES.join(" ")
+        );
+    }
+    run(Command::new("apt-get")
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(APT_PACKAGES)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    let still = self::missing();
+    if !still.is_empty() {
+        bail!("still missing after apt-get install: {}", still.join(", "));
+    }
+    Ok(())
+}
+
+fn build() -> Result<()> {
+    setup()?;
+    run(cargo().args(["build", "--release", "--workspace", "--bins"]))
+}
+
+fn demo() -> Result<()> {
+    if !is_root() {
+        bail!("the demo records with eBPF and needs root: sudo -E cargo xtask demo");
+    }
+    setup()?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "gapscope",
+        "-p",
+        "gapscope-examples",
+    ]))?;
+    let release = root().join("target/release");
+    let out = root().join("target/demo");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    run(Command::new(release.join("gapscope"))
+        .arg("run")
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(release.join("gs-workload"))
+        .args(["pipeline", "--workers", "2", "--steps", "60", "--dir"])
+        .arg(&out))?;
+    eprintln!(
+        "\nxtask: demo done; re-read it any time with: target/release/gapscope report {}",
+        out.display()
+    );
+    Ok(())
+}
+
+fn test() -> Result<()> {
+    setup()?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // The end-to-end tests run the built binaries.
+    run(cargo().args(["build", "--workspace", "--bins"]))?;
+    if !is_root() && std::env::var("GAPSCOPE_REQUIRE_BPF").as_deref() != Ok("1") {
+        eprintln!(
+            "xtask: not root: recording tests will be skipped (sudo -E cargo xtask test runs them)"
+        );
+    }
+    run(cargo().args(["test", "--workspace"]))
+}
+
+fn vmlinux() -> Result<()> {
+    let out = root().join("ebpf/vmlinux.h");
+    let output = Command::new("bpftool")
+        .args([
+            "btf",
+            "dump",
+            "file",
+            "/sys/kernel/btf/vmlinux",
+            "format",
+            "c",
+        ])
+        .output()
+        .context("running bpftool (apt-get install bpftool)")?;
+    if !output.status.success() {
+        bail!(
+            "bpftool failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    std::fs::write(&out, output.stdout)?;
+    eprintln!("xtask: wrote {}", out.display());
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    match dispatch() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch() -> Result<()> {
+    let cmd = std::env::args().nth(1).unwrap_or_default();
+    match cmd.as_str() {
+        "setup" => setup(),
+        "build" => build(),
+        "demo" => demo(),
+        "test" => test(),
+        "vmlinux" => vmlinux(),
+        "" | "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown xtask command {other:?}\n{USAGE}"),
+    }
+}

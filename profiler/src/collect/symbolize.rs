@@ -17,7 +17,12 @@ const UNKNOWN: &str = "[unknown]";
 
 /// Where a user address lives.
 enum Location {
-    File { path: String, offset: u64 },
+    File {
+        path: String,
+        offset: u64,
+    },
+    /// [vdso], [vsyscall], [stack], ...: named by the kernel, not a file.
+    Special(String),
     Anon,
 }
 
@@ -33,8 +38,11 @@ impl<'a> Resolver<'a> {
         let snapshots = self.maps.get(&pid)?;
         for ranges in snapshots.iter().rev() {
             if let Some(r) = ranges.iter().find(|r| r.start <= addr && addr < r.end) {
-                if r.path.is_empty() || r.path.starts_with('[') {
+                if r.path.is_empty() {
                     return Some(Location::Anon);
+                }
+                if r.path.starts_with('[') {
+                    return Some(Location::Special(r.path.clone()));
                 }
                 return Some(Location::File {
                     path: r.path.trim_end_matches(" (deleted)").to_string(),
@@ -156,6 +164,10 @@ fn user_frame(
                 .unwrap_or_else(|| format!("{module}+{offset:#x}"));
             Frame { function, module }
         }
+        Some(Location::Special(name)) => Frame {
+            function: name.clone(),
+            module: name,
+        },
         Some(Location::Anon) | None => {
             let jit = resolver
                 .perf_map(pid)

@@ -208,31 +208,42 @@ fn build_thread(t: &ThreadTimeline, stacks: &Stacks, period_ns: u64) -> ThreadRe
     syscalls.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.nr.cmp(&b.nr)));
     syscalls.truncate(TOP_SYSCALLS);
 
-    let mut on: Vec<((u64, u64), u64)> = t.samples.iter().map(|(k, v)| (*k, *v)).collect();
-    on.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    // Stacks that differ only in addresses within the same functions are one
+    // stack to a reader: merge by resolved frames.
+    let mut on: HashMap<(Vec<String>, Vec<String>), u64> = HashMap::new();
+    for (&(u, k), &n) in &t.samples {
+        *on.entry((stacks.frames(u), stacks.frames(k))).or_default() += n;
+    }
+    let mut on: Vec<_> = on.into_iter().collect();
+    on.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let on_cpu_stacks = on
         .into_iter()
         .take(TOP_STACKS)
-        .map(|((u, k), n)| StackReport {
+        .map(|((frames, kernel_frames), n)| StackReport {
             weight_ns: n * period_ns,
             samples: Some(n),
             kind: None,
-            frames: stacks.frames(u),
-            kernel_frames: stacks.frames(k),
+            frames,
+            kernel_frames,
         })
         .collect();
-    let mut offs: Vec<((OffKind, u64, u64), u64)> =
-        t.off_stacks.iter().map(|(k, v)| (*k, *v)).collect();
-    offs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let off_cpu_stacks = offs
+    let mut blocked: HashMap<(OffKind, Vec<String>, Vec<String>), u64> = HashMap::new();
+    for (&(kind, u, k), &ns) in &t.off_stacks {
+        *blocked
+            .entry((kind, stacks.frames(u), stacks.frames(k)))
+            .or_default() += ns;
+    }
+    let mut blocked: Vec<_> = blocked.into_iter().collect();
+    blocked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let off_cpu_stacks = blocked
         .into_iter()
         .take(TOP_STACKS)
-        .map(|((kind, u, k), ns)| StackReport {
+        .map(|((kind, frames, kernel_frames), ns)| StackReport {
             weight_ns: ns,
             samples: None,
             kind: Some(kind),
-            frames: stacks.frames(u),
-            kernel_frames: stacks.frames(k),
+            frames,
+            kernel_frames,
         })
         .collect();
 

@@ -12,6 +12,65 @@ use crate::timeline::OffKind;
 const MAX_THREAD_ROWS: usize = 40;
 /// Frames shown per stack.
 const MAX_FRAMES: usize = 8;
+/// Longest command line shown in the heading.
+const MAX_COMMAND: usize = 100;
+/// Threads listed in the bytes and syscall sections.
+const MAX_DETAIL_THREADS: usize = 10;
+
+/// Frames every stack ends in (process and thread entry, language runtime
+/// start-up): they say nothing about where the time went.
+fn is_entry_frame(f: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_start",
+        "__libc_start_",
+        "start_thread",
+        "clone3",
+        "__clone",
+        "std::rt::lang_start",
+        "__rust_begin_short_backtrace",
+        "std::sys::backtrace::__rust_begin_short_backtrace",
+        "core::ops::function::FnOnce::call_once",
+        "std::panicking::",
+        "std::panic::catch_unwind",
+        "__rust_try",
+        "std::thread::",
+        "<core::panic::unwind_safe::AssertUnwindSafe",
+        "std::sys::pal::unix::thread::Thread::new::thread_start",
+        "std::sys::thread::unix::Thread::new::thread_start",
+    ];
+    PREFIXES.iter().any(|p| f.starts_with(p))
+}
+
+/// The command as one line: shell-quoted where needed, newlines folded, cut.
+fn command_line(argv: &[String]) -> String {
+    if argv.is_empty() {
+        return "?".into();
+    }
+    let quoted: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+            if plain {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect();
+    let line: String = quoted
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.chars().count() > MAX_COMMAND {
+        let cut: String = line.chars().take(MAX_COMMAND - 1).collect();
+        format!("{cut}…")
+    } else {
+        line
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Style {
@@ -24,6 +83,8 @@ struct Table {
     /// Right-aligned columns (numbers).
     right: Vec<bool>,
     rows: Vec<Vec<String>>,
+    /// A line under the table.
+    note: Option<String>,
 }
 
 enum Block {
@@ -45,11 +106,7 @@ pub fn write_summary(report: &Report, style: Style, mut out: impl Write) -> io::
 
 fn blocks(r: &Report) -> Vec<Block> {
     let mut b = Vec::new();
-    let cmd = if r.target.command.is_empty() {
-        "?".to_string()
-    } else {
-        r.target.command.join(" ")
-    };
+    let cmd = command_line(&r.target.command);
     let exit = match r.target.exit_code {
         Some(c) => format!("exit {c}"),
         None => "still running".into(),
@@ -88,9 +145,11 @@ fn blocks(r: &Report) -> Vec<Block> {
     ));
     b.push(Block::Table(thread_table(r)));
 
-    let io: Vec<String> = r
-        .threads
-        .iter()
+    let mut by_bytes: Vec<&ThreadReport> = r.threads.iter().collect();
+    by_bytes.sort_by_key(|t| std::cmp::Reverse(moved(t)));
+    let io: Vec<String> = by_bytes
+        .into_iter()
+        .take(MAX_DETAIL_THREADS)
         .filter_map(|t| {
             let rd = t.read_bytes.file + t.read_bytes.net + t.read_bytes.ipc + t.read_bytes.other;
             let wr =
@@ -128,9 +187,11 @@ fn blocks(r: &Report) -> Vec<Block> {
         b.push(Block::Bullets(io));
     }
 
-    let sys: Vec<String> = r
-        .threads
-        .iter()
+    let mut by_sys: Vec<&ThreadReport> = r.threads.iter().collect();
+    by_sys.sort_by_key(|t| std::cmp::Reverse(t.syscalls.iter().map(|s| s.total_ns).sum::<u64>()));
+    let sys: Vec<String> = by_sys
+        .into_iter()
+        .take(MAX_DETAIL_THREADS)
         .filter(|t| !t.syscalls.is_empty())
         .map(|t| {
             let calls: Vec<String> = t
@@ -173,6 +234,12 @@ fn blocks(r: &Report) -> Vec<Block> {
         b.push(Block::Bullets(r.notes.clone()));
     }
     b
+}
+
+fn moved(t: &ThreadReport) -> u64 {
+    let r = &t.read_bytes;
+    let w = &t.write_bytes;
+    r.file + r.net + r.ipc + r.other + w.file + w.net + w.ipc + w.other
 }
 
 fn who(t: &ThreadReport) -> String {
@@ -222,7 +289,7 @@ fn thread_table(r: &Report) -> Table {
         threads.truncate(MAX_THREAD_ROWS);
         threads.sort_by_key(|t| (t.pid, t.tid));
     }
-    let mut rows: Vec<Vec<String>> = threads
+    let rows: Vec<Vec<String>> = threads
         .iter()
         .map(|t| {
             let life = t.lifetime_ns;
@@ -242,15 +309,13 @@ fn thread_table(r: &Report) -> Table {
             row
         })
         .collect();
-    if hidden > 0 {
-        let mut row = vec![String::new(); header.len()];
-        row[2] = format!("… {hidden} more threads (see --format json)");
-        rows.push(row);
-    }
     Table {
         header,
         right,
         rows,
+        note: (hidden > 0).then(|| {
+            format!("… and {hidden} shorter-lived or idle threads (all are in --format json)")
+        }),
     }
 }
 
@@ -260,18 +325,29 @@ fn top_stacks(r: &Report, pick: impl Fn(&ThreadReport) -> &Vec<StackReport>) -> 
         .iter()
         .flat_map(|t| pick(t).iter().map(move |s| (t, s)))
         .collect();
-    all.sort_by(|a, b| b.1.weight_ns.cmp(&a.1.weight_ns));
+    all.sort_by_key(|s| std::cmp::Reverse(s.1.weight_ns));
     all.into_iter()
         .take(6)
         .map(|(t, s)| {
-            let mut frames: Vec<&str> = s
+            let mut useful: Vec<&str> = s
                 .frames
                 .iter()
-                .take(MAX_FRAMES)
                 .map(String::as_str)
+                .filter(|f| !is_entry_frame(f))
                 .collect();
-            if s.frames.len() > MAX_FRAMES {
-                frames.push("…");
+            if useful.is_empty() {
+                // Only entry frames (inlined code): better than nothing.
+                useful = s.frames.iter().map(String::as_str).collect();
+            }
+            // Recursion and inlined wrappers repeat a name; once is enough.
+            useful.dedup();
+            let mut frames: Vec<String> = useful
+                .iter()
+                .take(MAX_FRAMES)
+                .map(|f| short_frame(f))
+                .collect();
+            if useful.len() > MAX_FRAMES {
+                frames.push("…".into());
             }
             let chain = if frames.is_empty() {
                 "[no user stack]".to_string()
@@ -298,6 +374,17 @@ fn top_stacks(r: &Report, pick: impl Fn(&ThreadReport) -> &Vec<StackReport>) -> 
             )
         })
         .collect()
+}
+
+/// A frame name cut to a readable length (C++/Rust generics run long).
+fn short_frame(f: &str) -> String {
+    const MAX: usize = 60;
+    if f.chars().count() <= MAX {
+        f.to_string()
+    } else {
+        let cut: String = f.chars().take(MAX - 1).collect();
+        format!("{cut}…")
+    }
 }
 
 fn write_text(block: &Block, out: &mut impl Write) -> io::Result<()> {
@@ -340,6 +427,9 @@ fn write_text(block: &Block, out: &mut impl Write) -> io::Result<()> {
             for r in &t.rows {
                 writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
             }
+            if let Some(note) = &t.note {
+                writeln!(out, "  {note}")?;
+            }
             Ok(())
         }
     }
@@ -371,7 +461,38 @@ fn write_markdown(block: &Block, out: &mut impl Write) -> io::Result<()> {
                 let cells: Vec<String> = r.iter().map(|c| md_escape(c)).collect();
                 writeln!(out, "| {} |", cells.join(" | "))?;
             }
+            if let Some(note) = &t.note {
+                writeln!(out, "\n{}", md_escape(note))?;
+            }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_are_one_quoted_line() {
+        let argv: Vec<String> = ["python3", "-c", "import x\nx.run()", "--lr=0.1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            command_line(&argv),
+            "python3 -c 'import x x.run()' --lr=0.1"
+        );
+        let long = vec!["a".repeat(300)];
+        assert_eq!(command_line(&long).chars().count(), MAX_COMMAND);
+        assert_eq!(command_line(&[]), "?");
+    }
+
+    #[test]
+    fn entry_frames_are_recognised() {
+        assert!(is_entry_frame("__libc_start_call_main"));
+        assert!(is_entry_frame("std::rt::lang_start_internal"));
+        assert!(!is_entry_frame("main"));
+        assert!(!is_entry_frame("load_batch"));
     }
 }

@@ -215,6 +215,9 @@ mod tests {
                     // The C struct carries the frames; the Rust head stops before them.
                     ("gs_stack", None) => Some(STACK_MAX_SIZE),
                     ("gs_stack", Some("frames")) => Some(STACK_FRAMES_OFFSET),
+                    ("gs_stack", Some("hash")) => Some(offset_of!(StackHead, hash)),
+                    ("gs_stack", Some("nr_frames")) => Some(offset_of!(StackHead, nr_frames)),
+                    ("gs_stack", Some("kernel")) => Some(offset_of!(StackHead, kernel)),
                     $(
                         ($c, None) => Some(size_of::<$t>()),
                         $(($c, Some(stringify!($f))) => Some(offset_of!($t, $f)),)*
@@ -235,7 +238,6 @@ mod tests {
             "gs_exec" => Exec { old_tid, comm, filename },
             "gs_exit" => Exit { exit_code, group_dead, comm },
             "gs_open" => Open { fd, flags, path },
-            "gs_stack" => StackHead { hash, nr_frames, kernel },
         }
     }
 
