@@ -40,6 +40,7 @@ fn o_direct_reads_are_file_time_with_exact_bytes() {
     let lines = truth(&truth_path);
     let t = truth_of(&lines, "oread")[0];
     let report = run.report();
+    assert_partitions(&report);
     let th = thread(&report, u64_of(t, "tid"));
 
     assert_eq!(u64_of(&th["read_bytes"], "file"), u64_of(t, "bytes"));
@@ -77,6 +78,7 @@ fn spinner_on_cpu_matches_schedstat() {
     let lines = truth(&truth_path);
     let t = truth_of(&lines, "spin")[0];
     let report = run.report();
+    assert_partitions(&report);
     let th = thread(&report, u64_of(t, "tid"));
     assert_close(
         "spinner on-CPU vs schedstat",
@@ -112,6 +114,7 @@ fn waits_are_classified_by_what_they_wait_on() {
     );
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let report = run.report();
+    assert_partitions(&report);
     let lines = truth(&truth_path);
     let waits = truth_of(&lines, "wait");
     assert_eq!(waits.len(), 4);
@@ -161,6 +164,7 @@ fn forked_workers_and_an_execd_grandchild_are_followed() {
     );
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let report = run.report();
+    assert_partitions(&report);
     let lines = truth(&truth_path);
     let workers = truth_of(&lines, "worker");
     assert_eq!(workers.len(), 4);
@@ -236,6 +240,7 @@ fn attach_follows_a_running_process_and_its_existing_child() {
     let hold = truth_of(&lines, "hold")[0];
     let (parent, child) = (u64_of(hold, "pid"), u64_of(hold, "child"));
     let report = report_json(&rec);
+    assert_partitions(&report);
     assert_eq!(report["target"]["pid"].as_u64(), Some(parent));
     assert!(
         report["target"]["exit_code"].is_null(),
@@ -291,6 +296,7 @@ fn a_process_outside_the_tree_never_appears() {
     assert!(sibling.wait().unwrap().success());
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let report = run.report();
+    assert_partitions(&report);
     let sibling_pid = u64_of(&truth(&sibling_truth)[0], "pid");
     let target_pid = u64_of(&truth(&target_truth)[0], "pid");
     let pids: Vec<u64> = report["threads"]
@@ -377,4 +383,131 @@ fn run_exits_with_the_targets_exit_code() {
         r.stderr().trim(),
         "gapscope: gapscope-no-such-command: command not found"
     );
+}
+
+/// Pid of the process gapscope started (its only child), once it has exec'd `comm`.
+fn target_of(gapscope_pid: u32, comm: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let children =
+            std::fs::read_to_string(format!("/proc/{gapscope_pid}/task/{gapscope_pid}/children"))
+                .unwrap_or_default();
+        for child in children.split_whitespace() {
+            let c = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+            if c.trim() == comm {
+                return child.parse().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("gapscope never started {comm}");
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: sending a signal to a process we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+#[test]
+fn an_interrupt_sent_to_gapscope_reaches_the_target_and_the_recording_completes() {
+    if !bpf_ready("an_interrupt_sent_to_gapscope_reaches_the_target_and_the_recording_completes") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("sigint");
+    let rec = dir.path().join("rec");
+    let child = Command::new(gapscope())
+        .args(["run", "-q", "-o"])
+        .arg(&rec)
+        .args(["--", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let target = target_of(child.id(), "sleep");
+    std::thread::sleep(Duration::from_millis(200));
+    signal(child.id(), libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT));
+    assert!(
+        !Path::new(&format!("/proc/{target}")).exists(),
+        "target still alive"
+    );
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    assert_eq!(report["target"]["exit_code"], 128 + libc::SIGINT);
+    assert!(
+        report["session"]["truncated"].is_null(),
+        "{}",
+        report["session"]
+    );
+    let th = thread(&report, target as u64);
+    assert!(u64_of(&th["off_cpu_ns"], "sleep") > 100_000_000, "{th}");
+}
+
+#[test]
+fn a_second_interrupt_stops_recording_and_leaves_the_target_running() {
+    if !bpf_ready("a_second_interrupt_stops_recording_and_leaves_the_target_running") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("sigint2");
+    let rec = dir.path().join("rec");
+    let child = Command::new(gapscope())
+        .args(["run", "-q", "-o"])
+        .arg(&rec)
+        .args(["--", "sh", "-c", "trap '' INT; sleep 60"])
+        .spawn()
+        .unwrap();
+    let target = target_of(child.id(), "sh");
+    std::thread::sleep(Duration::from_millis(200));
+    signal(child.id(), libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    let alive = Path::new(&format!("/proc/{target}")).exists();
+    signal(target, libc::SIGKILL);
+    assert!(alive, "the target should outlive the recording");
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT));
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    assert!(report["target"]["exit_code"].is_null());
+    assert_eq!(report["session"]["stop_reason"], "interrupted");
+    assert!(report["session"]["truncated"].is_null());
+}
+
+#[test]
+fn a_killed_recorder_leaves_a_readable_truncated_session() {
+    if !bpf_ready("a_killed_recorder_leaves_a_readable_truncated_session") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("sigkill");
+    let rec = dir.path().join("rec");
+    let mut child = Command::new(gapscope())
+        .args(["run", "-q", "-o"])
+        .arg(&rec)
+        .arg("--")
+        .arg(workload())
+        .args(["waits", "--ms", "3000"])
+        .spawn()
+        .unwrap();
+    let target = target_of(child.id(), "gs-workload");
+    std::thread::sleep(Duration::from_millis(1600));
+    child.kill().unwrap(); // SIGKILL: no chance to finish the file
+    child.wait().unwrap();
+    signal(target, libc::SIGKILL); // orphaned now; not needed any more
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    let truncated = report["session"]["truncated"]
+        .as_str()
+        .expect("marked truncated");
+    assert!(truncated.contains("did not finish"), "{truncated}");
+    // What was flushed before the kill is there: the waiting threads, a
+    // second or more into their waits.
+    let sleeping: Vec<&Value> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| u64_of(&t["off_cpu_ns"], "sleep") >= 900_000_000)
+        .collect();
+    assert!(!sleeping.is_empty(), "{report}");
 }

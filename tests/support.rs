@@ -187,3 +187,12 @@ pub fn assert_close(what: &str, actual: u64, expected: u64, tol: f64) {
         tol * 100.0
     );
 }
+
+/// Every thread's account partitions its lifetime exactly (integer ns).
+#[track_caller]
+pub fn assert_partitions(report: &Value) {
+    for t in report["threads"].as_array().expect("threads") {
+        let sum = u64_of(t, "on_cpu_ns") + u64_of(t, "runnable_ns") + off_cpu_total(t);
+        assert_eq!(sum, u64_of(t, "lifetime_ns"), "thread {}", t["tid"]);
+    }
+}

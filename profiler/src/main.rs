@@ -115,6 +115,10 @@ impl RecordArgs {
 
 /// One line: the error and its causes, outermost first.
 fn fail(err: impl Into<Box<dyn std::error::Error>>) -> ExitCode {
+    fail_with_hint(err, None)
+}
+
+fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>) -> ExitCode {
     let err = err.into();
     let mut line = err.to_string();
     let mut source = err.source();
@@ -124,6 +128,9 @@ fn fail(err: impl Into<Box<dyn std::error::Error>>) -> ExitCode {
             line += &format!(": {text}");
         }
         source = cause.source();
+    }
+    if let Some(hint) = hint {
+        line += &format!("; hint: {hint}");
     }
     eprintln!("gapscope: error: {line}");
     ExitCode::from(1)
@@ -155,6 +162,8 @@ fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
             }
             match rec.exit_code {
                 Some(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                // `run` abandoned by a second Ctrl-C: interrupted, like a shell says.
+                None if rec.target_left_running => ExitCode::from(128 + libc::SIGINT as u8),
                 None => ExitCode::SUCCESS,
             }
         }
@@ -162,7 +171,10 @@ fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
             eprintln!("gapscope: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
-        Err(e) => fail(e),
+        Err(e) => {
+            let hint = e.hint();
+            fail_with_hint(e, hint)
+        }
     }
 }
 

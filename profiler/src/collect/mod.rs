@@ -70,7 +70,7 @@ pub enum RecordError {
     Preflight(#[from] PreflightError),
     #[error(transparent)]
     Launch(#[from] LaunchError),
-    #[error("{0}; hint: the kernel may be too old (gapscope needs 5.18+ with BTF), or run `gapscope` as root")]
+    #[error(transparent)]
     Bpf(#[from] BpfError),
     #[error("writing the session: {0}")]
     Session(#[from] SessionError),
@@ -82,6 +82,19 @@ pub enum RecordError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl RecordError {
+    /// What the user can do about it, printed after the error and its causes.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            RecordError::Bpf(_) => Some(
+                "gapscope needs Linux 5.18+ with BTF and root (or CAP_BPF and CAP_PERFMON); \
+                 a verifier error on a supported kernel is a bug worth reporting",
+            ),
+            _ => None,
+        }
+    }
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RecordError {
@@ -285,6 +298,9 @@ async fn event_loop(
     // small ones and paces flushes, drop counters and the status line.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut status = status::StatusLine::new(opts.status_line);
+    // The header and seeds go to disk now: a crash from here on still leaves
+    // a readable session.
+    sink.writer.flush()?;
     let mut last_flush = Instant::now();
     let mut interrupts = 0;
     let mut target_left_running = false;

@@ -155,6 +155,7 @@ impl Sink {
     /// Records the kernel's drop counters (cumulative; the last one wins).
     pub fn drops_record(&mut self, by_kind: &[u64]) -> Drops {
         let drops = Drops {
+            ts: crate::clock::monotonic_ns(),
             cpu_by_kind: by_kind
                 .iter()
                 .enumerate()

@@ -59,3 +59,183 @@ pub fn resolve_path(path: &Path) -> PathBuf {
         path.to_path_buf()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn header() -> SessionHeader {
+        SessionHeader {
+            gapscope_version: "test".into(),
+            mode: Mode::Run,
+            target_pid: 42,
+            command: vec!["true".into()],
+            hostname: "h".into(),
+            kernel: "k".into(),
+            nr_cpus: 2,
+            start_ns: 1_000,
+            start_unix_ns: 2_000,
+            sample_hz: 99,
+        }
+    }
+
+    fn wakeup(ts: u64) -> Record {
+        Record::Event(Event::Wakeup {
+            ts,
+            pid: 42,
+            tid: 42,
+            waker_pid: 1,
+            waker_tid: 1,
+            new_task: false,
+        })
+    }
+
+    /// A session of `chunks` flushed chunks of 1000 events each, finished.
+    fn write(path: &Path, chunks: u64, footer: bool) {
+        let mut w = SessionWriter::create(path).unwrap();
+        w.push(&Record::Header(header())).unwrap();
+        for c in 0..chunks {
+            for i in 0..1000 {
+                w.push(&wakeup(c * 1000 + i)).unwrap();
+            }
+            w.flush().unwrap();
+        }
+        if footer {
+            w.push(&Record::End(Footer {
+                end_ns: 5_000_000,
+                reason: StopReason::TargetExited,
+                exit_code: Some(0),
+                events: chunks * 1000,
+            }))
+            .unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    #[test]
+    fn roundtrip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write(&path, 3, true);
+        let s = read_session(dir.path()).unwrap(); // a run directory works too
+        assert_eq!(s.header(), &header());
+        assert_eq!(s.events.len(), 3000);
+        assert_eq!(s.events[2999].ts(), 2999);
+        assert!(s.truncated.is_none());
+        assert_eq!(s.footer.unwrap().exit_code, Some(0));
+    }
+
+    #[test]
+    fn a_cut_off_file_keeps_every_whole_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write(&path, 3, true);
+        let full = std::fs::read(&path).unwrap();
+        for cut in [full.len() - 1, full.len() / 2, FILE_HEADER_LEN + 5] {
+            std::fs::write(&path, &full[..cut]).unwrap();
+            match read_session(&path) {
+                Ok(s) => {
+                    assert!(s.truncated.is_some(), "cut at {cut} not reported");
+                    assert_eq!(s.events.len() % 1000, 0, "a partial chunk was used");
+                    assert!(s.footer.is_none());
+                }
+                Err(SessionError::Empty { .. }) => assert!(cut < full.len() / 4),
+                Err(e) => panic!("cut at {cut}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_corrupt_chunk_ends_the_stream_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write(&path, 3, true);
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Walk the chunk headers to the second chunk and damage its payload.
+        let first_len = u32::from_le_bytes(bytes[16..20].try_into().unwrap()) as usize;
+        let second = FILE_HEADER_LEN + CHUNK_HEADER_LEN + first_len;
+        bytes[second + CHUNK_HEADER_LEN + 3] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let s = read_session(&path).unwrap();
+        assert!(s.truncated.as_deref().unwrap().contains("checksum"));
+        // The header chunk held the first 1000 events; nothing after the damage.
+        assert_eq!(s.events.len(), 1000);
+        assert!(s.footer.is_none());
+    }
+
+    #[test]
+    fn no_footer_means_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write(&path, 1, false);
+        let s = read_session(&path).unwrap();
+        assert_eq!(s.events.len(), 1000);
+        assert!(s.truncated.unwrap().contains("did not finish"));
+    }
+
+    #[test]
+    fn foreign_newer_and_empty_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x");
+        std::fs::write(&path, b"{\"traceEvents\": []}").unwrap();
+        assert!(matches!(
+            read_session(&path),
+            Err(SessionError::NotASession { .. })
+        ));
+        std::fs::write(&path, b"").unwrap();
+        assert!(matches!(
+            read_session(&path),
+            Err(SessionError::NotASession { .. })
+        ));
+        let mut newer = MAGIC.to_vec();
+        newer.extend_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        newer.extend_from_slice(&[0; 6]);
+        std::fs::write(&path, &newer).unwrap();
+        let err = read_session(&path).unwrap_err();
+        assert!(matches!(err, SessionError::UnsupportedVersion { .. }));
+        assert!(err.to_string().contains("upgrade gapscope"));
+        newer[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        std::fs::write(&path, &newer).unwrap();
+        assert!(matches!(
+            read_session(&path),
+            Err(SessionError::Empty { .. })
+        ));
+        assert!(matches!(
+            read_session(&dir.path().join("missing")),
+            Err(SessionError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn a_huge_claimed_length_is_refused_without_allocating_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        write(&path, 1, true);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        // A chunk header claiming 4 GiB, then nothing.
+        f.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        f.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        f.write_all(&0u32.to_le_bytes()).unwrap();
+        drop(f);
+        let s = read_session(&path).unwrap();
+        assert_eq!(s.events.len(), 1000);
+        assert!(s.truncated.unwrap().contains("implausible chunk length"));
+    }
+
+    #[test]
+    fn first_record_must_be_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut w = SessionWriter::create(&path).unwrap();
+        w.push(&wakeup(1)).unwrap();
+        w.finish().unwrap();
+        assert!(matches!(
+            read_session(&path),
+            Err(SessionError::NoHeader { .. })
+        ));
+    }
+}

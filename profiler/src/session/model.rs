@@ -246,9 +246,13 @@ pub struct FdPath {
     pub path: String,
 }
 
-/// Cumulative counts of records lost, per source. The last one wins.
+/// Cumulative counts of records lost, per source, written every second
+/// while recording. The last one wins; its time also bounds how long a
+/// session that was cut short is known to have been recording.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Drops {
+    /// CLOCK_MONOTONIC ns at which the counters were read.
+    pub ts: u64,
     /// Kernel records lost to a full ring buffer, by event kind name.
     pub cpu_by_kind: Vec<(String, u64)>,
     /// Records that arrived but could not be decoded.

@@ -63,12 +63,18 @@ impl Timeline {
         // Records are written in ring-buffer order, which differs from time
         // order by at most a few microseconds across CPUs.
         events.sort_by_key(|e| e.ts());
-        let last_ts = events.last().map(|e| e.ts()).unwrap_or(start);
+        // A session cut short ends at the last moment it is known to have
+        // been recording: its last event or its last periodic drops record.
+        let last_seen = events
+            .last()
+            .map(|e| e.ts())
+            .unwrap_or(start)
+            .max(session.drops.ts);
         let end = session
             .footer
             .as_ref()
             .map(|f| f.end_ns)
-            .unwrap_or(last_ts)
+            .unwrap_or(last_seen)
             .max(start);
 
         let mut tl = Timeline {
