@@ -511,3 +511,102 @@ fn a_killed_recorder_leaves_a_readable_truncated_session() {
         .collect();
     assert!(!sleeping.is_empty(), "{report}");
 }
+
+const PYTHON_WORKLOAD: &str = r#"
+import json, sys, threading, time
+def spin(secs):
+    end = time.thread_time() + secs
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+def read_all(path):
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b:
+                return n
+            n += len(b)
+def on_cpu():
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return int(f.read().split()[0])
+out = []
+def sleeper():
+    time.sleep(0.25)
+    out.append({"role": "sleeper", "tid": threading.get_native_id(), "schedstat_ns": on_cpu()})
+t = threading.Thread(target=sleeper)
+t.start()
+t.join()
+spin(0.4)
+n = read_all(sys.argv[2])
+out.append({"role": "main", "tid": threading.get_native_id(), "bytes": n, "schedstat_ns": on_cpu()})
+with open(sys.argv[1], "w") as f:
+    f.write("".join(json.dumps(o) + "\n" for o in out))
+"#;
+
+#[test]
+fn a_python_program_agrees_with_the_kernels_accounting() {
+    if !bpf_ready("a_python_program_agrees_with_the_kernels_accounting") {
+        return;
+    }
+    // The interpreter itself, not a version-manager shim in front of it
+    // (whose own waits would be part of the same process's account).
+    let Some(python) = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        eprintln!("skipping a_python_program_agrees_with_the_kernels_accounting: no python3");
+        return;
+    };
+    let _lock = recording_lock();
+    let dir = scratch("python");
+    let data = dir.path().join("data.bin");
+    std::fs::write(&data, vec![7u8; 8 << 20]).unwrap();
+    let truth_path = dir.path().join("truth.jsonl");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            &python,
+            "-c",
+            PYTHON_WORKLOAD,
+            truth_path.to_str().unwrap(),
+            data.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let report = run.report();
+    assert_partitions(&report);
+    let lines = truth(&truth_path);
+    let main = truth_of(&lines, "main")[0];
+    let th = thread(&report, u64_of(main, "tid"));
+    assert_close(
+        "python main thread on-CPU vs schedstat",
+        u64_of(th, "on_cpu_ns"),
+        u64_of(main, "schedstat_ns"),
+        0.05,
+    );
+    // The data file, plus whatever modules Python read on the way.
+    let read = u64_of(&th["read_bytes"], "file");
+    assert!(
+        read >= u64_of(main, "bytes") && read < u64_of(main, "bytes") + (8 << 20),
+        "{read}"
+    );
+    // It waited for its thread in join(): a futex wait for the whole sleep.
+    assert_close(
+        "python join() as ipc",
+        u64_of(&th["off_cpu_ns"], "ipc"),
+        250_000_000,
+        0.20,
+    );
+    let sleeper = thread(&report, u64_of(truth_of(&lines, "sleeper")[0], "tid"));
+    assert_close(
+        "python sleeper thread's sleep",
+        u64_of(&sleeper["off_cpu_ns"], "sleep"),
+        250_000_000,
+        0.20,
+    );
+}

@@ -6,5 +6,6 @@
 pub mod clock;
 pub mod collect;
 pub mod export;
+pub mod output;
 pub mod session;
 pub mod timeline;

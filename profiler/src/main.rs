@@ -155,13 +155,16 @@ fn after_recording(rec: &Recording, quiet: bool) -> Result<(), String> {
 }
 
 fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
+    // `run` stands in for its command and exits as it did; `attach` reports
+    // on its own success only.
+    let is_run = matches!(target, Target::Command(_));
     match collect::record(target, &opts) {
         Ok(rec) => {
             if let Err(e) = after_recording(&rec, quiet) {
                 return fail(e);
             }
             match rec.exit_code {
-                Some(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Some(code) if is_run => ExitCode::from(code.clamp(0, 255) as u8),
                 // `run` abandoned by a second Ctrl-C: interrupted, like a shell says.
                 None if rec.target_left_running => ExitCode::from(128 + libc::SIGINT as u8),
                 None => ExitCode::SUCCESS,

@@ -257,7 +257,7 @@ pub fn default_out_dir(pid: u32) -> PathBuf {
 
 fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordError> {
     let dir = opts.out_dir.clone().unwrap_or_else(|| default_out_dir(pid));
-    std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+    crate::output::create_dir(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
     Ok(SessionWriter::create(&dir.join(FILE_NAME))?)
 }
 

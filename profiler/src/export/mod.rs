@@ -42,7 +42,7 @@ pub fn write_report(report: &Report, format: Format, mut out: impl Write) -> io:
 pub fn write_bundle(dir: &std::path::Path, report: &Report) -> io::Result<()> {
     for format in [Format::Text, Format::Json, Format::Markdown] {
         let path = dir.join(format!("report.{}", format.extension()));
-        let file = std::fs::File::create(&path)?;
+        let file = crate::output::create_file(&path)?;
         let mut w = io::BufWriter::new(file);
         write_report(report, format, &mut w)?;
         w.flush()?;

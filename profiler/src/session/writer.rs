@@ -1,6 +1,5 @@
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{Record, SessionError, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC};
@@ -25,13 +24,7 @@ impl SessionWriter {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io)?;
+        let mut file = crate::output::create_file(path).map_err(io)?;
         let mut header = [0u8; FILE_HEADER_LEN];
         header[..8].copy_from_slice(MAGIC);
         header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
