@@ -167,7 +167,7 @@ fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
                 Some(code) if is_run => ExitCode::from(code.clamp(0, 255) as u8),
                 // `run` abandoned by a second Ctrl-C: interrupted, like a shell says.
                 None if rec.target_left_running => ExitCode::from(128 + libc::SIGINT as u8),
-                None => ExitCode::SUCCESS,
+                _ => ExitCode::SUCCESS,
             }
         }
         Err(RecordError::Launch(e)) => {
