@@ -196,3 +196,17 @@ pub fn assert_partitions(report: &Value) {
         assert_eq!(sum, u64_of(t, "lifetime_ns"), "thread {}", t["tid"]);
     }
 }
+
+/// The injectable GPU shim as built in this target directory.
+pub fn shim() -> PathBuf {
+    bin("libgapscope_cupti.so")
+}
+
+/// A real libcupti (from the nvidia-cuda-cupti-cu12 wheel that
+/// `cargo xtask setup` fetches), if present.
+pub fn wheel_cupti() -> Option<PathBuf> {
+    let p = target_dir()
+        .parent()?
+        .join("cupti-wheel/nvidia/cuda_cupti/lib/libcupti.so.12");
+    p.exists().then_some(p)
+}

@@ -289,8 +289,18 @@ pub(crate) mod tests {
         let mut buf = SyntheticBuffer::new();
         let k = kernel(&mut buf, 1_000, 2_000, 11);
         buf.push(&k);
-        buf.push(&memcpy(2_100, 2_600, 12, crate::record::memory_kind::PAGEABLE));
-        buf.push(&memcpy(2_700, 2_800, 13, crate::record::memory_kind::PINNED));
+        buf.push(&memcpy(
+            2_100,
+            2_600,
+            12,
+            crate::record::memory_kind::PAGEABLE,
+        ));
+        buf.push(&memcpy(
+            2_700,
+            2_800,
+            13,
+            crate::record::memory_kind::PINNED,
+        ));
         // SAFETY: zeroed plain-data records, fields set below.
         let mut ms: Memset = unsafe { zeroed() };
         ms.kind = sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET;
@@ -405,7 +415,14 @@ pub(crate) mod tests {
                 correlation: 11,
             })
         );
-        assert!(matches!(&decoded[6], Decoded::Record(GpuRecord::Api { domain: ApiDomain::Driver, cbid: 307, .. })));
+        assert!(matches!(
+            &decoded[6],
+            Decoded::Record(GpuRecord::Api {
+                domain: ApiDomain::Driver,
+                cbid: 307,
+                ..
+            })
+        ));
         assert_eq!(decoded[7], Decoded::Skipped(17));
     }
 }

@@ -7,8 +7,15 @@
 //! runs inside the target, dormant until a profiler listens.
 
 pub mod activity;
+mod inject;
+mod loader;
 pub mod protocol;
 pub mod record;
+pub mod transport;
 
+pub use inject::encode_records;
 pub use protocol::{ClockMethod, Decoder, Frame, Hello};
 pub use record::{ApiDomain, GpuRecord};
+
+/// File name of the injectable library as cargo builds it.
+pub const LIBRARY_NAME: &str = "libgapscope_cupti.so";

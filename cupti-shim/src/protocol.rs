@@ -285,7 +285,7 @@ fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
     at
 }
 
-fn end(out: &mut Vec<u8>, at: usize) {
+fn end(out: &mut [u8], at: usize) {
     let len = (out.len() - at - 5) as u32;
     out[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
@@ -361,7 +361,7 @@ impl RecordsFrame {
         self.count == 0
     }
 
-    pub fn finish(self, out: &mut Vec<u8>) {
+    pub fn finish(self, out: &mut [u8]) {
         let c = self.at + 5;
         out[c..c + 4].copy_from_slice(&self.count.to_le_bytes());
         end(out, self.at);
@@ -603,34 +603,109 @@ mod tests {
 
     fn arb_record() -> impl Strategy<Value = GpuRecord> {
         prop_oneof![
-            (any::<(u64, u64, u32, u32, u32, u32)>(), any::<[i32; 3]>(), any::<[i32; 3]>(), ".{0,40}")
-                .prop_map(|((start, end, device, context, stream, correlation), grid, block, name)| {
-                    GpuRecord::Kernel { start, end, device, context, stream, correlation, grid, block, name }
-                }),
-            (any::<(u64, u64, u32, u32, u32, u32)>(), any::<(u64, u8, u8, u8)>()).prop_map(
-                |((start, end, device, context, stream, correlation), (bytes, copy_kind, src_kind, dst_kind))| {
-                    GpuRecord::Memcpy { start, end, device, context, stream, correlation, bytes, copy_kind, src_kind, dst_kind }
-                }
-            ),
-            (any::<(u64, u64, u32, u32, u32, u32)>(), any::<(u64, u32, u16)>()).prop_map(
-                |((start, end, device, context, stream, correlation), (bytes, value, memory_kind))| {
-                    GpuRecord::Memset { start, end, device, context, stream, correlation, bytes, value, memory_kind }
-                }
-            ),
+            (
+                any::<(u64, u64, u32, u32, u32, u32)>(),
+                any::<[i32; 3]>(),
+                any::<[i32; 3]>(),
+                ".{0,40}"
+            )
+                .prop_map(
+                    |((start, end, device, context, stream, correlation), grid, block, name)| {
+                        GpuRecord::Kernel {
+                            start,
+                            end,
+                            device,
+                            context,
+                            stream,
+                            correlation,
+                            grid,
+                            block,
+                            name,
+                        }
+                    }
+                ),
+            (
+                any::<(u64, u64, u32, u32, u32, u32)>(),
+                any::<(u64, u8, u8, u8)>()
+            )
+                .prop_map(
+                    |(
+                        (start, end, device, context, stream, correlation),
+                        (bytes, copy_kind, src_kind, dst_kind),
+                    )| {
+                        GpuRecord::Memcpy {
+                            start,
+                            end,
+                            device,
+                            context,
+                            stream,
+                            correlation,
+                            bytes,
+                            copy_kind,
+                            src_kind,
+                            dst_kind,
+                        }
+                    }
+                ),
+            (
+                any::<(u64, u64, u32, u32, u32, u32)>(),
+                any::<(u64, u32, u16)>()
+            )
+                .prop_map(
+                    |(
+                        (start, end, device, context, stream, correlation),
+                        (bytes, value, memory_kind),
+                    )| {
+                        GpuRecord::Memset {
+                            start,
+                            end,
+                            device,
+                            context,
+                            stream,
+                            correlation,
+                            bytes,
+                            value,
+                            memory_kind,
+                        }
+                    }
+                ),
             any::<(u64, u64, u32, u32, u32, u8, u32)>().prop_map(
                 |(start, end, context, stream, correlation, sync_type, event)| GpuRecord::Sync {
-                    start, end, context, stream, correlation, sync_type, event
+                    start,
+                    end,
+                    context,
+                    stream,
+                    correlation,
+                    sync_type,
+                    event
                 }
             ),
             (any::<bool>(), any::<(u32, u64, u64, u32, u32, u32)>()).prop_map(
                 |(rt, (cbid, start, end, pid, tid, correlation))| GpuRecord::Api {
-                    domain: if rt { ApiDomain::Runtime } else { ApiDomain::Driver },
-                    cbid, start, end, pid, tid, correlation
+                    domain: if rt {
+                        ApiDomain::Runtime
+                    } else {
+                        ApiDomain::Driver
+                    },
+                    cbid,
+                    start,
+                    end,
+                    pid,
+                    tid,
+                    correlation
                 }
             ),
-            (any::<(u64, u32, u32)>(), ".{0,20}", ".{0,20}").prop_map(|((ts, id, flags), name, domain)| {
-                GpuRecord::Marker { ts, id, flags, name, domain }
-            }),
+            (any::<(u64, u32, u32)>(), ".{0,20}", ".{0,20}").prop_map(
+                |((ts, id, flags), name, domain)| {
+                    GpuRecord::Marker {
+                        ts,
+                        id,
+                        flags,
+                        name,
+                        domain,
+                    }
+                }
+            ),
             (any::<u32>(), ".{0,30}").prop_map(|(id, name)| GpuRecord::Device { id, name }),
         ]
     }
@@ -706,7 +781,10 @@ mod tests {
         let mut d = Decoder::new();
         d.push(&u32::MAX.to_le_bytes());
         d.push(&[T_RECORDS]);
-        assert_eq!(d.next_frame(), Err(ProtocolError::TooLarge(u32::MAX as usize)));
+        assert_eq!(
+            d.next_frame(),
+            Err(ProtocolError::TooLarge(u32::MAX as usize))
+        );
         let mut d = Decoder::new();
         d.push(&[0, 0, 0, 0, 99]);
         assert_eq!(d.next_frame(), Err(ProtocolError::UnknownFrame(99)));

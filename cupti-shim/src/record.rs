@@ -149,10 +149,7 @@ pub enum GpuRecord {
         domain: String,
     },
     /// A GPU the process uses.
-    Device {
-        id: u32,
-        name: String,
-    },
+    Device { id: u32, name: String },
 }
 
 impl GpuRecord {

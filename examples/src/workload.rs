@@ -29,6 +29,10 @@ commands:
                                        spin S ms each; worker 0 execs a grandchild
   hold     --secs N --dir D            a parent and a child that read and compute
                                        for N seconds (a target for attach)
+  fake-gpu --kernels N --kernel-us K --gap-us G
+                                       SIMULATED: speaks gapscope's GPU protocol on
+                                       GAPSCOPE_SOCKET, reporting N kernels of K µs
+                                       with G µs gaps on Simulated GPU 0
   pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
@@ -493,6 +497,75 @@ fn cmd_pipeline(a: &Args) {
     println!("gs-workload pipeline: done");
 }
 
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A simulated GPU: reports kernels it never ran, with exact timestamps, so
+/// tests can check the GPU arithmetic end to end. Says so in its Hello.
+fn cmd_fake_gpu(a: &Args) {
+    use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
+    use gapscope_cupti::GpuRecord;
+    let n = a.num("kernels", 10);
+    let k = a.num("kernel-us", 100) * 1_000;
+    let g = a.num("gap-us", 50) * 1_000;
+    let Ok(name) = std::env::var("GAPSCOPE_SOCKET") else {
+        die("fake-gpu needs GAPSCOPE_SOCKET (run it under gapscope run)");
+    };
+    let mut conn = gapscope_cupti::transport::connect(&name)
+        .unwrap_or_else(|e| die(&format!("connect {name}: {e}")));
+    let t0 = monotonic_ns() + 1_000_000;
+    let records: Vec<GpuRecord> = std::iter::once(GpuRecord::Device {
+        id: 0,
+        name: "Simulated GPU 0".into(),
+    })
+    .chain((0..n).map(|i| GpuRecord::Kernel {
+        start: t0 + i * (k + g),
+        end: t0 + i * (k + g) + k,
+        device: 0,
+        context: 1,
+        stream: 7,
+        correlation: i as u32,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        name: "simulated_kernel".into(),
+    }))
+    .collect();
+    let end = t0 + n * (k + g);
+    let mut bytes = Vec::new();
+    encode(
+        &Frame::Hello(Hello {
+            version: VERSION,
+            pid: pid(),
+            driver_version: 0,
+            cupti_version: 0,
+            clock: ClockMethod::Native,
+            source: "simulated device (gs-workload fake-gpu)".into(),
+        }),
+        &mut bytes,
+    );
+    encode(&Frame::Records(records), &mut bytes);
+    conn.write_all(&bytes).unwrap();
+    // Stay alive past the last simulated kernel, as a real job would.
+    while monotonic_ns() < end + 1_000_000 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut bye = Vec::new();
+    encode(&Frame::Goodbye, &mut bye);
+    conn.write_all(&bye).unwrap();
+    truth(
+        a.get("truth"),
+        json!({"role": "fake-gpu", "busy_ns": n * k, "gaps": n.saturating_sub(1), "gap_ns": g,
+               "first_ns": t0, "last_ns": end - g}),
+    );
+}
+
 fn main() {
     let args = Args::parse();
     match args.cmd.as_str() {
@@ -502,6 +575,7 @@ fn main() {
         "tree" => cmd_tree(&args),
         "hold" => cmd_hold(&args),
         "pipeline" => cmd_pipeline(&args),
+        "fake-gpu" => cmd_fake_gpu(&args),
         "-h" | "--help" | "help" => println!("{USAGE}"),
         "" => die(&format!("missing command\n\n{USAGE}")),
         other => die(&format!("unknown command {other:?}\n\n{USAGE}")),

@@ -3,6 +3,7 @@
 //! `collect` records a process tree with eBPF into a `session`, `timeline`
 //! replays it into per-thread accounts, and `export` renders reports.
 
+pub mod analyze;
 pub mod clock;
 pub mod collect;
 pub mod export;

@@ -78,6 +78,16 @@ struct RecordArgs {
     /// No status line while recording, no report at the end.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Record the CPU side only: no CUPTI shim, no NVML.
+    #[arg(long)]
+    no_gpu: bool,
+    /// Use this libcupti (default: the one the process loaded, else the
+    /// CUDA install's, matched to the driver).
+    #[arg(long, value_name = "PATH")]
+    cupti: Option<PathBuf>,
+    /// NVML sampling rate, Hz.
+    #[arg(long, default_value_t = 10, value_name = "HZ", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    nvml_hz: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -108,7 +118,15 @@ impl RecordArgs {
             },
             duration,
             status_line: !self.quiet && std::io::stderr().is_terminal(),
-            env: std::env::vars_os().collect::<Vec<(OsString, OsString)>>(),
+            env: {
+                let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+                if let Some(p) = &self.cupti {
+                    env.push(("GAPSCOPE_CUPTI".into(), p.clone().into_os_string()));
+                }
+                env
+            },
+            gpu: !self.no_gpu,
+            nvml_hz: self.nvml_hz,
         }
     }
 }

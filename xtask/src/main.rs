@@ -78,7 +78,57 @@ fn missing() -> Vec<&'static str> {
     m
 }
 
+/// A real libcupti for the tests of the shim's no-GPU paths, from the
+/// nvidia-cuda-cupti-cu12 wheel. Best effort: those tests skip without it.
+pub const CUPTI_WHEEL_DIR: &str = "target/cupti-wheel";
+
+fn fetch_cupti_wheel() {
+    let dir = root().join(CUPTI_WHEEL_DIR);
+    if dir.join("nvidia/cuda_cupti/lib/libcupti.so.12").exists() {
+        return;
+    }
+    let _ = std::fs::create_dir_all(&dir);
+    let ok = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+        ])
+        .arg("nvidia-cuda-cupti-cu12==12.9.79")
+        .arg("-d")
+        .arg(&dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let wheel = std::fs::read_dir(&dir).ok().and_then(|rd| {
+        rd.flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "whl"))
+    });
+    match (ok, wheel) {
+        (true, Some(wheel)) => {
+            let unzipped = Command::new("python3")
+                .args(["-m", "zipfile", "-e"])
+                .arg(&wheel)
+                .arg(&dir)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !unzipped {
+                eprintln!("xtask: setup: could not unpack {}", wheel.display());
+            }
+        }
+        _ => eprintln!(
+            "xtask: setup: could not fetch the nvidia-cuda-cupti-cu12 wheel; the tests that load a real libcupti will skip"
+        ),
+    }
+}
+
 fn setup() -> Result<()> {
+    fetch_cupti_wheel();
     let missing = missing();
     if missing.is_empty() {
         eprintln!("xtask: setup: clang and libbpf headers are present");

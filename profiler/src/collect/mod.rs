@@ -3,7 +3,9 @@
 //! interrupts, then symbolize and close the session.
 
 pub mod bpf;
+pub mod gpu;
 pub mod launch;
+pub mod nvml;
 pub mod preflight;
 pub mod procfs;
 mod signals;
@@ -47,8 +49,12 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     /// Draw the live status line on stderr.
     pub status_line: bool,
-    /// Extra environment for a started command.
+    /// Environment for a started command.
     pub env: Vec<(OsString, OsString)>,
+    /// Record GPU activity (inject the CUPTI shim, sample NVML).
+    pub gpu: bool,
+    /// NVML sampling rate, Hz.
+    pub nvml_hz: u64,
 }
 
 /// How a recording ended.
@@ -175,9 +181,21 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         .map_err(io_err("starting the event loop"))?;
     let signals = SignalSource::install().map_err(io_err("installing signal handlers"))?;
 
-    let (sink, pidfd, child) = match target {
+    let mut notes = Vec::new();
+    let mut gpu_listener = None;
+    let mut env = opts.env.clone();
+    if opts.gpu {
+        if let Target::Command(_) = &target {
+            match gpu_environment(&mut env) {
+                Ok(listener) => gpu_listener = Some(listener),
+                Err(note) => notes.push(note),
+            }
+        }
+    }
+
+    let (mut sink, pidfd, child) = match target {
         Target::Command(argv) => {
-            let paused = launch::spawn_paused(&argv, &opts.env)?;
+            let paused = launch::spawn_paused(&argv, &env)?;
             let pid = paused.pid();
             let started = open_session(opts, pid).and_then(|writer| {
                 tracer.track(pid)?;
@@ -243,7 +261,53 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         }
     };
 
-    runtime.block_on(event_loop(&mut tracer, sink, pidfd, child, signals, opts))
+    for note in notes {
+        sink.push(Record::Note(note));
+    }
+    let gpu = opts.gpu.then_some(GpuSetup {
+        listener: gpu_listener,
+        nvml_hz: opts.nvml_hz,
+    });
+    runtime.block_on(event_loop(
+        &mut tracer,
+        sink,
+        pidfd,
+        child,
+        signals,
+        gpu,
+        opts,
+    ))
+}
+
+/// What the event loop needs to collect GPU activity.
+struct GpuSetup {
+    /// `run`: where the target's shims connect; `attach`: none (we connect).
+    listener: Option<gpu::GpuListener>,
+    nvml_hz: u64,
+}
+
+/// Adds the shim to a started command's environment; returns the socket it
+/// will connect to, or a note saying why the GPU timeline is off.
+fn gpu_environment(env: &mut Vec<(OsString, OsString)>) -> Result<gpu::GpuListener, String> {
+    const INJECT: &str = "CUDA_INJECTION64_PATH";
+    if let Some((_, v)) = env.iter().find(|(k, _)| k == INJECT) {
+        return Err(format!(
+            "{INJECT} is already set ({}): another CUDA tool is injected, so gapscope's GPU timeline is off",
+            v.to_string_lossy()
+        ));
+    }
+    let Some(shim) = gpu::shim_path() else {
+        return Err(format!(
+            "the GPU shim ({}) is not installed beside gapscope: no CUPTI timeline",
+            gapscope_cupti::LIBRARY_NAME
+        ));
+    };
+    let listener = gpu::GpuListener::bind()
+        .map_err(|e| format!("cannot open the GPU socket ({e}): no CUPTI timeline"))?;
+    env.retain(|(k, _)| k != "GAPSCOPE_SOCKET");
+    env.push((INJECT.into(), shim.into_os_string()));
+    env.push(("GAPSCOPE_SOCKET".into(), listener.env_value.clone().into()));
+    Ok(listener)
 }
 
 /// The output directory: `-o DIR`, or `gapscope-<pid>-<time>/` here.
@@ -283,8 +347,31 @@ async fn event_loop(
     pidfd: OwnedFd,
     child: Option<u32>,
     mut signals: SignalSource,
+    gpu_setup: Option<GpuSetup>,
     opts: &RecordOptions,
 ) -> Result<Recording, RecordError> {
+    let (gpu_tx, mut gpu_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut streams = gpu::GpuStreams::new(gpu_tx.clone());
+    let tree = std::sync::Arc::new(std::sync::RwLock::new(sink.live.clone()));
+    let mut sampler = None;
+    if let Some(setup) = gpu_setup {
+        match setup.listener {
+            Some(listener) => {
+                if let Err(e) = streams.accept(listener, sink.target_pid) {
+                    sink.push(Record::Note(format!(
+                        "GPU socket unusable ({e}): no CUPTI timeline"
+                    )));
+                }
+            }
+            None => streams.connect(sink.live.iter().copied()),
+        }
+        sampler = Some(nvml::Sampler::start(
+            setup.nvml_hz,
+            tree.clone(),
+            gpu_tx.clone(),
+        ));
+    }
+    drop(gpu_tx);
     // SAFETY: the ring buffer fd belongs to `tracer`, which outlives this
     // function; the pidfd is owned by the AsyncFd itself.
     let ring =
@@ -317,6 +404,13 @@ async fn event_loop(
                 tracer.drain(|b| sink.handle(b));
                 if last_flush.elapsed() >= Duration::from_secs(1) {
                     last_flush = Instant::now();
+                    if let Ok(mut t) = tree.write() {
+                        t.clone_from(&sink.live);
+                    }
+                    if child.is_none() && sampler.is_some() {
+                        // Processes that started with the shim after we attached.
+                        streams.connect(sink.live.iter().copied());
+                    }
                     if let Ok(d) = tracer.drops() {
                         sink.drops_record(&d);
                     }
@@ -327,6 +421,7 @@ async fn event_loop(
                 let drops = tracer.drops().map(|d| d.iter().sum()).unwrap_or(0);
                 status.update(started.elapsed(), sink.events, drops, sink.live.len());
             }
+            Some(record) = gpu_rx.recv() => sink.push(record),
             _ = exited.readable() => break StopReason::TargetExited,
             _ = sleep_until(deadline) => break StopReason::Duration,
             sig = signals.recv() => {
@@ -357,6 +452,15 @@ async fn event_loop(
         }
     };
     status.clear();
+
+    // GPU processes flush at exit; give their streams a moment to arrive.
+    streams.finish(Duration::from_secs(3)).await;
+    if let Some(s) = sampler {
+        s.stop();
+    }
+    while let Ok(record) = gpu_rx.try_recv() {
+        sink.push(record);
+    }
 
     let mut exit_code = None;
     if let Some(pid) = child {

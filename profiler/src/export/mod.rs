@@ -1,6 +1,7 @@
 //! Everything a session turns into for people and scripts: the report model
 //! and its text, markdown and JSON forms.
 
+mod gpu_report;
 pub mod report;
 mod summary;
 pub mod units;

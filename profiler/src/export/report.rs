@@ -21,6 +21,12 @@ pub struct Report {
     pub threads: Vec<ThreadReport>,
     pub gpus: Vec<GpuReport>,
     pub recommendations: Vec<Recommendation>,
+    /// CUDA API time per host thread, from the GPU sources.
+    pub cuda_api: Vec<ApiThread>,
+    /// Host waits in CUDA synchronization calls, by kind.
+    pub cuda_syncs: Vec<SyncReport>,
+    /// Where GPU records came from, per process.
+    pub gpu_sources: Vec<GpuSourceReport>,
     pub session: SessionInfo,
     pub processes: Vec<ProcessReport>,
     pub notes: Vec<String>,
@@ -156,9 +162,18 @@ pub struct ThreadReport {
     pub off_cpu_stacks: Vec<StackReport>,
 }
 
-/// Filled by the GPU analysis; empty until a GPU source is recorded.
+pub use super::gpu_report::{ApiThread, GpuReport, SyncReport};
+
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct GpuReport {}
+pub struct GpuSourceReport {
+    pub pid: u32,
+    pub kind: String,
+    pub source: String,
+    pub driver_version: u32,
+    pub cupti_version: u32,
+    /// How GPU timestamps were put on CLOCK_MONOTONIC.
+    pub clock: String,
+}
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Recommendation {
@@ -321,6 +336,7 @@ pub fn build(session: &Session) -> Report {
             .get(&header.target_pid)
             .and_then(|p| p.exit_code)
     });
+    let gpu = super::gpu_report::build(session, tl.start, tl.end);
     let mut notes = session.notes.clone();
     notes.extend(stack_depth_note(session, &tl));
 
@@ -337,13 +353,27 @@ pub fn build(session: &Session) -> Report {
         },
         drops: DropsInfo {
             cpu_events: session.drops.cpu_events(),
-            gpu_records: session.drops.gpu_records,
+            gpu_records: session.drops.gpu_records + gpu.gpu_records_dropped,
             cpu_by_kind: session.drops.cpu_by_kind.iter().cloned().collect(),
             inferred_switches: tl.threads.values().map(|t| t.inferred_switches).sum(),
         },
         threads,
-        gpus: Vec::new(),
+        gpus: gpu.gpus,
         recommendations: Vec::new(),
+        cuda_api: gpu.api,
+        cuda_syncs: gpu.syncs,
+        gpu_sources: session
+            .gpu_sources
+            .iter()
+            .map(|g| GpuSourceReport {
+                pid: g.pid,
+                kind: g.kind.clone(),
+                source: g.hello.source.clone(),
+                driver_version: g.hello.driver_version,
+                cupti_version: g.hello.cupti_version,
+                clock: format!("{:?}", g.hello.clock),
+            })
+            .collect(),
         session: SessionInfo {
             gapscope_version: header.gapscope_version.clone(),
             mode: match header.mode {

@@ -134,11 +134,7 @@ fn blocks(r: &Report) -> Vec<Block> {
         )));
     }
     b.push(Block::Line(drops_line(r)));
-    b.push(Block::Line(if r.gpus.is_empty() {
-        "GPUs: none recorded in this session (CPU-side account only)".into()
-    } else {
-        format!("GPUs: {}", r.gpus.len())
-    }));
+    gpu_blocks(r, &mut b);
 
     b.push(Block::Heading(
         "Where each thread's time went (share of its lifetime)".into(),
@@ -240,6 +236,107 @@ fn moved(t: &ThreadReport) -> u64 {
     let r = &t.read_bytes;
     let w = &t.write_bytes;
     r.file + r.net + r.ipc + r.other + w.file + w.net + w.ipc + w.other
+}
+
+fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
+    if r.gpus.is_empty() {
+        b.push(Block::Line(if r.gpu_sources.is_empty() {
+            "GPUs: no GPU activity recorded (no CUDA process in the tree, or --no-gpu)".into()
+        } else {
+            "GPUs: no GPU activity recorded (CUDA was loaded but no kernel or copy ran)".into()
+        }));
+        return;
+    }
+    b.push(Block::Heading("GPUs: allocated vs utilized vs busy".into()));
+    for g in &r.gpus {
+        let util = g
+            .nvml_util_pct
+            .map(|u| format!("{u:.0}%"))
+            .unwrap_or_else(|| "n/a".into());
+        b.push(Block::Line(format!(
+            "GPU {} {} ({}): allocated {} · NVML utilization {} · busy {} ({}) · idle {}",
+            g.id,
+            g.name,
+            g.source,
+            units::duration(g.allocated_ns),
+            util,
+            units::duration(g.busy_ns),
+            units::percent(g.busy_ns, g.allocated_ns),
+            units::duration(g.idle_ns),
+        )));
+        let gap = |x: &super::gpu_report::GapReport| {
+            format!(
+                "{} ({})",
+                units::count(x.count),
+                units::duration(x.total_ns)
+            )
+        };
+        let mut lines = vec![format!(
+            "span {} · gaps >10µs: {} · >100µs: {} · >1ms: {}",
+            units::duration(g.span_ns),
+            gap(&g.gaps.gt_10us),
+            gap(&g.gaps.gt_100us),
+            gap(&g.gaps.gt_1ms)
+        )];
+        let causes: Vec<String> = g
+            .idle_by_cause_ns
+            .entries()
+            .iter()
+            .filter(|(_, ns)| *ns > 0)
+            .map(|(k, ns)| format!("{k} {}", units::duration(*ns)))
+            .collect();
+        lines.push(format!("idle: {}", causes.join(" · ")));
+        let mut ran = vec![format!(
+            "kernels {} ({})",
+            units::count(g.kernels.count),
+            units::duration(g.kernels.total_ns)
+        )];
+        for (kind, c) in &g.copies {
+            ran.push(format!(
+                "{kind} {} × {} ({})",
+                units::count(c.count),
+                units::bytes(c.bytes),
+                units::duration(c.total_ns)
+            ));
+        }
+        if g.memsets.count > 0 {
+            ran.push(format!(
+                "memset {} ({})",
+                units::count(g.memsets.count),
+                units::duration(g.memsets.total_ns)
+            ));
+        }
+        lines.push(ran.join(" · "));
+        if let Some(e) = g.energy_j {
+            lines.push(format!("energy {e:.1} J"));
+        }
+        b.push(Block::Bullets(lines));
+    }
+    let api: Vec<String> = r
+        .cuda_api
+        .iter()
+        .take(MAX_DETAIL_THREADS)
+        .map(|t| {
+            let calls: Vec<String> = t
+                .calls
+                .iter()
+                .take(4)
+                .map(|c| {
+                    format!(
+                        "{} ×{} {}",
+                        c.name,
+                        units::count(c.count),
+                        units::duration(c.total_ns)
+                    )
+                })
+                .collect();
+            format!("{}/{}: {}", t.pid, t.tid, calls.join(" · "))
+        })
+        .collect();
+    if !api.is_empty() {
+        b.push(Block::Heading("CUDA API time per thread".into()));
+        b.push(Block::Bullets(api));
+    }
 }
 
 fn who(t: &ThreadReport) -> String {

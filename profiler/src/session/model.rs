@@ -20,6 +20,59 @@ pub enum Record {
     Symbols(Symbols),
     Note(String),
     End(Footer),
+    /// A GPU process's shim (or another GPU source) introduced itself.
+    GpuSource(GpuSource),
+    /// GPU records from one process.
+    Gpu(GpuBatch),
+    /// Cumulative GPU record losses of one process.
+    GpuDrops {
+        pid: u32,
+        cupti: u64,
+        shim: u64,
+    },
+    /// One NVML reading of one GPU.
+    Nvml(NvmlSample),
+    /// A GPU as NVML describes it.
+    NvmlDevice(NvmlDevice),
+}
+
+/// Where a process's GPU records come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuSource {
+    pub pid: u32,
+    /// "cupti", "uprobe" or "simulated": the report's `source`.
+    pub kind: String,
+    pub hello: gapscope_cupti::Hello,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuBatch {
+    pub pid: u32,
+    pub records: Vec<gapscope_cupti::GpuRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NvmlDevice {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub memory_total: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NvmlSample {
+    pub ts: u64,
+    pub index: u32,
+    /// utilization.gpu: % of the sample period a kernel was running.
+    pub util_gpu: Option<u32>,
+    pub util_memory: Option<u32>,
+    pub memory_used: Option<u64>,
+    pub power_mw: Option<u32>,
+    /// Total energy since the driver loaded, mJ.
+    pub energy_mj: Option<u64>,
+    pub sm_clock_mhz: Option<u32>,
+    /// Per-process SM utilization % of the target's processes on this GPU.
+    pub processes: Vec<(u32, u32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

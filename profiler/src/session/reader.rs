@@ -3,10 +3,12 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use gapscope_cupti::GpuRecord;
+
 use super::{
-    Drops, Event, FdPath, Footer, Frame, ProcMaps, ProcessInfo, Record, SessionError,
-    SessionHeader, Stack, ThreadSeed, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC,
-    MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
+    Drops, Event, FdPath, Footer, Frame, GpuSource, NvmlDevice, NvmlSample, ProcMaps, ProcessInfo,
+    Record, SessionError, SessionHeader, Stack, ThreadSeed, CHUNK_HEADER_LEN, FILE_HEADER_LEN,
+    FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
 };
 
 /// Streams records out of a session file. A damaged or cut-off tail ends the
@@ -188,6 +190,13 @@ pub struct Session {
     pub symbols: HashMap<u64, Vec<Frame>>,
     pub notes: Vec<String>,
     pub footer: Option<Footer>,
+    pub gpu_sources: Vec<GpuSource>,
+    /// GPU records with the pid of the process they came from.
+    pub gpu: Vec<(u32, GpuRecord)>,
+    /// Last cumulative (cupti, shim) losses per process.
+    pub gpu_drops: HashMap<u32, (u64, u64)>,
+    pub nvml: Vec<NvmlSample>,
+    pub nvml_devices: Vec<NvmlDevice>,
     /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
     pub truncated: Option<String>,
 }
@@ -235,6 +244,13 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             }
             Record::Note(n) => s.notes.push(n),
             Record::End(f) => s.footer = Some(f),
+            Record::GpuSource(g) => s.gpu_sources.push(g),
+            Record::Gpu(b) => s.gpu.extend(b.records.into_iter().map(|r| (b.pid, r))),
+            Record::GpuDrops { pid, cupti, shim } => {
+                s.gpu_drops.insert(pid, (cupti, shim));
+            }
+            Record::Nvml(n) => s.nvml.push(n),
+            Record::NvmlDevice(d) => s.nvml_devices.push(d),
         }
     }
     if first {

@@ -1,0 +1,230 @@
+//! Finding and binding libcupti (and the bits of libcuda the shim needs) at
+//! run time, without ever panicking when they are absent.
+//!
+//! cudarc's own loader only tries the sonames of the CUDA version it was
+//! built for and panics when none loads; a PyTorch process usually carries
+//! libcupti in `site-packages/nvidia/cuda_cupti/lib`, already mapped, and a
+//! CUDA 13 driver needs `libcupti.so.13`. So the shim resolves the library
+//! itself and binds only the functions it calls, typed with cudarc's
+//! definitions.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+
+use cudarc::cupti::sys;
+
+/// CUPTI entry points, with `CUptiResult` returned as a raw u32 so that an
+/// unknown result code from a newer CUPTI is just a number.
+#[allow(non_snake_case)]
+pub struct Cupti {
+    pub path: String,
+    pub version: u32,
+    pub cuptiActivityRegisterCallbacks:
+        unsafe extern "C" fn(sys::CUpti_BuffersCallbackRequestFunc, BufferCompleteFn) -> u32,
+    pub cuptiActivityRegisterTimestampCallback:
+        Option<unsafe extern "C" fn(sys::CUpti_TimestampCallbackFunc) -> u32>,
+    pub cuptiActivityEnable: unsafe extern "C" fn(u32) -> u32,
+    pub cuptiActivityDisable: unsafe extern "C" fn(u32) -> u32,
+    pub cuptiActivityFlushAll: unsafe extern "C" fn(u32) -> u32,
+    pub cuptiActivityGetNextRecord:
+        unsafe extern "C" fn(*mut u8, usize, *mut *mut sys::CUpti_Activity) -> u32,
+    pub cuptiActivityGetNumDroppedRecords:
+        unsafe extern "C" fn(*mut std::ffi::c_void, u32, *mut usize) -> u32,
+    pub cuptiGetTimestamp: unsafe extern "C" fn(*mut u64) -> u32,
+    pub cuptiSubscribe: unsafe extern "C" fn(
+        *mut sys::CUpti_SubscriberHandle,
+        sys::CUpti_CallbackFunc,
+        *mut c_void,
+    ) -> u32,
+    pub cuptiUnsubscribe: unsafe extern "C" fn(sys::CUpti_SubscriberHandle) -> u32,
+}
+
+/// `CUpti_BuffersCallbackCompleteFunc` with the context as an opaque pointer
+/// (cudarc keeps its `CUcontext` alias private).
+pub type BufferCompleteFn = Option<unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize)>;
+
+pub const CUPTI_SUCCESS: u32 = 0;
+pub const CUPTI_ERROR_NOT_INITIALIZED: u32 = 15;
+pub const CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: u32 = 39;
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns NULL or a thread-local C string.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+fn open(path: &str, flags: c_int) -> Option<*mut c_void> {
+    let c = CString::new(path).ok()?;
+    // SAFETY: dlopen with a valid C string.
+    let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
+    (!h.is_null()).then_some(h)
+}
+
+/// # Safety
+/// `T` must be the function's real type.
+unsafe fn sym<T: Copy>(handle: *mut c_void, name: &str) -> Option<T> {
+    let c = CString::new(name).ok()?;
+    let p = libc::dlsym(handle, c.as_ptr());
+    if p.is_null() {
+        None
+    } else {
+        Some(std::mem::transmute_copy::<*mut c_void, T>(&p))
+    }
+}
+
+/// Paths of libraries mapped into this process whose file name contains `needle`.
+fn mapped(needle: &str) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut out: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            std::path::Path::new(p)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().contains(needle))
+        })
+        .map(str::to_string)
+        .collect();
+    out.dedup();
+    out
+}
+
+/// The CUDA driver's version (e.g. 12090), if libcuda is loaded.
+pub fn driver_version() -> u32 {
+    let Some(h) = open("libcuda.so.1", libc::RTLD_NOW | libc::RTLD_NOLOAD) else {
+        return 0;
+    };
+    let mut v: c_int = 0;
+    // SAFETY: cuDriverGetVersion(int*) as documented.
+    unsafe {
+        if let Some(f) = sym::<unsafe extern "C" fn(*mut c_int) -> c_int>(h, "cuDriverGetVersion") {
+            if f(&mut v) != 0 {
+                v = 0;
+            }
+        }
+        libc::dlclose(h);
+    }
+    v.max(0) as u32
+}
+
+/// Names of the GPUs the driver sees, by ordinal.
+pub fn device_names() -> Vec<(u32, String)> {
+    let Some(h) = open("libcuda.so.1", libc::RTLD_NOW | libc::RTLD_NOLOAD) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    // SAFETY: driver API signatures as documented; buffers sized as passed.
+    unsafe {
+        let count = sym::<unsafe extern "C" fn(*mut c_int) -> c_int>(h, "cuDeviceGetCount");
+        let get = sym::<unsafe extern "C" fn(*mut c_int, c_int) -> c_int>(h, "cuDeviceGet");
+        let name =
+            sym::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int>(h, "cuDeviceGetName");
+        if let (Some(count), Some(get), Some(name)) = (count, get, name) {
+            let mut n: c_int = 0;
+            if count(&mut n) == 0 {
+                for i in 0..n.clamp(0, 64) {
+                    let mut dev: c_int = 0;
+                    let mut buf = [0 as c_char; 256];
+                    if get(&mut dev, i) == 0 && name(buf.as_mut_ptr(), 256, dev) == 0 {
+                        let s = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
+                        out.push((i as u32, s));
+                    }
+                }
+            }
+        }
+        libc::dlclose(h);
+    }
+    out
+}
+
+/// Where libcupti may be, best first: explicit, already mapped, beside the
+/// CUDA runtime a framework loaded, CUDA installs, then the linker's search.
+fn candidates(driver: u32) -> Vec<String> {
+    let mut c = Vec::new();
+    if let Ok(p) = std::env::var("GAPSCOPE_CUPTI") {
+        c.push(p);
+    }
+    c.extend(mapped("libcupti.so"));
+    for rt in mapped("libcudart.so") {
+        // site-packages/nvidia/cuda_runtime/lib/libcudart.so.12 ->
+        // site-packages/nvidia/cuda_cupti/lib/
+        if let Some(nvidia) = std::path::Path::new(&rt).ancestors().nth(3) {
+            let dir = nvidia.join("cuda_cupti/lib");
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("libcupti.so") {
+                        c.push(e.path().to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+    }
+    let major = driver / 1000;
+    for home in [
+        std::env::var("CUDA_HOME").ok(),
+        Some("/usr/local/cuda".into()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        c.push(format!("{home}/extras/CUPTI/lib64/libcupti.so.{major}"));
+        c.push(format!("{home}/extras/CUPTI/lib64/libcupti.so"));
+    }
+    if major > 0 {
+        c.push(format!("libcupti.so.{major}"));
+    }
+    c.extend(["libcupti.so.13", "libcupti.so.12", "libcupti.so"].map(String::from));
+    c
+}
+
+impl Cupti {
+    /// Loads libcupti, or says why it could not.
+    pub fn load(driver: u32) -> Result<Cupti, String> {
+        let mut tried = Vec::new();
+        for path in candidates(driver) {
+            let Some(h) = open(&path, libc::RTLD_NOW | libc::RTLD_GLOBAL) else {
+                tried.push(format!("{path}: {}", dlerror()));
+                continue;
+            };
+            // SAFETY: each symbol is bound to its documented signature.
+            let bound = unsafe { Self::bind(h, path.clone()) };
+            match bound {
+                Some(c) => return Ok(c),
+                None => tried.push(format!("{path}: missing CUPTI entry points")),
+            }
+        }
+        Err(format!(
+            "libcupti not found (set GAPSCOPE_CUPTI=/path/to/libcupti.so); tried {}",
+            tried.len()
+        ))
+    }
+
+    unsafe fn bind(h: *mut c_void, path: String) -> Option<Cupti> {
+        let get_version = sym::<unsafe extern "C" fn(*mut u32) -> u32>(h, "cuptiGetVersion")?;
+        let mut version = 0;
+        if get_version(&mut version) != CUPTI_SUCCESS {
+            version = 0;
+        }
+        Some(Cupti {
+            path,
+            version,
+            cuptiActivityRegisterCallbacks: sym(h, "cuptiActivityRegisterCallbacks")?,
+            cuptiActivityRegisterTimestampCallback: sym(
+                h,
+                "cuptiActivityRegisterTimestampCallback",
+            ),
+            cuptiActivityEnable: sym(h, "cuptiActivityEnable")?,
+            cuptiActivityDisable: sym(h, "cuptiActivityDisable")?,
+            cuptiActivityFlushAll: sym(h, "cuptiActivityFlushAll")?,
+            cuptiActivityGetNextRecord: sym(h, "cuptiActivityGetNextRecord")?,
+            cuptiActivityGetNumDroppedRecords: sym(h, "cuptiActivityGetNumDroppedRecords")?,
+            cuptiGetTimestamp: sym(h, "cuptiGetTimestamp")?,
+            cuptiSubscribe: sym(h, "cuptiSubscribe")?,
+            cuptiUnsubscribe: sym(h, "cuptiUnsubscribe")?,
+        })
+    }
+}

@@ -1,0 +1,54 @@
+//! gs-inject-host: a stand-in for the CUDA driver's side of injection, for
+//! tests on machines without a GPU. It loads the library named by
+//! CUDA_INJECTION64_PATH (or the first argument) the way the driver does,
+//! calls its InitializeInjection, then does a fixed amount of CPU work and
+//! prints, as JSON, what it measured — so a test can check that the library
+//! neither failed the process nor slowed it down.
+
+use std::ffi::CString;
+use std::time::Instant;
+
+fn work(iterations: u64) -> u64 {
+    let mut x: u64 = 1;
+    for i in 0..iterations {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+    }
+    std::hint::black_box(x)
+}
+
+fn main() {
+    let lib = std::env::args()
+        .nth(1)
+        .or_else(|| std::env::var("CUDA_INJECTION64_PATH").ok());
+    let t0 = Instant::now();
+    let mut init_rc = None;
+    if let Some(lib) = &lib {
+        let c = CString::new(lib.as_str()).expect("path");
+        // SAFETY: loading a library and calling its documented entry point.
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+            if h.is_null() {
+                eprintln!("gs-inject-host: cannot load {lib}");
+                std::process::exit(3);
+            }
+            let sym = libc::dlsym(h, c"InitializeInjection".as_ptr());
+            if sym.is_null() {
+                eprintln!("gs-inject-host: {lib} has no InitializeInjection");
+                std::process::exit(3);
+            }
+            let init: extern "C" fn() -> i32 = std::mem::transmute(sym);
+            init_rc = Some(init());
+        }
+    }
+    let init_ns = t0.elapsed().as_nanos() as u64;
+    let t1 = Instant::now();
+    work(200_000_000);
+    let work_ns = t1.elapsed().as_nanos() as u64;
+    println!(
+        "{{\"pid\":{},\"init_rc\":{},\"init_ns\":{init_ns},\"work_ns\":{work_ns}}}",
+        std::process::id(),
+        init_rc
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "null".into())
+    );
+}

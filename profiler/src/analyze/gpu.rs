@@ -1,0 +1,278 @@
+//! Per-GPU accounting: busy (union of kernel, copy and memset time over all
+//! streams), idle, span and the gaps in between, plus what ran, for one
+//! recording window.
+
+use std::collections::BTreeMap;
+
+use gapscope_cupti::GpuRecord;
+
+use super::intervals::{clip, holes, total, union};
+use crate::session::Session;
+
+/// Gaps strictly longer than these, in ns (the report's contract).
+pub const GAP_THRESHOLDS: [u64; 3] = [10_000, 100_000, 1_000_000];
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GapBucket {
+    pub count: u64,
+    pub total_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpStats {
+    pub count: u64,
+    pub total_ns: u64,
+    pub bytes: u64,
+}
+
+impl OpStats {
+    fn add(&mut self, start: u64, end: u64, bytes: u64) {
+        self.count += 1;
+        self.total_ns += end.saturating_sub(start);
+        self.bytes += bytes;
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GpuTimeline {
+    pub device: u32,
+    pub name: String,
+    /// "cupti", "uprobe", "simulated"...
+    pub source: String,
+    /// Processes that put work on it.
+    pub pids: Vec<u32>,
+    /// Disjoint busy spans inside the window.
+    pub busy: Vec<(u64, u64)>,
+    pub kernels: OpStats,
+    /// Copies by direction name ("HtoD pageable", ...).
+    pub copies: BTreeMap<String, OpStats>,
+    pub memsets: OpStats,
+}
+
+impl GpuTimeline {
+    pub fn busy_ns(&self) -> u64 {
+        total(&self.busy)
+    }
+
+    pub fn first_activity(&self) -> Option<u64> {
+        self.busy.first().map(|s| s.0)
+    }
+
+    pub fn last_activity(&self) -> Option<u64> {
+        self.busy.last().map(|s| s.1)
+    }
+
+    /// First activity start to last activity end.
+    pub fn span_ns(&self) -> u64 {
+        match (self.first_activity(), self.last_activity()) {
+            (Some(a), Some(b)) => b - a,
+            _ => 0,
+        }
+    }
+
+    /// Holes in busy between first and last activity.
+    pub fn gaps(&self) -> Vec<(u64, u64)> {
+        holes(&self.busy)
+    }
+
+    pub fn gap_buckets(&self) -> [GapBucket; 3] {
+        let mut out = [GapBucket::default(); 3];
+        for (s, e) in self.gaps() {
+            let len = e - s;
+            for (bucket, &threshold) in out.iter_mut().zip(&GAP_THRESHOLDS) {
+                if len > threshold {
+                    bucket.count += 1;
+                    bucket.total_ns += len;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Builds one timeline per GPU (device ordinal) from a session's GPU records,
+/// clipped to the window `[start, end)`.
+pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline> {
+    let mut by_dev: BTreeMap<u32, (GpuTimeline, Vec<(u64, u64)>)> = BTreeMap::new();
+    let source_of = |pid: u32| {
+        session
+            .gpu_sources
+            .iter()
+            .find(|s| s.pid == pid)
+            .map(|s| s.kind.clone())
+            .unwrap_or_else(|| "cupti".into())
+    };
+    let mut names: BTreeMap<u32, String> = session
+        .nvml_devices
+        .iter()
+        .map(|d| (d.index, d.name.clone()))
+        .collect();
+    for (pid, r) in &session.gpu {
+        if let GpuRecord::Device { id, name } = r {
+            names.entry(*id).or_insert_with(|| name.clone());
+        }
+        let (device, s, e) = match r {
+            GpuRecord::Kernel {
+                device, start, end, ..
+            }
+            | GpuRecord::Memcpy {
+                device, start, end, ..
+            }
+            | GpuRecord::Memset {
+                device, start, end, ..
+            } => (*device, *start, *end),
+            _ => continue,
+        };
+        let (tl, spans) = by_dev.entry(device).or_insert_with(|| {
+            (
+                GpuTimeline {
+                    device,
+                    source: source_of(*pid),
+                    ..Default::default()
+                },
+                Vec::new(),
+            )
+        });
+        if !tl.pids.contains(pid) {
+            tl.pids.push(*pid);
+        }
+        spans.push((s, e));
+        match r {
+            GpuRecord::Kernel { .. } => tl.kernels.add(s, e, 0),
+            GpuRecord::Memcpy {
+                bytes,
+                copy_kind,
+                src_kind,
+                dst_kind,
+                ..
+            } => {
+                let host_kind = match *copy_kind {
+                    gapscope_cupti::record::copy_kind::HTOD => *src_kind,
+                    gapscope_cupti::record::copy_kind::DTOH => *dst_kind,
+                    _ => 0,
+                };
+                let mut key = gapscope_cupti::record::copy_kind::name(*copy_kind).to_string();
+                if host_kind != 0 {
+                    key += " ";
+                    key += gapscope_cupti::record::memory_kind::name(host_kind);
+                }
+                tl.copies.entry(key).or_default().add(s, e, *bytes);
+            }
+            GpuRecord::Memset { bytes, .. } => tl.memsets.add(s, e, *bytes),
+            _ => {}
+        }
+    }
+    by_dev
+        .into_values()
+        .map(|(mut tl, spans)| {
+            tl.busy = clip(&union(spans), start, end);
+            tl.name = names
+                .get(&tl.device)
+                .cloned()
+                .unwrap_or_else(|| format!("GPU {}", tl.device));
+            tl
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(device: u32, stream: u32, start: u64, end: u64) -> (u32, GpuRecord) {
+        (
+            1,
+            GpuRecord::Kernel {
+                start,
+                end,
+                device,
+                context: 1,
+                stream,
+                correlation: 0,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                name: "k".into(),
+            },
+        )
+    }
+
+    #[test]
+    fn busy_span_and_gaps_per_device() {
+        let s = Session {
+            gpu: vec![
+                kernel(0, 7, 1_000, 2_000),
+                kernel(0, 8, 1_500, 2_500), // overlaps on another stream
+                kernel(0, 7, 2_500, 3_000), // adjacent
+                kernel(0, 7, 3_005_000, 3_006_000), // after a >1 ms gap
+                kernel(0, 7, 3_006_050, 3_006_100), // after a 50 ns gap
+                kernel(0, 7, 3_206_100, 3_206_200), // after a 200 µs gap
+                kernel(1, 7, 10, 20),
+                (
+                    1,
+                    GpuRecord::Memcpy {
+                        start: 3_000,
+                        end: 3_500,
+                        device: 0,
+                        context: 1,
+                        stream: 9,
+                        correlation: 0,
+                        bytes: 1 << 20,
+                        copy_kind: 1,
+                        src_kind: 1,
+                        dst_kind: 3,
+                    },
+                ),
+            ],
+            ..Default::default()
+        };
+        let tls = gpu_timelines(&s, 0, 10_000_000);
+        assert_eq!(tls.len(), 2);
+        let g = &tls[0];
+        assert_eq!(
+            g.busy,
+            vec![
+                (1_000, 3_500),
+                (3_005_000, 3_006_000),
+                (3_006_050, 3_006_100),
+                (3_206_100, 3_206_200)
+            ]
+        );
+        assert_eq!(g.busy_ns(), 2_500 + 1_000 + 50 + 100);
+        assert_eq!(g.span_ns(), 3_206_200 - 1_000);
+        let b = g.gap_buckets();
+        assert_eq!(
+            b[0],
+            GapBucket {
+                count: 2,
+                total_ns: (3_005_000 - 3_500) + 200_000
+            }
+        );
+        assert_eq!(
+            b[1],
+            GapBucket {
+                count: 2,
+                total_ns: (3_005_000 - 3_500) + 200_000
+            }
+        );
+        assert_eq!(
+            b[2],
+            GapBucket {
+                count: 1,
+                total_ns: 3_005_000 - 3_500
+            }
+        );
+        assert_eq!(g.kernels.count, 6);
+        assert_eq!(g.copies["HtoD pageable"].bytes, 1 << 20);
+        assert_eq!(tls[1].busy_ns(), 10);
+    }
+
+    #[test]
+    fn activity_outside_the_window_is_clipped() {
+        let s = Session {
+            gpu: vec![kernel(0, 7, 0, 100), kernel(0, 7, 900, 1_100)],
+            ..Default::default()
+        };
+        let g = &gpu_timelines(&s, 50, 1_000)[0];
+        assert_eq!(g.busy, vec![(50, 100), (900, 1_000)]);
+    }
+}

@@ -1,0 +1,35 @@
+//! Analysis over the merged timeline: GPU busy/idle and gaps, CUDA API
+//! accounting.
+
+mod cbid_names;
+pub mod gpu;
+pub mod intervals;
+
+use std::borrow::Cow;
+
+use gapscope_cupti::ApiDomain;
+
+/// The CUDA API function a CUPTI callback id stands for.
+pub fn api_name(domain: ApiDomain, cbid: u32) -> Cow<'static, str> {
+    let table = match domain {
+        ApiDomain::Runtime => cbid_names::RUNTIME,
+        ApiDomain::Driver => cbid_names::DRIVER,
+    };
+    match table.binary_search_by_key(&cbid, |&(id, _)| id) {
+        Ok(i) => Cow::Borrowed(table[i].1),
+        Err(_) => Cow::Owned(format!("{domain:?}#{cbid}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callback_ids_name_their_functions() {
+        assert_eq!(api_name(ApiDomain::Runtime, 211), "cudaLaunchKernel");
+        assert_eq!(api_name(ApiDomain::Runtime, 131), "cudaStreamSynchronize");
+        assert_eq!(api_name(ApiDomain::Driver, 307), "cuLaunchKernel");
+        assert_eq!(api_name(ApiDomain::Driver, 999_999), "Driver#999999");
+    }
+}

@@ -1,0 +1,230 @@
+//! The profiler's end of the GPU streams: accepts (run) or opens (attach)
+//! one Unix socket per CUDA process, decodes the shim's frames and hands
+//! them to the event loop as session records.
+
+use std::collections::HashSet;
+use std::os::linux::net::SocketAddrExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gapscope_cupti::protocol::{Decoder, Frame};
+use gapscope_cupti::transport::control_socket_name;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinSet;
+
+use super::procfs;
+use crate::session::{GpuBatch, GpuSource, Record};
+
+/// Where `gapscope run` finds the shim: installed beside the binary.
+pub fn shim_path() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.join(gapscope_cupti::LIBRARY_NAME);
+    p.exists().then_some(p)
+}
+
+/// A listening socket for `run`, bound before the target starts so the
+/// target's environment can name it.
+pub struct GpuListener {
+    listener: std::os::unix::net::UnixListener,
+    /// The value of GAPSCOPE_SOCKET ("@" = abstract namespace).
+    pub env_value: String,
+}
+
+impl GpuListener {
+    pub fn bind() -> std::io::Result<GpuListener> {
+        let mut nonce = [0u8; 8];
+        // SAFETY: getrandom into a local buffer.
+        unsafe { libc::getrandom(nonce.as_mut_ptr() as *mut _, nonce.len(), 0) };
+        let name = format!(
+            "gapscope.{}.{:016x}",
+            std::process::id(),
+            u64::from_le_bytes(nonce)
+        );
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+        listener.set_nonblocking(true)?;
+        Ok(GpuListener {
+            listener,
+            env_value: format!("@{name}"),
+        })
+    }
+}
+
+/// All GPU connections of one recording.
+pub struct GpuStreams {
+    tasks: JoinSet<()>,
+    tx: UnboundedSender<Record>,
+    connected: HashSet<u32>,
+    /// Attach-mode streams, kept to ask each shim to stop at the end.
+    attached: Vec<std::sync::Arc<UnixStream>>,
+    stop_accepting: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Pid of the process at the other end of a Unix socket.
+fn peer_pid(s: &UnixStream) -> Option<u32> {
+    s.peer_cred().ok()?.pid().map(|p| p as u32)
+}
+
+/// Whether `pid` is `root` or one of its descendants.
+fn in_tree(pid: u32, root: u32) -> bool {
+    let mut p = pid;
+    for _ in 0..64 {
+        if p == root {
+            return true;
+        }
+        match procfs::process_info(p) {
+            Some(info) if info.ppid > 1 && info.ppid != p => p = info.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
+async fn serve(
+    stream: std::sync::Arc<UnixStream>,
+    pid: u32,
+    kind: &'static str,
+    tx: UnboundedSender<Record>,
+) {
+    let mut dec = Decoder::new();
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let n = match stream.readable().await {
+            Ok(()) => match stream.try_read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => break,
+            },
+            Err(_) => break,
+        };
+        dec.push(&buf[..n]);
+        loop {
+            match dec.next_frame() {
+                Ok(Some(frame)) => {
+                    let record = match frame {
+                        Frame::Hello(hello) => Record::GpuSource(GpuSource {
+                            pid,
+                            kind: if hello.source.starts_with("simulated") {
+                                "simulated".into()
+                            } else {
+                                kind.into()
+                            },
+                            hello,
+                        }),
+                        Frame::Records(records) => Record::Gpu(GpuBatch { pid, records }),
+                        Frame::Dropped { cupti, shim } => Record::GpuDrops { pid, cupti, shim },
+                        Frame::Info(s) => Record::Note(format!("pid {pid}: {s}")),
+                        Frame::Goodbye => continue,
+                    };
+                    if tx.send(record).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(Record::Note(format!(
+                        "the GPU stream from pid {pid} broke ({e}); its later records are missing"
+                    )));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl GpuStreams {
+    pub fn new(tx: UnboundedSender<Record>) -> GpuStreams {
+        GpuStreams {
+            tasks: JoinSet::new(),
+            tx,
+            connected: HashSet::new(),
+            attached: Vec::new(),
+            stop_accepting: None,
+        }
+    }
+
+    /// Accepts shims of the tree under `root` (run); connections from
+    /// elsewhere are refused.
+    pub fn accept(&mut self, listener: GpuListener, root: u32) -> std::io::Result<()> {
+        let listener = tokio::net::UnixListener::from_std(listener.listener)?;
+        let tx = self.tx.clone();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        self.stop_accepting = Some(stop);
+        self.tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let stream = tokio::select! {
+                    r = listener.accept() => match r {
+                        Ok((stream, _)) => stream,
+                        Err(_) => break,
+                    },
+                    _ = &mut stopped => break,
+                };
+                match peer_pid(&stream) {
+                    Some(pid) if in_tree(pid, root) => {
+                        conns.spawn(serve(std::sync::Arc::new(stream), pid, "cupti", tx.clone()));
+                    }
+                    other => {
+                        let _ = tx.send(Record::Note(format!(
+                            "refused a GPU stream from pid {other:?}: not in the recorded process tree"
+                        )));
+                    }
+                }
+            }
+            // Streams end when their processes have flushed and exited.
+            while conns.join_next().await.is_some() {}
+        });
+        Ok(())
+    }
+
+    /// Connects to the shim of each of `pids` that has one listening
+    /// (attach), once per process.
+    pub fn connect(&mut self, pids: impl IntoIterator<Item = u32>) {
+        for pid in pids {
+            if self.connected.contains(&pid) {
+                continue;
+            }
+            let name = control_socket_name(pid);
+            let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            else {
+                continue;
+            };
+            let Ok(std_stream) = std::os::unix::net::UnixStream::connect_addr(&addr) else {
+                continue;
+            };
+            let _ = std_stream.set_nonblocking(true);
+            let Ok(stream) = UnixStream::from_std(std_stream) else {
+                continue;
+            };
+            if peer_pid(&stream) != Some(pid) {
+                continue;
+            }
+            self.connected.insert(pid);
+            let stream = std::sync::Arc::new(stream);
+            self.attached.push(stream.clone());
+            self.tasks
+                .spawn(serve(stream, pid, "cupti", self.tx.clone()));
+        }
+    }
+
+    /// Lets the streams finish: attach-mode shims are asked to stop (they
+    /// flush and close), then every stream gets `grace` to reach its end.
+    pub async fn finish(mut self, grace: Duration) {
+        for s in &self.attached {
+            // SAFETY: shutting down the write half of a socket we hold.
+            unsafe {
+                libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&**s), libc::SHUT_WR);
+            }
+        }
+        if let Some(stop) = self.stop_accepting.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(grace, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        self.tasks.abort_all();
+    }
+}

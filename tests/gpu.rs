@@ -1,0 +1,118 @@
+//! The GPU half under `gapscope run`, without a GPU: the shim injected into a
+//! process that has no CUDA, and a simulated GPU speaking the same protocol
+//! with exactly known kernels.
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+#[test]
+fn a_simulated_gpus_kernels_give_exact_busy_idle_and_gaps() {
+    if !bpf_ready("a_simulated_gpus_kernels_give_exact_busy_idle_and_gaps") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("fakegpu");
+    let truth_path = dir.path().join("truth.jsonl");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "fake-gpu",
+            "--kernels",
+            "40",
+            "--kernel-us",
+            "500",
+            "--gap-us",
+            "150",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let t = &truth(&truth_path)[0];
+    let report = run.report();
+    let gpus = report["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 1, "{report}");
+    let g = &gpus[0];
+    assert_eq!(g["source"], "simulated");
+    assert_eq!(g["name"], "Simulated GPU 0");
+    assert_eq!(u64_of(g, "busy_ns"), u64_of(t, "busy_ns"));
+    assert_eq!(
+        u64_of(g, "busy_ns") + u64_of(g, "idle_ns"),
+        u64_of(g, "allocated_ns")
+    );
+    let causes: u64 = g["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(causes, u64_of(g, "idle_ns"));
+    assert_eq!(
+        u64_of(g, "span_ns"),
+        u64_of(t, "last_ns") - u64_of(t, "first_ns")
+    );
+    // 39 gaps of 150 µs: all above 10 µs and 100 µs, none above 1 ms.
+    assert_eq!(u64_of(&g["gaps"]["gt_10us"], "count"), u64_of(t, "gaps"));
+    assert_eq!(
+        u64_of(&g["gaps"]["gt_10us"], "total_ns"),
+        u64_of(t, "gaps") * u64_of(t, "gap_ns")
+    );
+    assert_eq!(u64_of(&g["gaps"]["gt_100us"], "count"), u64_of(t, "gaps"));
+    assert_eq!(u64_of(&g["gaps"]["gt_1ms"], "count"), 0);
+    assert_eq!(u64_of(&g["kernels"], "count"), 40);
+    let window = u64_of(&report["window_ns"], "end") - u64_of(&report["window_ns"], "start");
+    assert_eq!(u64_of(g, "allocated_ns"), window);
+}
+
+#[test]
+fn a_process_without_cuda_gets_the_shim_and_runs_unaffected() {
+    if !bpf_ready("a_process_without_cuda_gets_the_shim_and_runs_unaffected") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("noncuda");
+    let run = run(
+        &dir.path().join("rec"),
+        &[],
+        &[bin("gs-inject-host").to_str().unwrap()],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let host: Value = serde_json::from_slice(&run.output.stdout).unwrap();
+    // gapscope put the shim in its environment and the "driver" loaded it.
+    assert_eq!(host["init_rc"], 1);
+    assert!(
+        run.stderr().contains("GPUs: no GPU activity recorded"),
+        "{}",
+        run.stderr()
+    );
+    let report = run.report();
+    assert!(report["gpus"].as_array().unwrap().is_empty());
+    let src = &report["gpu_sources"][0];
+    assert_eq!(src["pid"], host["pid"]);
+    assert_eq!(src["kind"], "cupti");
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("libcupti not found") || notes.contains("error 15"),
+        "{notes}"
+    );
+
+    let bare = run_no_gpu(&dir);
+    assert_eq!(
+        bare["init_rc"],
+        Value::Null,
+        "--no-gpu must not inject the shim"
+    );
+}
+
+fn run_no_gpu(dir: &tempfile::TempDir) -> Value {
+    let r = run(
+        &dir.path().join("rec2"),
+        &["-q", "--no-gpu"],
+        &[bin("gs-inject-host").to_str().unwrap()],
+    );
+    assert_eq!(r.code(), Some(0));
+    assert!(r.report()["gpu_sources"].as_array().unwrap().is_empty());
+    serde_json::from_slice(&r.output.stdout).unwrap()
+}
