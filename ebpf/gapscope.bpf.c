@@ -623,3 +623,85 @@ int gs_sample(struct bpf_perf_event_data *ctx)
 	bpf_ringbuf_submit(e, rb_flags());
 	return 0;
 }
+
+/* ------------------------------------------- libcuda uprobes (fallback) */
+
+struct cuda_call {
+	__u64 ts;
+	__u64 arg;
+	__u32 fn;
+	__u32 depth; /* exported functions calling each other: keep the outermost */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct cuda_call);
+} cuda_calls SEC(".maps");
+
+static __always_inline __u64 call_arg(struct pt_regs *ctx, __u32 i)
+{
+	switch (i) {
+	case 0: return PT_REGS_PARM1(ctx);
+	case 1: return PT_REGS_PARM2(ctx);
+	case 2: return PT_REGS_PARM3(ctx);
+	case 3: return PT_REGS_PARM4(ctx);
+	case 4: return PT_REGS_PARM5(ctx);
+	case 5: return ctx->r9; /* x86_64: the sixth argument */
+	}
+	if (i >= GS_CUDA_NO_ARG || i > 16)
+		return 0;
+	/* Stack arguments: at entry, sp points at the return address. */
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (i - 5)));
+	return v;
+}
+
+SEC("uprobe")
+int gs_cuda_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!is_tracked(tgid))
+		return 0;
+	struct cuda_call *c = bpf_map_lookup_elem(&cuda_calls, &tid);
+	if (c && c->depth > 0) {
+		c->depth++;
+		return 0;
+	}
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	struct cuda_call n = {
+		.ts = bpf_ktime_get_ns(),
+		.arg = call_arg(ctx, GS_CUDA_ARG(cookie)),
+		.fn = GS_CUDA_FN(cookie),
+		.depth = 1,
+	};
+	bpf_map_update_elem(&cuda_calls, &tid, &n, BPF_ANY);
+	return 0;
+}
+
+SEC("uretprobe")
+int gs_cuda_exit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct cuda_call *c = bpf_map_lookup_elem(&cuda_calls, &tid);
+	if (!c || c->depth == 0)
+		return 0;
+	if (--c->depth > 0)
+		return 0;
+	struct gs_cuda *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_CUDA);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	fill_header(&e->h, GS_EV_CUDA, sizeof(*e), tgid, tid, c->ts);
+	e->duration = now - c->ts;
+	e->arg = c->arg;
+	e->fn = c->fn;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}

@@ -29,6 +29,7 @@ enum gs_event_kind {
 	GS_EV_EXIT = 8,
 	GS_EV_STACK = 9,
 	GS_EV_OPEN = 10,
+	GS_EV_CUDA = 11,
 	/* Not an event: the size of the per-kind drop counter array. */
 	GS_EV_KIND_MAX = 16,
 };
@@ -167,6 +168,21 @@ struct gs_stack {
 	__u64 frames[GS_MAX_STACK_DEPTH];
 };
 
+/* Uprobe cookie of a libcuda function: which function, and which argument
+ * to capture (a stream handle or a byte count). */
+#define GS_CUDA_FN(cookie) ((__u32)((cookie) & 0xffff))
+#define GS_CUDA_ARG(cookie) ((__u32)(((cookie) >> 16) & 0xff))
+#define GS_CUDA_NO_ARG 0xff
+
+/* One outermost call into a libcuda function (uprobe fallback). */
+struct gs_cuda {
+	struct gs_header h; /* ts = entry */
+	__u64 duration;
+	__u64 arg;  /* the captured argument, 0 if none */
+	__u32 fn;   /* index into the profiler's function table */
+	__u32 _pad;
+};
+
 /*
  * Layout facts, checked by the compiler here and by the Rust test that
  * parses these lines (profiler/src/collect/bpf/abi.rs).
@@ -237,6 +253,11 @@ GS_LAYOUT_SIZE(gs_open, 288);
 GS_LAYOUT(gs_open, fd, 24);
 GS_LAYOUT(gs_open, flags, 28);
 GS_LAYOUT(gs_open, path, 32);
+
+GS_LAYOUT_SIZE(gs_cuda, 48);
+GS_LAYOUT(gs_cuda, duration, 24);
+GS_LAYOUT(gs_cuda, arg, 32);
+GS_LAYOUT(gs_cuda, fn, 40);
 
 GS_LAYOUT_SIZE(gs_stack, 1056);
 GS_LAYOUT(gs_stack, hash, 24);

@@ -116,3 +116,59 @@ fn run_no_gpu(dir: &tempfile::TempDir) -> Value {
     assert!(r.report()["gpu_sources"].as_array().unwrap().is_empty());
     serde_json::from_slice(&r.output.stdout).unwrap()
 }
+
+#[test]
+fn libcuda_uprobes_time_driver_calls_within_10_percent() {
+    if !bpf_ready("libcuda_uprobes_time_driver_calls_within_10_percent") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("uprobe");
+    let truth_path = dir.path().join("truth.jsonl");
+    let lib = bin("libfakecuda.so");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q", "--libcuda", lib.to_str().unwrap()],
+        &[
+            workload().to_str().unwrap(),
+            "fake-cuda",
+            "--lib",
+            lib.to_str().unwrap(),
+            // Breakpoints in a just-mapped library are seen to take effect a
+            // few ms after dlopen on this kernel; real jobs load libcuda long
+            // before their first launch.
+            "--delay-ms",
+            "100",
+            "--truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let t = &truth(&truth_path)[0];
+    let report = run.report();
+    let src = &report["gpu_sources"][0];
+    assert_eq!(src["kind"], "uprobe");
+    let thread = report["cuda_api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["tid"] == t["tid"])
+        .unwrap_or_else(|| panic!("no CUDA API record for the calling thread: {report}"));
+    for (name, expected) in t["calls"].as_object().unwrap() {
+        let got = thread["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == *name)
+            .unwrap_or_else(|| panic!("{name} not recorded: {thread}"));
+        // Exact counts: cuLaunchKernelEx calls cuLaunchKernel inside, and
+        // that nested call must not count again.
+        assert_eq!(got["count"], expected["count"], "{name}");
+        assert_close(
+            name,
+            u64_of(got, "total_ns"),
+            u64_of(expected, "total_ns"),
+            0.10,
+        );
+    }
+}

@@ -33,6 +33,9 @@ commands:
                                        SIMULATED: speaks gapscope's GPU protocol on
                                        GAPSCOPE_SOCKET, reporting N kernels of K µs
                                        with G µs gaps on Simulated GPU 0
+  fake-cuda --lib PATH                 calls a stand-in libcuda (libfakecuda.so) with
+                                       known durations: 50 launches of 200 µs, 5 nested
+                                       launches, 4 syncs of 25 ms, 3 copies of 2 ms
   pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
@@ -566,6 +569,87 @@ fn cmd_fake_gpu(a: &Args) {
     );
 }
 
+/// Calls a stand-in libcuda with known durations (see examples/fakecuda).
+fn cmd_fake_cuda(a: &Args) {
+    use std::ffi::{c_void, CString};
+    let lib = a
+        .get("lib")
+        .unwrap_or_else(|| die("fake-cuda needs --lib PATH"));
+    let c = CString::new(lib).unwrap();
+    type Launch = extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> i32;
+    type LaunchEx =
+        extern "C" fn(*const c_void, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> i32;
+    type Sync = extern "C" fn(*mut c_void) -> i32;
+    type Copy = extern "C" fn(u64, *const c_void, usize) -> i32;
+    // SAFETY: loading the stand-in library and binding its documented symbols.
+    let (launch, launch_ex, sync, copy) = unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        if h.is_null() {
+            die(&format!("cannot load {lib}"));
+        }
+        let sym = |name: &std::ffi::CStr| {
+            let p = libc::dlsym(h, name.as_ptr());
+            if p.is_null() {
+                die(&format!("{lib} lacks {name:?}"));
+            }
+            p
+        };
+        (
+            std::mem::transmute::<*mut c_void, Launch>(sym(c"cuLaunchKernel")),
+            std::mem::transmute::<*mut c_void, LaunchEx>(sym(c"cuLaunchKernelEx")),
+            std::mem::transmute::<*mut c_void, Sync>(sym(c"cuStreamSynchronize")),
+            std::mem::transmute::<*mut c_void, Copy>(sym(c"cuMemcpyHtoD_v2")),
+        )
+    };
+    std::thread::sleep(Duration::from_millis(a.num("delay-ms", 0)));
+    let null = std::ptr::null_mut();
+    let mut measured = std::collections::BTreeMap::<&str, (u64, u64)>::new();
+    let mut timed = |name: &'static str, f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        let e = measured.entry(name).or_default();
+        e.0 += 1;
+        e.1 += t.elapsed().as_nanos() as u64;
+    };
+    for _ in 0..50 {
+        timed("cuLaunchKernel", &mut || {
+            launch(null, 200, 1, 1, 1, 1, 1, 0, null, null as _, null as _);
+        });
+    }
+    for _ in 0..5 {
+        timed("cuLaunchKernelEx", &mut || {
+            launch_ex(std::ptr::null(), null, null as _, null as _);
+        });
+    }
+    for _ in 0..4 {
+        timed("cuStreamSynchronize", &mut || {
+            sync(25_000 as *mut c_void);
+        });
+    }
+    for _ in 0..3 {
+        timed("cuMemcpyHtoD_v2", &mut || {
+            copy(0, std::ptr::null(), 2_000_000);
+        });
+    }
+    let calls: serde_json::Map<String, serde_json::Value> = measured
+        .into_iter()
+        .map(|(k, (n, ns))| (k.to_string(), json!({"count": n, "total_ns": ns})))
+        .collect();
+    truth(a.get("truth"), json!({"role": "fake-cuda", "calls": calls}));
+}
+
 fn main() {
     let args = Args::parse();
     match args.cmd.as_str() {
@@ -576,6 +660,7 @@ fn main() {
         "hold" => cmd_hold(&args),
         "pipeline" => cmd_pipeline(&args),
         "fake-gpu" => cmd_fake_gpu(&args),
+        "fake-cuda" => cmd_fake_cuda(&args),
         "-h" | "--help" | "help" => println!("{USAGE}"),
         "" => die(&format!("missing command\n\n{USAGE}")),
         other => die(&format!("unknown command {other:?}\n\n{USAGE}")),

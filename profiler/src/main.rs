@@ -85,6 +85,10 @@ struct RecordArgs {
     /// CUDA install's, matched to the driver).
     #[arg(long, value_name = "PATH")]
     cupti: Option<PathBuf>,
+    /// Watch this libcuda with uprobes (for processes without the shim;
+    /// attach finds the target's own libcuda by itself).
+    #[arg(long, value_name = "PATH")]
+    libcuda: Option<PathBuf>,
     /// NVML sampling rate, Hz.
     #[arg(long, default_value_t = 10, value_name = "HZ", value_parser = clap::value_parser!(u64).range(1..=1000))]
     nvml_hz: u64,
@@ -127,6 +131,7 @@ impl RecordArgs {
             },
             gpu: !self.no_gpu,
             nvml_hz: self.nvml_hz,
+            libcuda: self.libcuda.clone(),
         }
     }
 }

@@ -55,6 +55,9 @@ pub struct RecordOptions {
     pub gpu: bool,
     /// NVML sampling rate, Hz.
     pub nvml_hz: u64,
+    /// A libcuda to watch with uprobes (the fallback for processes without
+    /// the shim); `attach` also finds the tree's own libcuda by itself.
+    pub libcuda: Option<PathBuf>,
 }
 
 /// How a recording ended.
@@ -261,6 +264,24 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         }
     };
 
+    if opts.gpu {
+        let mut libs: Vec<PathBuf> = opts.libcuda.iter().cloned().collect();
+        if child.is_none() {
+            libs.extend(libcuda_in_use(&sink));
+        }
+        libs.sort();
+        libs.dedup();
+        for lib in libs {
+            match tracer.attach_libcuda(&lib) {
+                Ok(0) => notes.push(format!("{}: none of the watched CUDA driver functions found", lib.display())),
+                Ok(n) => notes.push(format!(
+                    "watching {n} CUDA driver functions in {} with uprobes: processes without the shim get an approximate GPU timeline (API calls, no kernel times)",
+                    lib.display()
+                )),
+                Err(e) => notes.push(format!("cannot watch {}: {e}", lib.display())),
+            }
+        }
+    }
     for note in notes {
         sink.push(Record::Note(note));
     }
@@ -277,6 +298,20 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         gpu,
         opts,
     ))
+}
+
+/// libcuda files mapped by the tree's processes (from the maps snapshots).
+fn libcuda_in_use(sink: &Sink) -> Vec<PathBuf> {
+    sink.maps
+        .iter()
+        .flat_map(|m| &m.ranges)
+        .filter(|r| {
+            std::path::Path::new(&r.path)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so"))
+        })
+        .map(|r| PathBuf::from(&r.path))
+        .collect()
 }
 
 /// What the event loop needs to collect GPU activity.

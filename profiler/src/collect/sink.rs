@@ -30,6 +30,8 @@ pub struct Sink {
     pub target_exit: Option<i32>,
     /// First write error; recording stops when set.
     pub error: Option<SessionError>,
+    /// Processes whose libcuda calls the uprobes have seen.
+    uprobed: HashSet<u32>,
 }
 
 impl Sink {
@@ -46,6 +48,7 @@ impl Sink {
             malformed: 0,
             target_exit: None,
             error: None,
+            uprobed: HashSet::new(),
         }
     }
 
@@ -135,6 +138,21 @@ impl Sink {
                 }
                 self.snapshot_maps(pid);
                 return;
+            }
+            Record::Event(Event::CudaCall { pid, .. }) if self.uprobed.insert(*pid) => {
+                let pid = *pid;
+                self.push(Record::GpuSource(crate::session::GpuSource {
+                    pid,
+                    kind: "uprobe".into(),
+                    hello: gapscope_cupti::Hello {
+                        version: gapscope_cupti::protocol::VERSION,
+                        pid,
+                        driver_version: 0,
+                        cupti_version: 0,
+                        clock: gapscope_cupti::ClockMethod::Native,
+                        source: "libcuda uprobes (approximate: API calls, no kernel times)".into(),
+                    },
+                }));
             }
             Record::Event(Event::Exit {
                 pid,

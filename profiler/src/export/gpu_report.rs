@@ -244,6 +244,31 @@ pub fn build(session: &Session, start: u64, end: u64) -> GpuSection {
             _ => {}
         }
     }
+    // Calls seen by the libcuda uprobes (real thread ids).
+    for e in &session.events {
+        if let crate::session::Event::CudaCall {
+            pid,
+            tid,
+            dur,
+            function,
+            ..
+        } = e
+        {
+            let c = api
+                .entry((*pid, *tid))
+                .or_default()
+                .entry(function.clone())
+                .or_insert(ApiCall {
+                    name: function.clone(),
+                    count: 0,
+                    total_ns: 0,
+                    max_ns: 0,
+                });
+            c.count += 1;
+            c.total_ns += dur;
+            c.max_ns = c.max_ns.max(*dur);
+        }
+    }
     let api = api
         .into_iter()
         .map(|((pid, tid), calls)| {

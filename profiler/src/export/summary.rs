@@ -239,6 +239,13 @@ fn moved(t: &ThreadReport) -> u64 {
 }
 
 fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
+    for s in r.gpu_sources.iter().filter(|s| s.kind == "uprobe") {
+        b.push(Block::Line(format!(
+            "GPU timeline of pid {}: approximate (no kernel times) — CUDA driver calls seen by \
+             libcuda uprobes only; run it under `gapscope run` for the CUPTI timeline",
+            s.pid
+        )));
+    }
     if r.gpus.is_empty() {
         b.push(Block::Line(if r.gpu_sources.is_empty() {
             "GPUs: no GPU activity recorded (no CUDA process in the tree, or --no-gpu)".into()

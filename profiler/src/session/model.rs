@@ -226,6 +226,16 @@ pub enum Event {
         fd: i32,
         path: String,
     },
+    /// A call into libcuda seen by a uprobe (no shim in that process).
+    CudaCall {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        dur: u64,
+        function: String,
+        /// The stream handle or byte count the call was given, 0 if none.
+        arg: u64,
+    },
 }
 
 impl Event {
@@ -239,7 +249,8 @@ impl Event {
             | Event::Fork { ts, .. }
             | Event::Exec { ts, .. }
             | Event::Exit { ts, .. }
-            | Event::Open { ts, .. } => *ts,
+            | Event::Open { ts, .. }
+            | Event::CudaCall { ts, .. } => *ts,
         }
     }
 }

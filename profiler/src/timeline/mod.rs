@@ -218,6 +218,9 @@ impl Timeline {
                 Event::Open { pid, fd, path, .. } => {
                     tl.fd_paths.insert((*pid, *fd), path.clone());
                 }
+                Event::CudaCall { ts, pid, tid, .. } => {
+                    thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
+                }
             }
         }
         for t in tl.threads.values_mut() {

@@ -20,6 +20,7 @@ pub mod kind {
     pub const EXIT: u16 = 8;
     pub const STACK: u16 = 9;
     pub const OPEN: u16 = 10;
+    pub const CUDA: u16 = 11;
     /// Size of the per-kind drop counter array.
     pub const MAX: usize = 16;
 
@@ -35,6 +36,7 @@ pub mod kind {
             EXIT => "exit",
             STACK => "stack",
             OPEN => "open",
+            CUDA => "cuda",
             _ => "other",
         }
     }
@@ -154,6 +156,21 @@ pub struct Open {
     pub path: [u8; PATH_LEN],
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Cuda {
+    pub h: Header,
+    pub duration: u64,
+    pub arg: u64,
+    pub fn_: u32,
+    pub _pad: u32,
+}
+
+/// Uprobe cookie: function index, and which argument to capture.
+pub fn cuda_cookie(function: usize, arg: Option<u8>) -> u64 {
+    function as u64 | (arg.unwrap_or(0xff) as u64) << 16
+}
+
 /// Variable length: only `nr_frames` frames are sent, the record is cut short.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -187,6 +204,7 @@ layout!(Fork, 56; parent_pid @ 24, parent_tid @ 28, flags @ 32, comm @ 40);
 layout!(Exec, 304; old_tid @ 24, comm @ 32, filename @ 48);
 layout!(Exit, 48; exit_code @ 24, group_dead @ 28, comm @ 32);
 layout!(Open, 288; fd @ 24, flags @ 28, path @ 32);
+layout!(Cuda, 48; duration @ 24, arg @ 32, fn_ @ 40);
 layout!(StackHead, STACK_FRAMES_OFFSET; hash @ 24, nr_frames @ 32, kernel @ 36);
 
 /// Reads a record of type `T` from the front of `bytes`, or None if too short.
@@ -218,6 +236,7 @@ mod tests {
                     ("gs_stack", Some("hash")) => Some(offset_of!(StackHead, hash)),
                     ("gs_stack", Some("nr_frames")) => Some(offset_of!(StackHead, nr_frames)),
                     ("gs_stack", Some("kernel")) => Some(offset_of!(StackHead, kernel)),
+                    ("gs_cuda", Some("fn")) => Some(offset_of!(Cuda, fn_)),
                     $(
                         ($c, None) => Some(size_of::<$t>()),
                         $(($c, Some(stringify!($f))) => Some(offset_of!($t, $f)),)*
@@ -238,6 +257,7 @@ mod tests {
             "gs_exec" => Exec { old_tid, comm, filename },
             "gs_exit" => Exit { exit_code, group_dead, comm },
             "gs_open" => Open { fd, flags, path },
+            "gs_cuda" => Cuda { duration, arg },
         }
     }
 
@@ -287,7 +307,7 @@ mod tests {
 
     #[test]
     fn kind_names_cover_every_kind() {
-        for k in 1..=10usize {
+        for k in 1..=11usize {
             assert_ne!(kind::name(k), "other", "kind {k}");
         }
     }

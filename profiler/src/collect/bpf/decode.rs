@@ -119,6 +119,18 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
                 path: abi::cstr(&e.path),
             }
         }
+        kind::CUDA => {
+            let e: abi::Cuda = abi::read(bytes)?;
+            let function = super::cuda::FUNCTIONS.get(e.fn_ as usize)?;
+            Event::CudaCall {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                dur: e.duration,
+                function: function.symbol.to_string(),
+                arg: e.arg,
+            }
+        }
         kind::STACK => {
             let e: abi::StackHead = abi::read(bytes)?;
             let n = (e.nr_frames as usize).min(abi::MAX_STACK_DEPTH);

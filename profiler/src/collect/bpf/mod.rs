@@ -3,6 +3,7 @@
 //! ring buffer and the drop counters.
 
 pub mod abi;
+pub mod cuda;
 mod decode;
 
 pub use decode::decode;
@@ -11,7 +12,8 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{PerfEvent, RawTracePoint};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{PerfEvent, RawTracePoint, UProbe};
 use aya::{include_bytes_aligned, Ebpf, EbpfLoader};
 
 static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gapscope.bpf.o"));
@@ -99,6 +101,11 @@ impl Tracer {
             prog.load()
                 .map_err(|source| BpfError::Program { name, source })?;
         }
+        for name in ["gs_cuda_enter", "gs_cuda_exit"] {
+            let prog: &mut UProbe = program(&mut ebpf, name)?;
+            prog.load()
+                .map_err(|source| BpfError::Program { name, source })?;
+        }
         let sampler: &mut PerfEvent = program(&mut ebpf, "gs_sample")?;
         sampler.load().map_err(|source| BpfError::Program {
             name: "gs_sample",
@@ -151,6 +158,29 @@ impl Tracer {
             }
         }
         Ok(())
+    }
+
+    /// Puts uprobes on the libcuda functions of [`cuda::FUNCTIONS`] found in
+    /// `lib`; returns how many were attached (symbols a version lacks are
+    /// skipped). Calls are reported for tracked processes only.
+    pub fn attach_libcuda(&mut self, lib: &std::path::Path) -> Result<usize, BpfError> {
+        let mut attached = 0;
+        for (i, f) in cuda::FUNCTIONS.iter().enumerate() {
+            let mut ok = true;
+            for name in ["gs_cuda_enter", "gs_cuda_exit"] {
+                let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::Symbol(f.symbol),
+                    cookie: Some(abi::cuda_cookie(i, f.arg)),
+                };
+                if prog.attach(point, lib, UProbeScope::AllProcesses).is_err() {
+                    ok = false;
+                    break;
+                }
+            }
+            attached += ok as usize;
+        }
+        Ok(attached)
     }
 
     pub fn ring_fd(&self) -> RawFd {
