@@ -64,6 +64,17 @@ fn a_simulated_gpus_kernels_give_exact_busy_idle_and_gaps() {
     assert_eq!(u64_of(&g["kernels"], "count"), 40);
     let window = u64_of(&report["window_ns"], "end") - u64_of(&report["window_ns"], "start");
     assert_eq!(u64_of(g, "allocated_ns"), window);
+    // Each kernel starts after its launch call, and each launch call was
+    // made while eBPF saw its thread on a CPU.
+    let cc = &g["clock_check"];
+    assert_eq!(u64_of(cc, "kernels_checked"), 40);
+    assert_eq!(u64_of(cc, "kernels_before_launch"), 0);
+    assert_eq!(u64_of(cc, "launches_checked"), 40);
+    assert_eq!(u64_of(cc, "launches_while_off_cpu"), 0);
+    let api = &report["cuda_api"][0];
+    assert_eq!(api["tid"], t["tid"]);
+    assert_eq!(api["calls"][0]["name"], "cudaLaunchKernel");
+    assert_eq!(api["calls"][0]["count"], 40);
 }
 
 #[test]

@@ -110,6 +110,17 @@ fn init() {
             None
         }
     };
+    if let Some(c) = &cupti {
+        let set = c.cuptiSetThreadIdType;
+        // SAFETY: plain CUPTI call.
+        let ok = set.is_some_and(|f| unsafe { f(loader::THREAD_ID_TYPE_SYSTEM) } == CUPTI_SUCCESS);
+        if !ok {
+            notes.push(
+                "CUPTI could not report system thread ids: CUDA API calls cannot be tied to host threads"
+                    .into(),
+            );
+        }
+    }
     let (clock, offset) = match &cupti {
         Some(c) => clock_method(c),
         None => (ClockMethod::MeasuredOffset, 0),

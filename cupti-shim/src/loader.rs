@@ -22,6 +22,9 @@ pub struct Cupti {
         unsafe extern "C" fn(sys::CUpti_BuffersCallbackRequestFunc, BufferCompleteFn) -> u32,
     pub cuptiActivityRegisterTimestampCallback:
         Option<unsafe extern "C" fn(sys::CUpti_TimestampCallbackFunc) -> u32>,
+    /// Present since CUPTI 9; SYSTEM makes API records carry gettid()
+    /// values instead of pthread_self(), so they match the eBPF timeline.
+    pub cuptiSetThreadIdType: Option<unsafe extern "C" fn(u32) -> u32>,
     pub cuptiActivityEnable: unsafe extern "C" fn(u32) -> u32,
     pub cuptiActivityDisable: unsafe extern "C" fn(u32) -> u32,
     pub cuptiActivityFlushAll: unsafe extern "C" fn(u32) -> u32,
@@ -43,6 +46,8 @@ pub struct Cupti {
 pub type BufferCompleteFn = Option<unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize)>;
 
 pub const CUPTI_SUCCESS: u32 = 0;
+/// `CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM`: thread ids as gettid() returns them.
+pub const THREAD_ID_TYPE_SYSTEM: u32 = 1;
 pub const CUPTI_ERROR_NOT_INITIALIZED: u32 = 15;
 pub const CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: u32 = 39;
 
@@ -217,6 +222,7 @@ impl Cupti {
                 h,
                 "cuptiActivityRegisterTimestampCallback",
             ),
+            cuptiSetThreadIdType: sym(h, "cuptiSetThreadIdType"),
             cuptiActivityEnable: sym(h, "cuptiActivityEnable")?,
             cuptiActivityDisable: sym(h, "cuptiActivityDisable")?,
             cuptiActivityFlushAll: sym(h, "cuptiActivityFlushAll")?,

@@ -524,10 +524,22 @@ fn cmd_fake_gpu(a: &Args) {
     let mut conn = gapscope_cupti::transport::connect(&name)
         .unwrap_or_else(|e| die(&format!("connect {name}: {e}")));
     let t0 = monotonic_ns() + 1_000_000;
+    // The "launch calls", made now, on this thread, while it runs.
+    let launched = monotonic_ns();
+    let launches = (0..n).map(|i| GpuRecord::Api {
+        domain: gapscope_cupti::ApiDomain::Runtime,
+        cbid: 211, // cudaLaunchKernel
+        start: launched + i,
+        end: launched + i + 1,
+        pid: pid(),
+        tid: tid(),
+        correlation: i as u32,
+    });
     let records: Vec<GpuRecord> = std::iter::once(GpuRecord::Device {
         id: 0,
         name: "Simulated GPU 0".into(),
     })
+    .chain(launches)
     .chain((0..n).map(|i| GpuRecord::Kernel {
         start: t0 + i * (k + g),
         end: t0 + i * (k + g) + k,

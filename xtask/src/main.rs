@@ -5,13 +5,14 @@
 //!   demo      record an example workload end to end and print its report
 //!   test      formatting, lints, then every test (BPF tests need root)
 //!   vmlinux   regenerate ebpf/vmlinux.h from this kernel's BTF
+//!   gpu-bundle  one folder to check the CUPTI path on a machine with a GPU
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup|build|demo|test|vmlinux>";
+const USAGE: &str = "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle>";
 const APT_PACKAGES: &[&str] = &["clang-19", "llvm-19", "libbpf-dev"];
 
 fn root() -> PathBuf {
@@ -213,6 +214,42 @@ fn test() -> Result<()> {
     run(cargo().args(["test", "--workspace"]))
 }
 
+/// target/gpu-bundle/: release gapscope with its shim beside it, the GPU
+/// check script and its PyTorch workloads. Copy it to a GPU machine and run
+/// `sudo ./run.sh` there.
+fn gpu_bundle() -> Result<()> {
+    setup()?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "gapscope",
+        "-p",
+        "gapscope-cupti",
+    ]))?;
+    let release = root().join("target/release");
+    let out = root().join("target/gpu-bundle");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(out.join("workloads"))?;
+    for f in ["gapscope", "libgapscope_cupti.so"] {
+        std::fs::copy(release.join(f), out.join(f)).with_context(|| format!("copying {f}"))?;
+    }
+    let src = root().join("xtask/gpu-bundle");
+    for f in ["run.sh", "checks.py"] {
+        std::fs::copy(src.join(f), out.join(f))?;
+    }
+    for e in std::fs::read_dir(src.join("workloads"))? {
+        let e = e?;
+        std::fs::copy(e.path(), out.join("workloads").join(e.file_name()))?;
+    }
+    eprintln!(
+        "xtask: GPU bundle in {}; on a machine with an NVIDIA GPU and PyTorch: sudo {}/run.sh",
+        out.display(),
+        out.display()
+    );
+    Ok(())
+}
+
 fn vmlinux() -> Result<()> {
     let out = root().join("ebpf/vmlinux.h");
     let output = Command::new("bpftool")
@@ -255,6 +292,7 @@ fn dispatch() -> Result<()> {
         "demo" => demo(),
         "test" => test(),
         "vmlinux" => vmlinux(),
+        "gpu-bundle" => gpu_bundle(),
         "" | "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -9,6 +9,61 @@ use serde::Serialize;
 
 use crate::analyze::{api_name, gpu};
 use crate::session::Session;
+use crate::timeline::{State, Timeline};
+
+/// Per device: kernels vs their launch calls, launch calls vs the eBPF
+/// thread states.
+fn clock_checks(session: &Session, tl: &Timeline) -> BTreeMap<u32, ClockCheck> {
+    let mut launches: std::collections::HashMap<(u32, u32), (u64, u32)> =
+        std::collections::HashMap::new();
+    for (pid, r) in &session.gpu {
+        if let GpuRecord::Api {
+            correlation,
+            start,
+            tid,
+            ..
+        } = r
+        {
+            launches.insert((*pid, *correlation), (*start, *tid));
+        }
+    }
+    let mut out: BTreeMap<u32, ClockCheck> = BTreeMap::new();
+    for (pid, r) in &session.gpu {
+        let GpuRecord::Kernel {
+            start,
+            device,
+            correlation,
+            ..
+        } = r
+        else {
+            continue;
+        };
+        let Some(&(api_start, tid)) = launches.get(&(*pid, *correlation)) else {
+            continue;
+        };
+        let c = out.entry(*device).or_default();
+        c.kernels_checked += 1;
+        if *start < api_start {
+            c.kernels_before_launch += 1;
+        }
+        let Some(iv) = tl
+            .threads
+            .get(&(*pid, tid))
+            .and_then(|t| t.intervals.as_ref())
+        else {
+            continue;
+        };
+        c.launches_checked += 1;
+        let i = iv.partition_point(|i| i.end <= api_start);
+        if iv
+            .get(i)
+            .is_some_and(|i| i.start <= api_start && matches!(i.state, State::Off(_)))
+        {
+            c.launches_while_off_cpu += 1;
+        }
+    }
+    out
+}
 
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct GapReport {
@@ -117,6 +172,19 @@ pub struct GpuReport {
     /// Energy the GPU used during the window, joules, when NVML reports it.
     pub energy_j: Option<f64>,
     pub pids: Vec<u32>,
+    /// Integrity of the merged clock (see [`ClockCheck`]).
+    pub clock_check: ClockCheck,
+}
+
+/// Does the GPU timeline sit on the CPU clock? A kernel must start after the
+/// API call that launched it, and a launch call must happen while the eBPF
+/// timeline has its thread on a CPU.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct ClockCheck {
+    pub kernels_checked: u64,
+    pub kernels_before_launch: u64,
+    pub launches_checked: u64,
+    pub launches_while_off_cpu: u64,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -152,8 +220,10 @@ pub struct GpuSection {
     pub gpu_records_dropped: u64,
 }
 
-pub fn build(session: &Session, start: u64, end: u64) -> GpuSection {
+pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
+    let (start, end) = (tl.start, tl.end);
     let allocated = end - start;
+    let checks = clock_checks(session, tl);
     let gpus = gpu::gpu_timelines(session, start, end)
         .into_iter()
         .map(|g| {
@@ -193,6 +263,7 @@ pub fn build(session: &Session, start: u64, end: u64) -> GpuSection {
                 copies: g.copies.into_iter().map(|(k, v)| (k, v.into())).collect(),
                 memsets: g.memsets.into(),
                 energy_j: energy,
+                clock_check: checks.get(&g.device).cloned().unwrap_or_default(),
                 pids: g.pids.clone(),
             }
         })
@@ -326,7 +397,26 @@ mod tests {
                 },
             ));
         }
-        let sec = build(&s, 0, 20_000);
+        s.header = Some(crate::session::SessionHeader {
+            gapscope_version: String::new(),
+            mode: crate::session::Mode::Run,
+            target_pid: 1,
+            command: vec![],
+            hostname: String::new(),
+            kernel: String::new(),
+            nr_cpus: 1,
+            start_ns: 0,
+            start_unix_ns: 0,
+            sample_hz: 99,
+        });
+        s.footer = Some(crate::session::Footer {
+            end_ns: 20_000,
+            reason: crate::session::StopReason::TargetExited,
+            exit_code: Some(0),
+            events: 0,
+        });
+        let tl = Timeline::build(&s, Default::default());
+        let sec = build(&s, &tl);
         let g = &sec.gpus[0];
         assert_eq!(g.allocated_ns, 20_000);
         assert_eq!(g.busy_ns, 1_000 + 4_500);

@@ -301,7 +301,14 @@ fn bytes(b: crate::timeline::thread::Bytes) -> BytesReport {
 
 /// Builds the report of a session.
 pub fn build(session: &Session) -> Report {
-    let tl = Timeline::build(session, Default::default());
+    // Thread intervals are only needed to check GPU launches against the
+    // eBPF thread states.
+    let tl = Timeline::build(
+        session,
+        crate::timeline::BuildOptions {
+            intervals: !session.gpu.is_empty(),
+        },
+    );
     let header = session.header();
     let stacks = Stacks { session };
     let period_ns = 1_000_000_000 / header.sample_hz.max(1);
@@ -336,7 +343,7 @@ pub fn build(session: &Session) -> Report {
             .get(&header.target_pid)
             .and_then(|p| p.exit_code)
     });
-    let gpu = super::gpu_report::build(session, tl.start, tl.end);
+    let gpu = super::gpu_report::build(session, &tl);
     let mut notes = session.notes.clone();
     notes.extend(stack_depth_note(session, &tl));
 
