@@ -1,7 +1,9 @@
 //! Analysis over the merged timeline: GPU busy/idle and gaps, CUDA API
 //! accounting.
 
+pub mod attribute;
 mod cbid_names;
+pub mod diagnose;
 pub mod gpu;
 pub mod intervals;
 

@@ -487,6 +487,8 @@ async fn event_loop(
         }
     };
     status.clear();
+    // The window ends now, not after the GPU streams have drained below.
+    let end_ns = clock::monotonic_ns();
 
     // GPU processes flush at exit; give their streams a moment to arrive.
     streams.finish(Duration::from_secs(3)).await;
@@ -507,7 +509,7 @@ async fn event_loop(
             }
         }
     }
-    finish(tracer, sink, reason, exit_code, target_left_running)
+    finish(tracer, sink, end_ns, reason, exit_code, target_left_running)
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
@@ -521,11 +523,11 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 fn finish(
     tracer: &mut Tracer,
     mut sink: Sink,
+    end_ns: u64,
     reason: StopReason,
     exit_code: Option<i32>,
     target_left_running: bool,
 ) -> Result<Recording, RecordError> {
-    let end_ns = clock::monotonic_ns();
     tracer.drain(|b| sink.handle(b));
     let drops = tracer
         .drops()

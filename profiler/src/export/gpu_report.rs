@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
+use crate::analyze::attribute::Cause;
 use crate::analyze::{api_name, gpu};
 use crate::session::Session;
 use crate::timeline::{State, Timeline};
@@ -224,13 +225,15 @@ pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
     let (start, end) = (tl.start, tl.end);
     let allocated = end - start;
     let checks = clock_checks(session, tl);
-    let gpus = gpu::gpu_timelines(session, start, end)
+    let diagnosis = crate::analyze::diagnose::diagnose(session, tl);
+    let gpus = diagnosis
+        .gpus
         .into_iter()
-        .map(|g| {
+        .map(|d| {
+            let g = d.gpu;
+            let by = |c: Cause| d.attribution.get(c);
             let busy = g.busy_ns();
             let idle = allocated - busy;
-            let startup = g.first_activity().map(|f| f - start).unwrap_or(idle);
-            let teardown = g.last_activity().map(|l| end - l).unwrap_or(0);
             let b = g.gap_buckets();
             let gap = |i: usize| GapReport {
                 count: b[i].count,
@@ -251,13 +254,18 @@ pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
                     gt_100us: gap(1),
                     gt_1ms: gap(2),
                 },
-                // Causes inside the span come with the attribution analysis;
-                // until then they are honestly unattributed.
                 idle_by_cause_ns: IdleByCause {
-                    startup,
-                    teardown,
-                    unattributed: idle - startup - teardown,
-                    ..Default::default()
+                    input_io: by(Cause::InputIo),
+                    input_cpu: by(Cause::InputCpu),
+                    input_network: by(Cause::InputNetwork),
+                    cpu_host: by(Cause::CpuHost),
+                    cpu_launch: by(Cause::CpuLaunch),
+                    cpu_contention: by(Cause::CpuContention),
+                    sync: by(Cause::Sync),
+                    memory: by(Cause::Memory),
+                    startup: by(Cause::Startup),
+                    teardown: by(Cause::Teardown),
+                    unattributed: by(Cause::Unattributed),
                 },
                 kernels: g.kernels.into(),
                 copies: g.copies.into_iter().map(|(k, v)| (k, v.into())).collect(),
@@ -415,7 +423,7 @@ mod tests {
             exit_code: Some(0),
             events: 0,
         });
-        let tl = Timeline::build(&s, Default::default());
+        let tl = Timeline::build(&s, crate::timeline::BuildOptions { intervals: true });
         let sec = build(&s, &tl);
         let g = &sec.gpus[0];
         assert_eq!(g.allocated_ns, 20_000);
@@ -424,7 +432,7 @@ mod tests {
         assert_eq!(g.idle_by_cause_ns.total(), g.idle_ns);
         assert_eq!(g.idle_by_cause_ns.startup, 1_000);
         assert_eq!(g.idle_by_cause_ns.teardown, 10_500);
-        assert_eq!(g.idle_by_cause_ns.unattributed, 3_000);
+        assert_eq!(g.idle_by_cause_ns.unattributed, 3_000); // no feeder known
         assert_eq!(g.span_ns, 8_500);
     }
 }

@@ -306,7 +306,11 @@ pub fn build(session: &Session) -> Report {
     let tl = Timeline::build(
         session,
         crate::timeline::BuildOptions {
-            intervals: !session.gpu.is_empty(),
+            intervals: !session.gpu.is_empty()
+                || session
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, crate::session::Event::CudaCall { .. })),
         },
     );
     let header = session.header();

@@ -143,7 +143,7 @@ impl Timeline {
                 } => {
                     let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
                     t.evidence_of_running(*ts);
-                    t.syscall(*nr, *dur, *fd_kind, *ret);
+                    t.syscall(*ts, *nr, *dur, *fd_kind, *ret);
                 }
                 Event::Sample {
                     ts,

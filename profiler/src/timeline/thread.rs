@@ -131,6 +131,9 @@ pub struct ThreadTimeline {
     /// Blocked time by (kind, user stack, kernel stack).
     pub off_stacks: HashMap<(OffKind, u64, u64), u64>,
     pub intervals: Option<Vec<Interval>>,
+    /// With intervals: the thread's syscalls on files and sockets, as
+    /// (start, end, what they moved data with), sorted by start.
+    pub io_spans: Option<Vec<(u64, u64, OffKind)>>,
     /// Context switches the kernel did not report but other events prove
     /// (see `evidence_of_running`).
     pub inferred_switches: u64,
@@ -160,6 +163,7 @@ impl ThreadTimeline {
             samples: HashMap::new(),
             off_stacks: HashMap::new(),
             intervals: keep_intervals.then(Vec::new),
+            io_spans: keep_intervals.then(Vec::new),
             inferred_switches: 0,
             cur,
             since: start,
@@ -342,7 +346,17 @@ impl ThreadTimeline {
         }
     }
 
-    pub fn syscall(&mut self, nr: i32, dur: u64, fd_kind: FdKind, ret: i64) {
+    pub fn syscall(&mut self, ts: u64, nr: i32, dur: u64, fd_kind: FdKind, ret: i64) {
+        if let Some(spans) = self.io_spans.as_mut() {
+            let kind = match byte_class(fd_kind) {
+                ByteClass::File => Some(OffKind::File),
+                ByteClass::Net => Some(OffKind::Net),
+                _ => None,
+            };
+            if let (Some(k), IoDir::Read | IoDir::Write) = (kind, io_dir(nr)) {
+                spans.push((ts, ts + dur, k));
+            }
+        }
         let s = self.syscalls.entry(nr).or_default();
         s.count += 1;
         s.total_ns += dur;
@@ -483,10 +497,10 @@ mod tests {
     #[test]
     fn bytes_by_direction_and_kind() {
         let mut t = ThreadTimeline::forked(1, 1, 0, false);
-        t.syscall(0, 10, FdKind::File, 4096);
-        t.syscall(0, 10, FdKind::File, -11);
-        t.syscall(45, 10, FdKind::SockInet, 100);
-        t.syscall(1, 10, FdKind::Pipe, 7);
+        t.syscall(0, 0, 10, FdKind::File, 4096);
+        t.syscall(0, 0, 10, FdKind::File, -11);
+        t.syscall(0, 45, 10, FdKind::SockInet, 100);
+        t.syscall(0, 1, 10, FdKind::Pipe, 7);
         assert_eq!(t.read_bytes.file, 4096);
         assert_eq!(t.read_bytes.net, 100);
         assert_eq!(t.write_bytes.ipc, 7);

@@ -1,0 +1,732 @@
+//! simtrain: a SIMULATED training job with a known bottleneck.
+//!
+//! Everything on the host is real: data-loader worker processes read a
+//! dataset file (O_DIRECT), decode on the CPU, or receive batches over
+//! loopback TCP, and hand batches to the trainer over pipes; the trainer
+//! spins for its host work and blocks in its waits. Only the GPU is
+//! simulated: a *simulated device* schedules the trainer's kernels and
+//! copies on CLOCK_MONOTONIC and reports them, with the CUDA API calls that
+//! issued them, through gapscope's GPU wire protocol — the same code the
+//! CUPTI shim uses. It says so in its handshake, so reports show
+//! `source: "simulated"`.
+//!
+//! At the end it writes the ground truth: the simulated GPU's busy time and
+//! its idle time split by the cause simtrain itself produced it with.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
+use gapscope_cupti::record::{copy_kind, memory_kind, sync_type};
+use gapscope_cupti::{ApiDomain, GpuRecord};
+
+const USAGE: &str = "\
+simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
+
+usage: simtrain --bottleneck KIND [--workers N] [--steps N] [--seed N]
+                [--data DIR] --ground-truth PATH
+       simtrain --prepare [--data DIR]
+
+KIND: none, input-io, input-cpu, input-network, host-cpu, launch, sync, memory, mixed
+      (mixed = input-io and sync)
+
+Run it under `gapscope run` to see the diagnosis; the simulated device speaks to
+gapscope through GAPSCOPE_SOCKET.";
+
+const DATASET_MIB: u64 = 256;
+/// O_DIRECT read size: large reads keep the loader I/O-bound, not syscall-bound.
+const BLOCK: usize = 1 << 20;
+
+fn die(msg: &str) -> ! {
+    eprintln!("simtrain: {msg}");
+    std::process::exit(2);
+}
+
+fn now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn thread_cpu() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Real CPU work: `ns` of this thread's CPU time.
+fn burn(ns: u64) {
+    let end = thread_cpu() + ns;
+    let mut x = 0x9e3779b97f4a7c15u64;
+    // The CPU clock is a syscall: check it every ~0.1 ms, not every loop.
+    while thread_cpu() < end {
+        for _ in 0..50_000 {
+            x = x.rotate_left(5).wrapping_mul(0x100000001b3) ^ 0x5bd1e995;
+        }
+    }
+    std::hint::black_box(x);
+}
+
+/// Busy-waits `ns` of wall time (work the host cannot hide, e.g. a launch).
+fn spin_wall(ns: u64) {
+    let end = now() + ns;
+    while now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+fn sleep_until(t: u64) {
+    let n = now();
+    if t > n {
+        std::thread::sleep(Duration::from_nanos(t - n));
+    }
+}
+
+fn tid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Bottleneck {
+    None,
+    InputIo,
+    InputCpu,
+    InputNetwork,
+    HostCpu,
+    Launch,
+    Sync,
+    Memory,
+    Mixed,
+}
+
+impl Bottleneck {
+    fn parse(s: &str) -> Bottleneck {
+        match s {
+            "none" => Bottleneck::None,
+            "input-io" => Bottleneck::InputIo,
+            "input-cpu" => Bottleneck::InputCpu,
+            "input-network" => Bottleneck::InputNetwork,
+            "host-cpu" => Bottleneck::HostCpu,
+            "launch" => Bottleneck::Launch,
+            "sync" => Bottleneck::Sync,
+            "memory" => Bottleneck::Memory,
+            "mixed" => Bottleneck::Mixed,
+            other => die(&format!("unknown bottleneck {other:?}\n\n{USAGE}")),
+        }
+    }
+
+    /// What the data loader does per batch.
+    fn input(self) -> Input {
+        match self {
+            Bottleneck::InputIo | Bottleneck::Mixed => Input::Io,
+            Bottleneck::InputCpu => Input::Cpu,
+            Bottleneck::InputNetwork => Input::Network,
+            _ => Input::Fast,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Input {
+    Fast,
+    Io,
+    Cpu,
+    Network,
+}
+
+impl Input {
+    fn cause(self) -> &'static str {
+        match self {
+            Input::Io => "input.io",
+            Input::Cpu => "input.cpu",
+            Input::Network => "input.network",
+            // Batches are ready ahead: any wait is a scheduling hiccup.
+            Input::Fast => "cpu.contention",
+        }
+    }
+}
+
+// ------------------------------------------------------ the simulated GPU
+
+/// A single-stream simulated GPU. Work runs back to back in issue order, on
+/// CLOCK_MONOTONIC; its records go to gapscope as they would from CUPTI.
+struct SimDevice {
+    conn: Option<UnixStream>,
+    pid: u32,
+    /// When the queue empties.
+    free_at: u64,
+    correlation: u32,
+    pending: Vec<GpuRecord>,
+    /// Every span of device activity, for the ground truth.
+    busy: Vec<(u64, u64)>,
+}
+
+impl SimDevice {
+    fn connect() -> SimDevice {
+        let pid = std::process::id();
+        let conn = std::env::var("GAPSCOPE_SOCKET")
+            .ok()
+            .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
+        if conn.is_none() {
+            eprintln!("simtrain: not under gapscope (no GAPSCOPE_SOCKET): the simulated GPU reports to no one");
+        }
+        let mut dev = SimDevice {
+            conn,
+            pid,
+            free_at: 0,
+            correlation: 0,
+            pending: Vec::new(),
+            busy: Vec::new(),
+        };
+        let mut bytes = Vec::new();
+        encode(
+            &Frame::Hello(Hello {
+                version: VERSION,
+                pid,
+                driver_version: 0,
+                cupti_version: 0,
+                clock: ClockMethod::Native,
+                source: "simulated device (simtrain)".into(),
+            }),
+            &mut bytes,
+        );
+        encode(
+            &Frame::Records(vec![GpuRecord::Device {
+                id: 0,
+                name: "Simulated GPU 0 (simtrain)".into(),
+            }]),
+            &mut bytes,
+        );
+        dev.send(&bytes);
+        dev
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        if let Some(c) = &mut self.conn {
+            if c.write_all(bytes).is_err() {
+                self.conn = None;
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut bytes = Vec::new();
+        encode(
+            &Frame::Records(std::mem::take(&mut self.pending)),
+            &mut bytes,
+        );
+        self.send(&bytes);
+    }
+
+    fn api(&mut self, cbid: u32, start: u64, end: u64) -> u32 {
+        self.correlation += 1;
+        self.pending.push(GpuRecord::Api {
+            domain: ApiDomain::Runtime,
+            cbid,
+            start,
+            end,
+            pid: self.pid,
+            tid: tid(),
+            correlation: self.correlation,
+        });
+        self.correlation
+    }
+
+    /// Schedules `ns` of device work that may start no earlier than `ready`.
+    fn schedule(&mut self, ready: u64, ns: u64) -> (u64, u64) {
+        let start = ready.max(self.free_at);
+        let end = start + ns;
+        self.free_at = end;
+        self.busy.push((start, end));
+        (start, end)
+    }
+
+    /// cudaLaunchKernel: `cost` of host time inside the call, then the kernel
+    /// queues behind earlier work.
+    fn launch(&mut self, kernel_ns: u64, cost: u64, log: &mut Log) {
+        let a = now();
+        spin_wall(cost);
+        let b = now();
+        log.add(a, b, "cpu.launch");
+        let corr = self.api(211, a, b);
+        let (start, end) = self.schedule(b, kernel_ns);
+        self.pending.push(GpuRecord::Kernel {
+            start,
+            end,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            grid: [1024, 1, 1],
+            block: [256, 1, 1],
+            name: "simulated_step_kernel".into(),
+        });
+    }
+
+    /// cudaStreamSynchronize: blocks until the queue is empty.
+    fn synchronize(&mut self, log: &mut Log) {
+        let a = now();
+        sleep_until(self.free_at);
+        let b = now();
+        log.add(a, b, "sync");
+        let corr = self.api(131, a, b);
+        self.pending.push(GpuRecord::Sync {
+            start: a,
+            end: b,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            sync_type: sync_type::STREAM_SYNCHRONIZE,
+            event: 0,
+        });
+    }
+
+    /// cudaMemcpy from pageable memory: synchronous, so it first waits for
+    /// the stream to drain, then the host stages the data (a real copy) while
+    /// the GPU has nothing to do, then the device copies it.
+    fn memcpy_pageable(&mut self, src: &[u8], staging: &mut [u8], log: &mut Log) {
+        let a = now();
+        sleep_until(self.free_at);
+        staging.copy_from_slice(src);
+        std::hint::black_box(&staging);
+        let staged = now();
+        let (start, end) = self.schedule(staged, src.len() as u64 / 20); // 20 GB/s
+        sleep_until(end);
+        let b = now();
+        log.add(a, b, "memory");
+        let corr = self.api(31, a, b);
+        self.pending.push(GpuRecord::Memcpy {
+            start,
+            end,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            bytes: src.len() as u64,
+            copy_kind: copy_kind::HTOD,
+            src_kind: memory_kind::PAGEABLE,
+            dst_kind: memory_kind::DEVICE,
+        });
+    }
+
+    fn goodbye(&mut self) {
+        self.flush();
+        let mut bytes = Vec::new();
+        encode(&Frame::Goodbye, &mut bytes);
+        self.send(&bytes);
+    }
+}
+
+/// What the trainer was doing when, by cause: the ground truth's source.
+#[derive(Default)]
+struct Log {
+    spans: Vec<(u64, u64, &'static str)>,
+}
+
+impl Log {
+    fn add(&mut self, a: u64, b: u64, cause: &'static str) {
+        if b > a {
+            self.spans.push((a, b, cause));
+        }
+    }
+
+    /// Idle time of the device in `[lo, hi)` split by what the trainer did.
+    fn idle_by_cause(&self, busy: &[(u64, u64)], lo: u64, hi: u64) -> BTreeMap<&'static str, u64> {
+        let mut out = BTreeMap::new();
+        let mut union: Vec<(u64, u64)> = Vec::new();
+        let mut spans = busy.to_vec();
+        spans.sort_unstable();
+        for (s, e) in spans {
+            match union.last_mut() {
+                Some(l) if s <= l.1 => l.1 = l.1.max(e),
+                _ => union.push((s, e)),
+            }
+        }
+        let Some(&(first, _)) = union.first() else {
+            return out;
+        };
+        let last = union.last().unwrap().1;
+        *out.entry("startup").or_default() += first - lo;
+        *out.entry("teardown").or_default() += hi.saturating_sub(last);
+        // Spans are logged in time order and never overlap: one sweep.
+        let mut i = 0;
+        for w in union.windows(2) {
+            let (a, b) = (w[0].1, w[1].0);
+            let mut covered = 0;
+            while i < self.spans.len() && self.spans[i].1 <= a {
+                i += 1;
+            }
+            let mut j = i;
+            while j < self.spans.len() && self.spans[j].0 < b {
+                let (s, e, c) = self.spans[j];
+                let (s, e) = (s.max(a), e.min(b));
+                if e > s {
+                    *out.entry(c).or_default() += e - s;
+                    covered += e - s;
+                }
+                j += 1;
+            }
+            // The trainer's own bookkeeping between logged activities.
+            *out.entry("cpu.host").or_default() += (b - a) - covered;
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------- data loading
+
+fn dataset_path(dir: &Path) -> PathBuf {
+    dir.join("simtrain-dataset.bin")
+}
+
+/// The dataset: a file large enough that O_DIRECT reads go to the device.
+fn prepare(dir: &Path) -> PathBuf {
+    let path = dataset_path(dir);
+    if path.metadata().map(|m| m.len()).unwrap_or(0) == DATASET_MIB << 20 {
+        return path;
+    }
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
+    let mut f = File::create(&path).unwrap_or_else(|e| die(&format!("{}: {e}", path.display())));
+    let chunk: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 7) as u8)
+        .collect();
+    for _ in 0..DATASET_MIB {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    path
+}
+
+/// A data-loader worker: produces batches `index, index + n, ...` into `out`.
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    index: u64,
+    n: u64,
+    steps: u64,
+    input: Input,
+    reads: u32,
+    data: &Path,
+    net: Option<u16>,
+    out: File,
+    seed: u64,
+) {
+    let mut out = out;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(data)
+        .unwrap_or_else(|e| die(&format!("O_DIRECT open {}: {e}", data.display())));
+    let layout = std::alloc::Layout::from_size_align(BLOCK, BLOCK).unwrap();
+    // SAFETY: non-zero layout; freed at process exit.
+    let buf = unsafe { std::slice::from_raw_parts_mut(std::alloc::alloc(layout), BLOCK) };
+    let mut rng = seed ^ (index + 1).wrapping_mul(0x9e3779b97f4a7c15);
+    let blocks = (DATASET_MIB << 20) / BLOCK as u64;
+    let mut conn = net.map(|port| TcpStream::connect(("127.0.0.1", port)).unwrap());
+    let mut step = index;
+    while step < steps {
+        match input {
+            Input::Io => {
+                // Random 1 MiB reads that the page cache cannot serve.
+                for _ in 0..reads {
+                    rng = rng
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let off = (rng >> 20) % blocks * BLOCK as u64;
+                    // SAFETY: pread into our aligned buffer.
+                    unsafe {
+                        libc::pread(
+                            file.as_raw_fd(),
+                            buf.as_mut_ptr() as *mut _,
+                            BLOCK,
+                            off as i64,
+                        )
+                    };
+                }
+                burn(50_000);
+            }
+            Input::Cpu => {
+                let _ = file.read(buf);
+                burn(24_000_000);
+            }
+            Input::Network => {
+                let mut batch = [0u8; 64 << 10];
+                conn.as_mut().unwrap().read_exact(&mut batch).unwrap();
+                burn(200_000);
+            }
+            Input::Fast => burn(300_000),
+        }
+        if out.write_all(&step.to_le_bytes()).is_err() {
+            return;
+        }
+        step += n;
+    }
+}
+
+/// The "remote storage": serves 64 KiB batches with network-like latency.
+fn data_server(listener: TcpListener, clients: u64) {
+    let mut conns: Vec<TcpStream> = (0..clients).map(|_| listener.accept().unwrap().0).collect();
+    let batch = vec![7u8; 64 << 10];
+    let mut handles = Vec::new();
+    for mut c in conns.drain(..) {
+        let b = batch.clone();
+        handles.push(std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(30));
+            if c.write_all(&b).is_err() {
+                return;
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+fn fork_child(f: impl FnOnce()) -> i32 {
+    // SAFETY: simtrain forks before starting any thread.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        die("fork failed");
+    }
+    if pid == 0 {
+        f();
+        // SAFETY: leave without running the parent's atexit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    pid
+}
+
+fn pipe() -> (File, File) {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a 2-element array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        die("pipe failed");
+    }
+    // SAFETY: both fds were just created.
+    unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+}
+
+// --------------------------------------------------------------- trainer
+
+struct Opts {
+    bottleneck: Bottleneck,
+    workers: u64,
+    steps: u64,
+    seed: u64,
+    data: PathBuf,
+    truth: PathBuf,
+}
+
+fn parse() -> Option<Opts> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let get = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let num = |k: &str, d: u64| {
+        get(k).map_or(d, |v| {
+            v.parse()
+                .unwrap_or_else(|_| die(&format!("{k}: not a number: {v}")))
+        })
+    };
+    let data = PathBuf::from(get("--data").unwrap_or_else(|| "/var/tmp/simtrain".into()));
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        std::process::exit(0);
+    }
+    if args.iter().any(|a| a == "--prepare") {
+        let p = prepare(&data);
+        println!("simtrain: dataset ready at {}", p.display());
+        return None;
+    }
+    let bottleneck = Bottleneck::parse(
+        &get("--bottleneck")
+            .unwrap_or_else(|| die(&format!("--bottleneck is required\n\n{USAGE}"))),
+    );
+    Some(Opts {
+        bottleneck,
+        workers: num("--workers", 2).max(1),
+        steps: num("--steps", 60).max(1),
+        seed: num("--seed", 1),
+        data,
+        truth: PathBuf::from(
+            get("--ground-truth")
+                .unwrap_or_else(|| die(&format!("--ground-truth is required\n\n{USAGE}"))),
+        ),
+    })
+}
+
+fn main() {
+    let t_start = now();
+    let Some(o) = parse() else { return };
+    let data = prepare(&o.data);
+    println!(
+        "simtrain: SIMULATED GPU, real data loading — bottleneck {:?}, {} workers, {} steps",
+        o.bottleneck, o.workers, o.steps
+    );
+    let input = o.bottleneck.input();
+
+    // Data loading processes: forked before any thread exists.
+    let mut children = Vec::new();
+    let port = (input == Input::Network).then(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let clients = o.workers;
+        children.push(fork_child(move || data_server(listener, clients)));
+        port
+    });
+    // Random 1 MiB reads per batch: mixed makes the loader slower than its
+    // sync-bound trainer too, so both causes show.
+    let reads = if o.bottleneck == Bottleneck::Mixed {
+        60
+    } else {
+        30
+    };
+    let mut readers = Vec::new();
+    for w in 0..o.workers {
+        let (r, wr) = pipe();
+        let (steps, n, seed, d) = (o.steps, o.workers, o.seed, data.clone());
+        let (rfd, wfd) = (r.as_raw_fd(), wr.as_raw_fd());
+        children.push(fork_child(move || {
+            // SAFETY: in the child, this process's copies of the pipe ends.
+            let out = unsafe {
+                libc::close(rfd);
+                File::from_raw_fd(wfd)
+            };
+            worker(w, n, steps, input, reads, &d, port, out, seed)
+        }));
+        drop(wr);
+        readers.push(r);
+    }
+
+    let mut dev = SimDevice::connect();
+    let mut log = Log::default();
+    let src = vec![1u8; 96 << 20];
+    let mut staging = vec![0u8; 96 << 20];
+    let b = o.bottleneck;
+    for step in 0..o.steps {
+        // Next batch from the loader (round robin, like DataLoader).
+        let a = now();
+        let mut id = [0u8; 8];
+        readers[(step % o.workers) as usize]
+            .read_exact(&mut id)
+            .unwrap_or_else(|e| die(&format!("worker died: {e}")));
+        log.add(a, now(), input.cause());
+
+        match b {
+            Bottleneck::Launch => {
+                // Many tiny kernels: each launch costs more than it runs.
+                for _ in 0..300 {
+                    dev.launch(4_000, 30_000, &mut log);
+                }
+            }
+            Bottleneck::Memory => {
+                dev.memcpy_pageable(&src, &mut staging, &mut log);
+                for _ in 0..4 {
+                    dev.launch(1_500_000, 20_000, &mut log);
+                }
+            }
+            Bottleneck::None => {
+                for _ in 0..4 {
+                    dev.launch(5_000_000, 20_000, &mut log);
+                }
+                // Stay ahead of the GPU, but not unboundedly (the launch
+                // queue fills): wait only while it is busy.
+                let a = now();
+                sleep_until(dev.free_at.saturating_sub(30_000_000));
+                log.add(a, now(), "cpu.host");
+            }
+            _ => {
+                for _ in 0..4 {
+                    dev.launch(1_500_000, 20_000, &mut log);
+                }
+            }
+        }
+        match b {
+            Bottleneck::HostCpu => {
+                let a = now();
+                burn(14_000_000);
+                log.add(a, now(), "cpu.host");
+            }
+            Bottleneck::Sync | Bottleneck::Mixed => {
+                // loss.item(): wait for the GPU, then host work it cannot hide.
+                dev.synchronize(&mut log);
+                let a = now();
+                burn(9_000_000);
+                log.add(a, now(), "sync");
+            }
+            _ => {}
+        }
+        dev.flush();
+    }
+    // Wait for the device, like a final cudaDeviceSynchronize.
+    sleep_until(dev.free_at);
+    drop((src, staging));
+    dev.goodbye();
+    for r in readers {
+        drop(r);
+    }
+    for c in children {
+        // SAFETY: signalling and reaping our own children.
+        unsafe {
+            libc::kill(c, libc::SIGKILL);
+            libc::waitpid(c, std::ptr::null_mut(), 0);
+        }
+    }
+    let t_end = now();
+    let by_cause = log.idle_by_cause(&dev.busy, t_start, t_end);
+    let busy: u64 = {
+        let mut spans = dev.busy.clone();
+        spans.sort_unstable();
+        let mut total = 0;
+        let mut cur: Option<(u64, u64)> = None;
+        for (s, e) in spans {
+            match &mut cur {
+                Some(c) if s <= c.1 => c.1 = c.1.max(e),
+                _ => {
+                    if let Some(c) = cur {
+                        total += c.1 - c.0;
+                    }
+                    cur = Some((s, e));
+                }
+            }
+        }
+        total + cur.map_or(0, |c| c.1 - c.0)
+    };
+    let causes: Vec<String> = by_cause
+        .iter()
+        .map(|(k, v)| format!("\"{k}\": {v}"))
+        .collect();
+    let json = format!(
+        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}}}\n",
+        b,
+        t_end - t_start,
+        causes.join(", ")
+    );
+    std::fs::write(&o.truth, json).unwrap_or_else(|e| die(&format!("{}: {e}", o.truth.display())));
+    println!(
+        "simtrain: done (SIMULATED GPU busy {:.1} ms of {:.1} ms)",
+        busy as f64 / 1e6,
+        (t_end - t_start) as f64 / 1e6
+    );
+}

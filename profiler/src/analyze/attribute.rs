@@ -1,0 +1,721 @@
+//! Why was the GPU idle? Every idle nanosecond of a GPU gets exactly one
+//! cause, decided from what the *feeder* — the host thread whose work ended
+//! the gap — was doing meanwhile, following wakeup edges to the threads it
+//! waited on.
+//!
+//! Rules, for each piece of a gap:
+//! - feeder inside a CUDA call: launch → `cpu.launch`; synchronize/wait →
+//!   `sync`; copy/alloc/free → `memory`;
+//! - feeder on-CPU outside CUDA → `cpu.host`, or `sync` when the gap opened as
+//!   a synchronize returned (the host drained the GPU's queue, then fell
+//!   behind: the `.item()` pattern);
+//! - feeder runnable → `cpu.contention`;
+//! - feeder blocked on a file → `input.io`, on a socket → `input.network`,
+//!   in a page fault → `memory`;
+//! - feeder blocked on another thread (pipe, futex, queue): what the waker did
+//!   meanwhile, followed up to [`MAX_HOPS`] threads: reading files →
+//!   `input.io`, receiving from the network → `input.network`, on-CPU →
+//!   `input.cpu`, runnable → `cpu.contention`;
+//! - before the first GPU work: `startup`; after the last: `teardown`;
+//! - anything else: `unattributed`, shown, never hidden.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::timeline::{Interval, OffKind, State, ThreadTimeline};
+
+/// Waits followed from thread to thread before giving up.
+pub const MAX_HOPS: usize = 3;
+/// A gap "opens as a synchronize returns" when the sync ended this close to it.
+const SYNC_SLACK_NS: u64 = 200_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cause {
+    InputIo,
+    InputCpu,
+    InputNetwork,
+    CpuHost,
+    CpuLaunch,
+    CpuContention,
+    Sync,
+    Memory,
+    Startup,
+    Teardown,
+    Unattributed,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 11] = [
+        Cause::InputIo,
+        Cause::InputCpu,
+        Cause::InputNetwork,
+        Cause::CpuHost,
+        Cause::CpuLaunch,
+        Cause::CpuContention,
+        Cause::Sync,
+        Cause::Memory,
+        Cause::Startup,
+        Cause::Teardown,
+        Cause::Unattributed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::InputIo => "input.io",
+            Cause::InputCpu => "input.cpu",
+            Cause::InputNetwork => "input.network",
+            Cause::CpuHost => "cpu.host",
+            Cause::CpuLaunch => "cpu.launch",
+            Cause::CpuContention => "cpu.contention",
+            Cause::Sync => "sync",
+            Cause::Memory => "memory",
+            Cause::Startup => "startup",
+            Cause::Teardown => "teardown",
+            Cause::Unattributed => "unattributed",
+        }
+    }
+
+    /// Idle that fixing something in the job could remove (not start-up or
+    /// tear-down, which every run pays).
+    pub fn removable(self) -> bool {
+        !matches!(self, Cause::Startup | Cause::Teardown | Cause::Unattributed)
+    }
+}
+
+/// What a CUDA API call does, for attribution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiRole {
+    Launch,
+    Sync,
+    Memory,
+    Other,
+}
+
+pub fn api_role(name: &str) -> ApiRole {
+    let n = name.trim_start_matches('_');
+    if n.contains("Synchronize") || n.contains("WaitEvent") || n.contains("EventQuery") {
+        ApiRole::Sync
+    } else if n.contains("Launch") {
+        ApiRole::Launch
+    } else if n.contains("Memcpy")
+        || n.contains("Memset")
+        || n.contains("Malloc")
+        || n.contains("MemAlloc")
+        || n.contains("Free")
+        || n.contains("HostAlloc")
+        || n.contains("HostRegister")
+    {
+        ApiRole::Memory
+    } else {
+        ApiRole::Other
+    }
+}
+
+/// One CUDA API call of a thread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ApiSpan {
+    pub start: u64,
+    pub end: u64,
+    pub role: ApiRole,
+}
+
+pub type Tid = (u32, u32);
+
+/// A piece of idle time and why.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Piece {
+    pub start: u64,
+    pub end: u64,
+    pub cause: Cause,
+    /// The thread whose state decided the cause (the feeder, or a waker).
+    pub thread: Option<Tid>,
+}
+
+pub struct Inputs<'a> {
+    pub window: (u64, u64),
+    /// Disjoint busy spans of one GPU, sorted.
+    pub busy: &'a [(u64, u64)],
+    /// Start of each GPU work item on this GPU and the thread that issued
+    /// it, when known (from the correlation with its API call).
+    pub work: &'a [(u64, Option<Tid>)],
+    /// Threads with their state intervals.
+    pub threads: &'a BTreeMap<Tid, ThreadTimeline>,
+    /// Each thread's CUDA API calls, sorted by start.
+    pub api: &'a HashMap<Tid, Vec<ApiSpan>>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Attribution {
+    pub by_cause: BTreeMap<Cause, u64>,
+    pub pieces: Vec<Piece>,
+}
+
+impl Attribution {
+    fn add(&mut self, p: Piece) {
+        if p.end > p.start {
+            *self.by_cause.entry(p.cause).or_default() += p.end - p.start;
+            self.pieces.push(p);
+        }
+    }
+
+    pub fn get(&self, c: Cause) -> u64 {
+        self.by_cause.get(&c).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_cause.values().sum()
+    }
+}
+
+/// The feeder most often seen issuing work: used for gaps whose closing work
+/// has no known issuer.
+fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
+    let mut counts: HashMap<Tid, usize> = HashMap::new();
+    for t in work.iter().filter_map(|w| w.1) {
+        *counts.entry(t).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(t, n)| (*n, *t))
+        .map(|(t, _)| t)
+}
+
+pub fn attribute(inp: &Inputs) -> Attribution {
+    let (lo, hi) = inp.window;
+    let mut out = Attribution::default();
+    let Some(&(first, _)) = inp.busy.first() else {
+        out.add(Piece {
+            start: lo,
+            end: hi,
+            cause: Cause::Unattributed,
+            thread: None,
+        });
+        return out;
+    };
+    let last = inp.busy.last().unwrap().1;
+    out.add(Piece {
+        start: lo,
+        end: first.max(lo),
+        cause: Cause::Startup,
+        thread: None,
+    });
+    let fallback = main_feeder(inp.work);
+    for w in inp.busy.windows(2) {
+        let (a, b) = (w[0].1, w[1].0);
+        // The work that ended the gap: the first item starting at b.
+        let i = inp.work.partition_point(|x| x.0 < b);
+        let feeder = inp
+            .work
+            .get(i)
+            .filter(|x| x.0 == b)
+            .and_then(|x| x.1)
+            .or(fallback);
+        match feeder {
+            Some(f) => split_gap(inp, f, a, b, &mut out),
+            None => out.add(Piece {
+                start: a,
+                end: b,
+                cause: Cause::Unattributed,
+                thread: None,
+            }),
+        }
+    }
+    out.add(Piece {
+        start: last.min(hi),
+        end: hi,
+        cause: Cause::Teardown,
+        thread: None,
+    });
+    out
+}
+
+/// Intervals of `t` overlapping `[a, b)`, clipped to it; time the thread did
+/// not exist in is left out (the caller fills it as unattributed).
+fn states_in(t: &ThreadTimeline, a: u64, b: u64) -> Vec<(u64, u64, &State)> {
+    let Some(iv) = t.intervals.as_ref() else {
+        return Vec::new();
+    };
+    let i = iv.partition_point(|x| x.end <= a);
+    iv[i..]
+        .iter()
+        .take_while(|x| x.start < b)
+        .map(|x: &Interval| (x.start.max(a), x.end.min(b), &x.state))
+        .filter(|(s, e, _)| e > s)
+        .collect()
+}
+
+/// CUDA calls of `t` overlapping `[a, b)`, clipped, with the gaps between them.
+fn api_pieces(api: Option<&Vec<ApiSpan>>, a: u64, b: u64) -> Vec<(u64, u64, Option<ApiRole>)> {
+    let mut out = Vec::new();
+    let mut cur = a;
+    if let Some(spans) = api {
+        let i = spans.partition_point(|s| s.end <= a);
+        for s in spans[i..].iter().take_while(|s| s.start < b) {
+            let (s0, s1) = (s.start.max(cur), s.end.min(b));
+            if s0 > cur {
+                out.push((cur, s0, None));
+            }
+            if s1 > s0 {
+                out.push((s0, s1, Some(s.role)));
+                cur = s1;
+            }
+        }
+    }
+    if cur < b {
+        out.push((cur, b, None));
+    }
+    out
+}
+
+/// Did the feeder come out of a synchronize just as the GPU went idle?
+fn gap_opened_by_sync(api: Option<&Vec<ApiSpan>>, gap_start: u64) -> bool {
+    api.is_some_and(|spans| {
+        let i = spans.partition_point(|s| s.end < gap_start.saturating_sub(SYNC_SLACK_NS));
+        spans[i..]
+            .iter()
+            .take_while(|s| s.start <= gap_start + SYNC_SLACK_NS)
+            .any(|s| s.role == ApiRole::Sync && s.end + SYNC_SLACK_NS >= gap_start)
+    })
+}
+
+fn split_gap(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
+    let api = inp.api.get(&feeder);
+    let after_sync = gap_opened_by_sync(api, a);
+    for (s, e, role) in api_pieces(api, a, b) {
+        match role {
+            Some(ApiRole::Launch) => out.add(piece(s, e, Cause::CpuLaunch, feeder)),
+            Some(ApiRole::Sync) => out.add(piece(s, e, Cause::Sync, feeder)),
+            Some(ApiRole::Memory) => out.add(piece(s, e, Cause::Memory, feeder)),
+            Some(ApiRole::Other) | None => {
+                thread_pieces(inp, feeder, s, e, after_sync, 0, out);
+            }
+        }
+    }
+}
+
+fn piece(start: u64, end: u64, cause: Cause, thread: Tid) -> Piece {
+    Piece {
+        start,
+        end,
+        cause,
+        thread: Some(thread),
+    }
+}
+
+/// Attributes `[a, b)` by what thread `t` was doing. `hops` counts wakeup
+/// edges followed so far; `depth 0` is the feeder itself.
+fn thread_pieces(
+    inp: &Inputs,
+    t: Tid,
+    a: u64,
+    b: u64,
+    after_sync: bool,
+    hops: usize,
+    out: &mut Attribution,
+) {
+    let Some(tl) = inp.threads.get(&t) else {
+        out.add(Piece {
+            start: a,
+            end: b,
+            cause: Cause::Unattributed,
+            thread: Some(t),
+        });
+        return;
+    };
+    let mut cur = a;
+    let mut previous: Option<&State> = None;
+    for (s, e, state) in states_in(tl, a, b) {
+        if s > cur {
+            out.add(piece(cur, s, Cause::Unattributed, t));
+        }
+        let came_from = previous.take();
+        previous = Some(state);
+        let cause = match state {
+            State::OnCpu if hops == 0 && after_sync => Some(Cause::Sync),
+            State::OnCpu if hops == 0 => Some(Cause::CpuHost),
+            // A data worker on a CPU: inside file or socket syscalls it is
+            // doing I/O, otherwise preprocessing.
+            State::OnCpu => {
+                io_split(tl, s, e, t, out);
+                None
+            }
+            State::Runnable if hops == 0 => Some(Cause::CpuContention),
+            // A data worker waiting for a CPU: right after its I/O completed
+            // that is the I/O's tail; after a preemption, a CPU-bound loader.
+            State::Runnable => Some(match came_from.or_else(|| state_before(tl, s)) {
+                Some(State::Off(o)) if o.kind == OffKind::File => Cause::InputIo,
+                Some(State::Off(o)) if o.kind == OffKind::Net => Cause::InputNetwork,
+                _ => Cause::InputCpu,
+            }),
+            State::Off(o) => match o.kind {
+                OffKind::File => Some(Cause::InputIo),
+                OffKind::Net => Some(Cause::InputNetwork),
+                OffKind::Fault => Some(Cause::Memory),
+                OffKind::Gpu if hops == 0 => Some(Cause::Sync),
+                OffKind::Sleep if hops == 0 => Some(Cause::CpuHost),
+                OffKind::Ipc => match o.waker {
+                    Some(w) if hops < MAX_HOPS && w != t && inp.threads.contains_key(&w) => {
+                        thread_pieces(inp, w, s, e, false, hops + 1, out);
+                        None
+                    }
+                    _ => Some(Cause::Unattributed),
+                },
+                _ => Some(Cause::Unattributed),
+            },
+        };
+        if let Some(c) = cause {
+            out.add(piece(s, e, c, t));
+        }
+        cur = e;
+    }
+    if cur < b {
+        out.add(piece(cur, b, Cause::Unattributed, t));
+    }
+}
+
+/// The state a thread was in just before `ts`.
+fn state_before(t: &ThreadTimeline, ts: u64) -> Option<&State> {
+    let iv = t.intervals.as_ref()?;
+    let i = iv.partition_point(|x| x.end <= ts);
+    i.checked_sub(1).map(|i| &iv[i].state)
+}
+
+/// A data worker's on-CPU time `[a, b)`: input.io or input.network inside
+/// its file or socket syscalls, input.cpu outside them.
+fn io_split(t: &ThreadTimeline, a: u64, b: u64, tid: Tid, out: &mut Attribution) {
+    let spans = t.io_spans.as_deref().unwrap_or(&[]);
+    let mut cur = a;
+    let i = spans.partition_point(|x| x.1 <= a);
+    for &(s, e, kind) in spans[i..].iter().take_while(|x| x.0 < b) {
+        let (s, e) = (s.max(cur), e.min(b));
+        if e <= s {
+            continue;
+        }
+        if s > cur {
+            out.add(piece(cur, s, Cause::InputCpu, tid));
+        }
+        let cause = if kind == OffKind::Net {
+            Cause::InputNetwork
+        } else {
+            Cause::InputIo
+        };
+        out.add(piece(s, e, cause, tid));
+        cur = e;
+    }
+    if cur < b {
+        out.add(piece(cur, b, Cause::InputCpu, tid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{FdKind, SwitchOut};
+
+    const FEEDER: Tid = (10, 10);
+    const WORKER: Tid = (20, 20);
+    const WORKER2: Tid = (30, 30);
+
+    fn out(kind_syscall: i32, fd_kind: FdKind) -> SwitchOut {
+        SwitchOut {
+            pid: 0,
+            tid: 0,
+            state: 1,
+            preempted: false,
+            ustack: 0,
+            kstack: 0,
+            syscall: Some(kind_syscall),
+            fd: 3,
+            fd_kind,
+            next: (0, 0),
+        }
+    }
+
+    const READ: i32 = 0;
+    const FUTEX: i32 = 202;
+
+    /// A thread built from (time, event) steps.
+    enum Step {
+        In,
+        Block(i32, FdKind),
+        Preempt,
+        Wake(Tid),
+    }
+
+    fn thread(t: Tid, steps: &[(u64, Step)], end: u64) -> ThreadTimeline {
+        let mut th = ThreadTimeline::forked(t.0, t.1, 0, true);
+        for (ts, s) in steps {
+            match s {
+                Step::In => th.switch_in(*ts),
+                Step::Block(nr, k) => th.switch_out(*ts, &out(*nr, *k)),
+                Step::Preempt => {
+                    let mut o = out(READ, FdKind::None);
+                    o.preempted = true;
+                    th.switch_out(*ts, &o)
+                }
+                Step::Wake(w) => th.wakeup(*ts, *w),
+            }
+        }
+        th.finish(end);
+        th
+    }
+
+    fn run(
+        busy: &[(u64, u64)],
+        work: &[(u64, Option<Tid>)],
+        threads: Vec<ThreadTimeline>,
+        api: HashMap<Tid, Vec<ApiSpan>>,
+        window: (u64, u64),
+    ) -> Attribution {
+        let threads: BTreeMap<Tid, ThreadTimeline> =
+            threads.into_iter().map(|t| ((t.pid, t.tid), t)).collect();
+        let a = attribute(&Inputs {
+            window,
+            busy,
+            work,
+            threads: &threads,
+            api: &api,
+        });
+        let busy_total: u64 = busy.iter().map(|(s, e)| e - s).sum();
+        assert_eq!(
+            a.total() + busy_total,
+            window.1 - window.0,
+            "Σ causes = idle"
+        );
+        a
+    }
+
+    #[test]
+    fn feeder_waiting_on_a_worker_that_reads_files_is_input_io() {
+        // GPU: busy 100-200, idle 200-500, busy 500-600.
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (200, Step::Block(READ, FdKind::Pipe)),
+                (480, Step::Wake(WORKER)),
+                (490, Step::In),
+            ],
+            1000,
+        );
+        // The worker reads a file 150-400, decodes 400-480.
+        let worker = thread(
+            WORKER,
+            &[
+                (0, Step::In),
+                (150, Step::Block(READ, FdKind::File)),
+                (390, Step::Wake((0, 0))),
+                (400, Step::In),
+            ],
+            1000,
+        );
+        let a = run(
+            &[(100, 200), (500, 600)],
+            &[(100, Some(FEEDER)), (500, Some(FEEDER))],
+            vec![feeder, worker],
+            HashMap::new(),
+            (0, 1000),
+        );
+        assert_eq!(a.get(Cause::Startup), 100);
+        assert_eq!(a.get(Cause::Teardown), 400);
+        // 200-390 reading, and 390-400 runnable right after the read: its tail.
+        assert_eq!(a.get(Cause::InputIo), 200);
+        assert_eq!(a.get(Cause::CpuContention), 10); // feeder runnable 480-490
+        assert_eq!(a.get(Cause::InputCpu), 80); // worker on-CPU 400-480
+        assert_eq!(a.get(Cause::CpuHost), 10); // feeder on-CPU 490-500
+        assert_eq!(a.get(Cause::Unattributed), 0);
+    }
+
+    #[test]
+    fn launch_sync_and_memory_calls_name_their_causes() {
+        let feeder = thread(FEEDER, &[(0, Step::In)], 1000);
+        let api = HashMap::from([(
+            FEEDER,
+            vec![
+                ApiSpan {
+                    start: 150,
+                    end: 220,
+                    role: ApiRole::Sync,
+                },
+                ApiSpan {
+                    start: 300,
+                    end: 350,
+                    role: ApiRole::Memory,
+                },
+                ApiSpan {
+                    start: 380,
+                    end: 420,
+                    role: ApiRole::Launch,
+                },
+            ],
+        )]);
+        let a = run(
+            &[(100, 200), (420, 500)],
+            &[(420, Some(FEEDER))],
+            vec![feeder],
+            api,
+            (100, 500),
+        );
+        // Gap 200-420: sync 200-220; host 220-300 after the sync returned →
+        // sync; memcpy 300-350; host 350-380 → sync again (same gap); launch 380-420.
+        assert_eq!(a.get(Cause::Sync), 20 + 80 + 30);
+        assert_eq!(a.get(Cause::Memory), 50);
+        assert_eq!(a.get(Cause::CpuLaunch), 40);
+        assert_eq!(a.get(Cause::CpuHost), 0);
+    }
+
+    #[test]
+    fn a_wakeup_chain_across_two_processes_is_followed() {
+        // feeder waits on worker (pipe) who waits on worker2 (socket pair,
+        // unix = ipc), who is receiving from the network.
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Block(READ, FdKind::Pipe)),
+                (300, Step::Wake(WORKER)),
+                (300, Step::In),
+            ],
+            400,
+        );
+        let worker = thread(
+            WORKER,
+            &[
+                (0, Step::In),
+                (50, Step::Block(READ, FdKind::SockUnix)),
+                (290, Step::Wake(WORKER2)),
+                (290, Step::In),
+            ],
+            400,
+        );
+        let worker2 = thread(
+            WORKER2,
+            &[
+                (0, Step::In),
+                (60, Step::Block(READ, FdKind::SockInet)),
+                (280, Step::Wake((1, 1))),
+                (280, Step::In),
+            ],
+            400,
+        );
+        let a = run(
+            &[(0, 100), (300, 400)],
+            &[(300, Some(FEEDER))],
+            vec![feeder, worker, worker2],
+            HashMap::new(),
+            (0, 400),
+        );
+        assert_eq!(a.get(Cause::InputNetwork), 180); // worker2 receiving 100-280
+        assert_eq!(a.get(Cause::InputCpu), 20); // worker2 280-290 + worker 290-300
+    }
+
+    #[test]
+    fn runnable_feeder_is_contention_and_unknown_waits_are_unattributed() {
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Preempt),
+                (150, Step::In),
+                (160, Step::Block(FUTEX, FdKind::None)),
+                (190, Step::Wake((99, 99))),
+                (190, Step::In),
+            ],
+            300,
+        );
+        let a = run(
+            &[(0, 100), (200, 300)],
+            &[(200, Some(FEEDER))],
+            vec![feeder],
+            HashMap::new(),
+            (0, 300),
+        );
+        assert_eq!(a.get(Cause::CpuContention), 50);
+        assert_eq!(a.get(Cause::CpuHost), 10 + 10);
+        assert_eq!(a.get(Cause::Unattributed), 30); // woken by an untracked thread
+    }
+
+    #[test]
+    fn two_feeders_on_one_gpu_each_gap_goes_to_the_one_that_ended_it() {
+        let f1 = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Block(READ, FdKind::File)),
+                (250, Step::Wake((1, 1))),
+                (250, Step::In),
+            ],
+            500,
+        );
+        let f2 = thread(
+            WORKER,
+            &[
+                (0, Step::In),
+                (300, Step::Block(READ, FdKind::SockInet)),
+                (450, Step::Wake((1, 1))),
+                (450, Step::In),
+            ],
+            500,
+        );
+        let a = run(
+            &[(0, 100), (250, 300), (450, 500)],
+            &[(0, Some(FEEDER)), (250, Some(FEEDER)), (450, Some(WORKER))],
+            vec![f1, f2],
+            HashMap::new(),
+            (0, 500),
+        );
+        assert_eq!(a.get(Cause::InputIo), 150);
+        assert_eq!(a.get(Cause::InputNetwork), 150);
+    }
+
+    #[test]
+    fn missing_correlations_fall_back_to_the_main_feeder_and_no_feeder_is_unattributed() {
+        let f = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Block(READ, FdKind::File)),
+                (200, Step::Wake((1, 1))),
+                (200, Step::In),
+            ],
+            300,
+        );
+        let a = run(
+            &[(0, 100), (200, 300)],
+            &[(0, Some(FEEDER)), (200, None)],
+            vec![f.clone()],
+            HashMap::new(),
+            (0, 300),
+        );
+        assert_eq!(a.get(Cause::InputIo), 100);
+        let a = run(
+            &[(0, 100), (200, 300)],
+            &[(0, None), (200, None)],
+            vec![f],
+            HashMap::new(),
+            (0, 300),
+        );
+        assert_eq!(a.get(Cause::Unattributed), 100);
+    }
+
+    #[test]
+    fn gaps_at_window_edges_and_a_gpu_that_never_ran() {
+        let a = run(&[], &[], vec![], HashMap::new(), (0, 100));
+        assert_eq!(a.get(Cause::Unattributed), 100);
+        // Busy right from the window start and to its end: no startup/teardown.
+        let a = run(&[(0, 100)], &[], vec![], HashMap::new(), (0, 100));
+        assert_eq!(a.total(), 0);
+    }
+
+    #[test]
+    fn api_roles() {
+        assert_eq!(api_role("cudaLaunchKernel"), ApiRole::Launch);
+        assert_eq!(api_role("cuLaunchKernel_ptsz"), ApiRole::Launch);
+        assert_eq!(api_role("cudaGraphLaunch"), ApiRole::Launch);
+        assert_eq!(api_role("cudaStreamSynchronize"), ApiRole::Sync);
+        assert_eq!(api_role("cuStreamWaitEvent"), ApiRole::Sync);
+        assert_eq!(api_role("cudaMemcpyAsync"), ApiRole::Memory);
+        assert_eq!(api_role("cuMemAlloc_v2"), ApiRole::Memory);
+        assert_eq!(api_role("cudaFree"), ApiRole::Memory);
+        assert_eq!(api_role("cudaGetDevice"), ApiRole::Other);
+    }
+}

@@ -1,0 +1,116 @@
+//! The merged analysis of a session: per GPU, its busy timeline and the
+//! attribution of every idle nanosecond, plus each thread's CUDA calls.
+
+use std::collections::HashMap;
+
+use gapscope_cupti::GpuRecord;
+
+use super::api_name;
+use super::attribute::{self, api_role, ApiSpan, Attribution, Inputs, Tid};
+use super::gpu::{gpu_timelines, GpuTimeline};
+use crate::session::{Event, Session};
+use crate::timeline::Timeline;
+
+pub struct GpuDiagnosis {
+    pub gpu: GpuTimeline,
+    pub attribution: Attribution,
+}
+
+pub struct Diagnosis {
+    pub gpus: Vec<GpuDiagnosis>,
+    /// Each thread's CUDA API calls, sorted.
+    pub api: HashMap<Tid, Vec<ApiSpan>>,
+}
+
+/// `tl` must have been built with intervals.
+pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
+    let mut api: HashMap<Tid, Vec<ApiSpan>> = HashMap::new();
+    let mut issuer: HashMap<(u32, u32), Tid> = HashMap::new();
+    for (pid, r) in &session.gpu {
+        if let GpuRecord::Api {
+            domain,
+            cbid,
+            start,
+            end,
+            tid,
+            correlation,
+            ..
+        } = r
+        {
+            let role = api_role(&api_name(*domain, *cbid));
+            api.entry((*pid, *tid)).or_default().push(ApiSpan {
+                start: *start,
+                end: *end,
+                role,
+            });
+            issuer.insert((*pid, *correlation), (*pid, *tid));
+        }
+    }
+    for e in &session.events {
+        if let Event::CudaCall {
+            ts,
+            pid,
+            tid,
+            dur,
+            function,
+            ..
+        } = e
+        {
+            api.entry((*pid, *tid)).or_default().push(ApiSpan {
+                start: *ts,
+                end: ts + dur,
+                role: api_role(function),
+            });
+        }
+    }
+    for spans in api.values_mut() {
+        spans.sort_by_key(|s| s.start);
+    }
+
+    let mut work: HashMap<u32, Vec<(u64, Option<Tid>)>> = HashMap::new();
+    for (pid, r) in &session.gpu {
+        let (device, start, correlation) = match r {
+            GpuRecord::Kernel {
+                device,
+                start,
+                correlation,
+                ..
+            }
+            | GpuRecord::Memcpy {
+                device,
+                start,
+                correlation,
+                ..
+            }
+            | GpuRecord::Memset {
+                device,
+                start,
+                correlation,
+                ..
+            } => (*device, *start, *correlation),
+            _ => continue,
+        };
+        work.entry(device)
+            .or_default()
+            .push((start, issuer.get(&(*pid, correlation)).copied()));
+    }
+    for w in work.values_mut() {
+        w.sort_by_key(|x| x.0);
+    }
+
+    let gpus = gpu_timelines(session, tl.start, tl.end)
+        .into_iter()
+        .map(|gpu| {
+            let empty = Vec::new();
+            let attribution = attribute::attribute(&Inputs {
+                window: (tl.start, tl.end),
+                busy: &gpu.busy,
+                work: work.get(&gpu.device).unwrap_or(&empty),
+                threads: &tl.threads,
+                api: &api,
+            });
+            GpuDiagnosis { gpu, attribution }
+        })
+        .collect();
+    Diagnosis { gpus, api }
+}
