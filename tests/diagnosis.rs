@@ -1,0 +1,152 @@
+//! The diagnosis against ground truth: simtrain produces a known bottleneck
+//! with real data loading on the host and a simulated GPU, and writes the
+//! idle time each cause produced by its own accounting. The report must
+//! name the same dominant cause and each cause's share of idle within 5
+//! percentage points.
+
+use std::process::Command;
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+const STEADY_CAUSES: [&str; 8] = [
+    "input.io",
+    "input.cpu",
+    "input.network",
+    "cpu.host",
+    "cpu.launch",
+    "cpu.contention",
+    "sync",
+    "memory",
+];
+
+fn dataset_dir() -> std::path::PathBuf {
+    let d = target_dir().join("simtrain-data");
+    let out = Command::new(bin("simtrain"))
+        .arg("--prepare")
+        .arg("--data")
+        .arg(&d)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    d
+}
+
+fn share(v: &Value, cause: &str, total: u64) -> f64 {
+    v[cause].as_u64().unwrap_or(0) as f64 * 100.0 / total.max(1) as f64
+}
+
+/// The largest cause outside start-up and tear-down.
+fn dominant(causes: &Value) -> String {
+    STEADY_CAUSES
+        .iter()
+        .max_by_key(|c| causes[**c].as_u64().unwrap_or(0))
+        .unwrap()
+        .to_string()
+}
+
+fn scenario(bottleneck: &str) -> (Value, Value) {
+    let data = dataset_dir();
+    let _lock = recording_lock();
+    let dir = scratch(&format!("simtrain-{bottleneck}"));
+    let truth_path = dir.path().join("truth.json");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            bin("simtrain").to_str().unwrap(),
+            "--bottleneck",
+            bottleneck,
+            "--data",
+            data.to_str().unwrap(),
+            "--ground-truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    let report = run.report();
+    assert_partitions(&report);
+    let gpus = report["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 1, "{report}");
+    let g = gpus[0].clone();
+    // The JSON invariants, exactly.
+    assert_eq!(g["source"], "simulated");
+    assert_eq!(u64_of(&g, "busy_ns") + u64_of(&g, "idle_ns"), u64_of(&g, "allocated_ns"));
+    let sum: u64 = g["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, u64_of(&g, "idle_ns"));
+    assert_eq!(u64_of(&g, "busy_ns"), u64_of(&truth, "busy_ns"));
+    (g, truth)
+}
+
+fn check(bottleneck: &str, expected: &[&str]) {
+    let (g, truth) = scenario(bottleneck);
+    let idle = u64_of(&g, "idle_ns");
+    let truth_idle: u64 = truth["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let (got, want) = (&g["idle_by_cause_ns"], &truth["idle_by_cause_ns"]);
+    let table: Vec<String> = STEADY_CAUSES
+        .iter()
+        .chain(["startup", "teardown", "unattributed"].iter())
+        .map(|c| format!("{c}: report {:.1}% truth {:.1}%", share(got, c, idle), share(want, c, truth_idle)))
+        .collect();
+    let table = table.join("\n  ");
+    assert_eq!(dominant(got), dominant(want), "dominant cause\n  {table}");
+    assert_eq!(dominant(got), expected[0], "\n  {table}");
+    for c in STEADY_CAUSES.iter().chain(["startup", "teardown"].iter()) {
+        let (a, b) = (share(got, c, idle), share(want, c, truth_idle));
+        assert!((a - b).abs() <= 5.0, "{c}: report {a:.1}% vs truth {b:.1}%\n  {table}");
+    }
+    assert!(share(got, "unattributed", idle) <= 5.0, "unattributed\n  {table}");
+    for c in expected {
+        assert!(share(got, c, idle) >= 10.0, "{c} should be a major cause\n  {table}");
+    }
+}
+
+macro_rules! scenario_test {
+    ($name:ident, $bottleneck:literal, $($cause:literal),+) => {
+        #[test]
+        fn $name() {
+            if !bpf_ready(stringify!($name)) {
+                return;
+            }
+            check($bottleneck, &[$($cause),+]);
+        }
+    };
+}
+
+scenario_test!(input_io_is_named, "input-io", "input.io");
+scenario_test!(input_cpu_is_named, "input-cpu", "input.cpu");
+scenario_test!(input_network_is_named, "input-network", "input.network");
+scenario_test!(host_cpu_is_named, "host-cpu", "cpu.host");
+scenario_test!(launch_is_named, "launch", "cpu.launch");
+scenario_test!(sync_is_named, "sync", "sync");
+scenario_test!(memory_is_named, "memory", "memory");
+scenario_test!(mixed_yields_both_causes, "mixed", "input.io", "sync");
+
+#[test]
+fn a_busy_gpu_has_little_steady_idle() {
+    if !bpf_ready("a_busy_gpu_has_little_steady_idle") {
+        return;
+    }
+    let (g, _) = scenario("none");
+    let steady: u64 = STEADY_CAUSES
+        .iter()
+        .map(|c| g["idle_by_cause_ns"][*c].as_u64().unwrap_or(0))
+        .sum();
+    // Only start-up and tear-down: under 2% of the time the job held the GPU.
+    assert!(
+        steady * 50 < u64_of(&g, "allocated_ns"),
+        "steady idle {steady} of {}",
+        g["allocated_ns"]
+    );
+}
