@@ -28,7 +28,11 @@ fn dataset_dir() -> std::path::PathBuf {
         .arg(&d)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     d
 }
 
@@ -45,7 +49,7 @@ fn dominant(causes: &Value) -> String {
         .to_string()
 }
 
-fn scenario(bottleneck: &str) -> (Value, Value) {
+fn scenario(bottleneck: &str) -> (Value, Value, Value) {
     let data = dataset_dir();
     let _lock = recording_lock();
     let dir = scratch(&format!("simtrain-{bottleneck}"));
@@ -64,7 +68,8 @@ fn scenario(bottleneck: &str) -> (Value, Value) {
         ],
     );
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
     let report = run.report();
     assert_partitions(&report);
     let gpus = report["gpus"].as_array().unwrap();
@@ -72,7 +77,10 @@ fn scenario(bottleneck: &str) -> (Value, Value) {
     let g = gpus[0].clone();
     // The JSON invariants, exactly.
     assert_eq!(g["source"], "simulated");
-    assert_eq!(u64_of(&g, "busy_ns") + u64_of(&g, "idle_ns"), u64_of(&g, "allocated_ns"));
+    assert_eq!(
+        u64_of(&g, "busy_ns") + u64_of(&g, "idle_ns"),
+        u64_of(&g, "allocated_ns")
+    );
     let sum: u64 = g["idle_by_cause_ns"]
         .as_object()
         .unwrap()
@@ -81,11 +89,11 @@ fn scenario(bottleneck: &str) -> (Value, Value) {
         .sum();
     assert_eq!(sum, u64_of(&g, "idle_ns"));
     assert_eq!(u64_of(&g, "busy_ns"), u64_of(&truth, "busy_ns"));
-    (g, truth)
+    (g, truth, report)
 }
 
 fn check(bottleneck: &str, expected: &[&str]) {
-    let (g, truth) = scenario(bottleneck);
+    let (g, truth, report) = scenario(bottleneck);
     let idle = u64_of(&g, "idle_ns");
     let truth_idle: u64 = truth["idle_by_cause_ns"]
         .as_object()
@@ -97,18 +105,33 @@ fn check(bottleneck: &str, expected: &[&str]) {
     let table: Vec<String> = STEADY_CAUSES
         .iter()
         .chain(["startup", "teardown", "unattributed"].iter())
-        .map(|c| format!("{c}: report {:.1}% truth {:.1}%", share(got, c, idle), share(want, c, truth_idle)))
+        .map(|c| {
+            format!(
+                "{c}: report {:.1}% truth {:.1}%",
+                share(got, c, idle),
+                share(want, c, truth_idle)
+            )
+        })
         .collect();
     let table = table.join("\n  ");
     assert_eq!(dominant(got), dominant(want), "dominant cause\n  {table}");
     assert_eq!(dominant(got), expected[0], "\n  {table}");
     for c in STEADY_CAUSES.iter().chain(["startup", "teardown"].iter()) {
         let (a, b) = (share(got, c, idle), share(want, c, truth_idle));
-        assert!((a - b).abs() <= 5.0, "{c}: report {a:.1}% vs truth {b:.1}%\n  {table}");
+        assert!(
+            (a - b).abs() <= 5.0,
+            "{c}: report {a:.1}% vs truth {b:.1}%\n  {table}"
+        );
     }
-    assert!(share(got, "unattributed", idle) <= 5.0, "unattributed\n  {table}");
+    assert!(
+        share(got, "unattributed", idle) <= 5.0,
+        "unattributed\n  {table}"
+    );
     for c in expected {
-        assert!(share(got, c, idle) >= 10.0, "{c} should be a major cause\n  {table}");
+        assert!(
+            share(got, c, idle) >= 10.0,
+            "{c} should be a major cause\n  {table}"
+        );
     }
 }
 
@@ -138,7 +161,10 @@ fn a_busy_gpu_has_little_steady_idle() {
     if !bpf_ready("a_busy_gpu_has_little_steady_idle") {
         return;
     }
-    let (g, _) = scenario("none");
+    let (g, _, report) = scenario("none");
+    let verdict = report["verdict"].as_str().unwrap();
+    assert!(verdict.ends_with("scale out."), "{verdict}");
+    assert!(report["recommendations"].as_array().unwrap().is_empty());
     let steady: u64 = STEADY_CAUSES
         .iter()
         .map(|c| g["idle_by_cause_ns"][*c].as_u64().unwrap_or(0))

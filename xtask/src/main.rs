@@ -178,14 +178,18 @@ fn demo() -> Result<()> {
     let out = root().join("target/demo");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
+    // A simulated GPU fed by a real data pipeline, slow storage and a
+    // per-step synchronize: the diagnosis should name both.
     run(Command::new(release.join("gapscope"))
         .arg("run")
         .arg("-o")
         .arg(&out)
         .arg("--")
-        .arg(release.join("gs-workload"))
-        .args(["pipeline", "--workers", "2", "--steps", "60", "--dir"])
-        .arg(&out))?;
+        .arg(release.join("simtrain"))
+        .args(["--bottleneck", "mixed", "--data"])
+        .arg(root().join("target/simtrain-data"))
+        .arg("--ground-truth")
+        .arg(out.join("ground-truth.json")))?;
     eprintln!(
         "\nxtask: demo done; re-read it any time with: target/release/gapscope report {}",
         out.display()

@@ -8,6 +8,7 @@ use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
 use crate::analyze::attribute::Cause;
+use crate::analyze::diagnose::Diagnosis;
 use crate::analyze::{api_name, gpu};
 use crate::session::Session;
 use crate::timeline::{State, Timeline};
@@ -172,6 +173,8 @@ pub struct GpuReport {
     pub memsets: OpReport,
     /// Energy the GPU used during the window, joules, when NVML reports it.
     pub energy_j: Option<f64>,
+    /// Of which spent while idle (NVML power integrated over idle time).
+    pub idle_energy_j: Option<f64>,
     pub pids: Vec<u32>,
     /// Integrity of the merged clock (see [`ClockCheck`]).
     pub clock_check: ClockCheck,
@@ -221,16 +224,15 @@ pub struct GpuSection {
     pub gpu_records_dropped: u64,
 }
 
-pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
+pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSection {
     let (start, end) = (tl.start, tl.end);
     let allocated = end - start;
     let checks = clock_checks(session, tl);
-    let diagnosis = crate::analyze::diagnose::diagnose(session, tl);
     let gpus = diagnosis
         .gpus
-        .into_iter()
+        .iter()
         .map(|d| {
-            let g = d.gpu;
+            let g = &d.gpu;
             let by = |c: Cause| d.attribution.get(c);
             let busy = g.busy_ns();
             let idle = allocated - busy;
@@ -240,6 +242,7 @@ pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
                 total_ns: b[i].total_ns,
             };
             let (util, energy) = nvml_for(session, g.device, start, end);
+            let idle_energy = idle_energy_j(session, g.device, &g.busy, start, end);
             GpuReport {
                 id: g.device,
                 name: g.name.clone(),
@@ -268,9 +271,14 @@ pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
                     unattributed: by(Cause::Unattributed),
                 },
                 kernels: g.kernels.into(),
-                copies: g.copies.into_iter().map(|(k, v)| (k, v.into())).collect(),
+                copies: g
+                    .copies
+                    .iter()
+                    .map(|(k, v)| (k.clone(), (*v).into()))
+                    .collect(),
                 memsets: g.memsets.into(),
                 energy_j: energy,
+                idle_energy_j: idle_energy,
                 clock_check: checks.get(&g.device).cloned().unwrap_or_default(),
                 pids: g.pids.clone(),
             }
@@ -364,6 +372,38 @@ pub fn build(session: &Session, tl: &Timeline) -> GpuSection {
     }
 }
 
+/// Power integrated over the GPU's idle time: each NVML power reading stands
+/// for the time until the next one.
+fn idle_energy_j(
+    session: &Session,
+    index: u32,
+    busy: &[(u64, u64)],
+    start: u64,
+    end: u64,
+) -> Option<f64> {
+    let samples: Vec<(u64, u32)> = session
+        .nvml
+        .iter()
+        .filter(|s| s.index == index && s.ts <= end)
+        .filter_map(|s| s.power_mw.map(|p| (s.ts.max(start), p)))
+        .collect();
+    if samples.is_empty() {
+        return None;
+    }
+    let mut joules = 0.0;
+    for (i, &(t0, mw)) in samples.iter().enumerate() {
+        let t1 = samples.get(i + 1).map(|s| s.0).unwrap_or(end).min(end);
+        if t1 <= t0 {
+            continue;
+        }
+        let busy_in =
+            crate::analyze::intervals::total(&crate::analyze::intervals::clip(busy, t0, t1));
+        let idle_ns = (t1 - t0) - busy_in;
+        joules += mw as f64 / 1000.0 * idle_ns as f64 / 1e9;
+    }
+    Some(joules)
+}
+
 /// Mean utilization.gpu and energy used over the window for one GPU.
 fn nvml_for(session: &Session, index: u32, start: u64, end: u64) -> (Option<f64>, Option<f64>) {
     let samples: Vec<_> = session
@@ -424,7 +464,8 @@ mod tests {
             events: 0,
         });
         let tl = Timeline::build(&s, crate::timeline::BuildOptions { intervals: true });
-        let sec = build(&s, &tl);
+        let d = crate::analyze::diagnose::diagnose(&s, &tl);
+        let sec = build(&s, &tl, &d);
         let g = &sec.gpus[0];
         assert_eq!(g.allocated_ns, 20_000);
         assert_eq!(g.busy_ns, 1_000 + 4_500);

@@ -2,6 +2,7 @@
 //! and its text, markdown and JSON forms.
 
 mod gpu_report;
+mod recommend;
 pub mod report;
 mod summary;
 pub mod units;

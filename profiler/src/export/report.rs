@@ -21,6 +21,8 @@ pub struct Report {
     pub threads: Vec<ThreadReport>,
     pub gpus: Vec<GpuReport>,
     pub recommendations: Vec<Recommendation>,
+    /// Whether more GPUs would help, in one line (absent without GPU data).
+    pub verdict: Option<String>,
     /// CUDA API time per host thread, from the GPU sources.
     pub cuda_api: Vec<ApiThread>,
     /// Host waits in CUDA synchronization calls, by kind.
@@ -347,7 +349,9 @@ pub fn build(session: &Session) -> Report {
             .get(&header.target_pid)
             .and_then(|p| p.exit_code)
     });
-    let gpu = super::gpu_report::build(session, &tl);
+    let diagnosis = crate::analyze::diagnose::diagnose(session, &tl);
+    let gpu = super::gpu_report::build(session, &tl, &diagnosis);
+    let advice = super::recommend::build(session, &tl, &diagnosis, &gpu.gpus);
     let mut notes = session.notes.clone();
     notes.extend(stack_depth_note(session, &tl));
 
@@ -370,7 +374,8 @@ pub fn build(session: &Session) -> Report {
         },
         threads,
         gpus: gpu.gpus,
-        recommendations: Vec::new(),
+        recommendations: advice.recommendations,
+        verdict: advice.verdict,
         cuda_api: gpu.api,
         cuda_syncs: gpu.syncs,
         gpu_sources: session

@@ -135,6 +135,7 @@ fn blocks(r: &Report) -> Vec<Block> {
     }
     b.push(Block::Line(drops_line(r)));
     gpu_blocks(r, &mut b);
+    advice_blocks(r, &mut b);
 
     b.push(Block::Heading(
         "Where each thread's time went (share of its lifetime)".into(),
@@ -236,6 +237,22 @@ fn moved(t: &ThreadReport) -> u64 {
     let r = &t.read_bytes;
     let w = &t.write_bytes;
     r.file + r.net + r.ipc + r.other + w.file + w.net + w.ipc + w.other
+}
+
+fn advice_blocks(r: &Report, b: &mut Vec<Block>) {
+    let Some(verdict) = &r.verdict else { return };
+    b.push(Block::Heading("Diagnosis".into()));
+    b.push(Block::Line(verdict.clone()));
+    for (i, rec) in r.recommendations.iter().enumerate() {
+        b.push(Block::Line(format!(
+            "{}. [{}] up to {:.2}x faster — {}",
+            i + 1,
+            rec.cause,
+            rec.est_speedup,
+            rec.title
+        )));
+        b.push(Block::Bullets(rec.evidence.clone()));
+    }
 }
 
 fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {

@@ -1,0 +1,386 @@
+//! From the idle breakdown to advice: one recommendation per cause that cost
+//! real GPU time, with the evidence that points at it and the most fixing
+//! it could buy (`wall / (wall - idle removed)`), and a verdict on whether
+//! more GPUs would help.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use gapscope_cupti::GpuRecord;
+
+use super::gpu_report::GpuReport;
+use super::report::Recommendation;
+use super::units;
+use crate::analyze::attribute::{ApiRole, Cause, Tid};
+use crate::analyze::diagnose::Diagnosis;
+use crate::session::{Event, FdKind, Session};
+use crate::timeline::classify::{io_dir, IoDir};
+use crate::timeline::{OffKind, Timeline};
+
+/// A cause is worth a recommendation from this share of allocated time.
+const MIN_SHARE: f64 = 0.03;
+/// Below this much removable idle, the GPUs are doing useful work.
+const BUSY_ENOUGH: f64 = 0.10;
+const TOP: usize = 3;
+
+pub struct Advice {
+    pub recommendations: Vec<Recommendation>,
+    pub verdict: Option<String>,
+}
+
+pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]) -> Advice {
+    if gpus.is_empty() {
+        return Advice {
+            recommendations: Vec::new(),
+            verdict: None,
+        };
+    }
+    // Causes summed over GPUs; the threads behind each.
+    let mut idle: BTreeMap<Cause, u64> = BTreeMap::new();
+    let mut threads: HashMap<Cause, HashMap<Tid, u64>> = HashMap::new();
+    let mut allocated = 0u64;
+    for g in &d.gpus {
+        allocated = allocated.max(tl.end - tl.start);
+        for (c, ns) in &g.attribution.by_cause {
+            *idle.entry(*c).or_default() += ns;
+        }
+        for p in &g.attribution.pieces {
+            if let Some(t) = p.thread {
+                *threads.entry(p.cause).or_default().entry(t).or_default() += p.end - p.start;
+            }
+        }
+    }
+    let n_gpus = d.gpus.len().max(1) as u64;
+    let wall = allocated;
+    let ev = Evidence { session, tl, d };
+    let mut recs: Vec<Recommendation> = Vec::new();
+    for (&cause, &ns) in &idle {
+        let per_gpu = ns / n_gpus;
+        if !cause.removable() || (per_gpu as f64) < MIN_SHARE * wall as f64 {
+            continue;
+        }
+        let involved = threads.remove(&cause).unwrap_or_default();
+        let (title, mut evidence) = advice(cause, &ev, &involved);
+        evidence.insert(
+            0,
+            format!(
+                "{} of GPU idle time ({} of the {} each GPU was held)",
+                units::duration(per_gpu),
+                units::percent(per_gpu, wall),
+                units::duration(wall)
+            ),
+        );
+        let est_speedup = wall as f64 / (wall - per_gpu.min(wall - 1)) as f64;
+        recs.push(Recommendation {
+            cause: cause.name().into(),
+            title,
+            evidence,
+            est_speedup: (est_speedup * 100.0).round() / 100.0,
+        });
+    }
+    recs.sort_by(|a, b| b.est_speedup.total_cmp(&a.est_speedup));
+
+    let removable: u64 = idle
+        .iter()
+        .filter(|(c, _)| c.removable())
+        .map(|(_, ns)| ns)
+        .sum::<u64>()
+        / n_gpus;
+    let busy: u64 = gpus.iter().map(|g| g.busy_ns).sum::<u64>() / n_gpus;
+    let verdict = if (removable as f64) < BUSY_ENOUGH * wall as f64 {
+        format!(
+            "The GPUs are doing useful work (busy {} of the time they were held; {} idle that a fix could remove): scale out.",
+            units::percent(busy, wall),
+            units::percent(removable, wall)
+        )
+    } else {
+        let top = &recs[0];
+        format!(
+            "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: up to {:.2}x faster).",
+            top.cause,
+            units::percent(wall - busy, wall),
+            units::percent(
+                idle.iter().find(|(c, _)| c.name() == top.cause).map(|(_, n)| *n / n_gpus).unwrap_or(0),
+                wall - busy
+            ),
+            top.cause,
+            top.est_speedup
+        )
+    };
+    Advice {
+        recommendations: recs,
+        verdict: Some(verdict),
+    }
+}
+
+struct Evidence<'a> {
+    session: &'a Session,
+    tl: &'a Timeline,
+    d: &'a Diagnosis,
+}
+
+fn top_threads(involved: &HashMap<Tid, u64>, n: usize) -> Vec<Tid> {
+    let mut v: Vec<(&Tid, &u64)> = involved.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    v.into_iter().take(n).map(|(t, _)| *t).collect()
+}
+
+impl Evidence<'_> {
+    fn who(&self, t: Tid) -> String {
+        let comm = self
+            .tl
+            .threads
+            .get(&t)
+            .map(|x| x.comm.clone())
+            .unwrap_or_default();
+        format!("{}/{} {comm}", t.0, t.1)
+    }
+
+    fn frames(&self, hash: u64) -> Vec<String> {
+        self.session
+            .symbols
+            .get(&hash)
+            .map(|f| f.iter().map(|x| x.function.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    fn chain(&self, hash: u64) -> Option<String> {
+        let f = self.frames(hash);
+        (!f.is_empty()).then(|| f.into_iter().take(5).collect::<Vec<_>>().join(" ← "))
+    }
+
+    /// The heaviest on-CPU stack of these threads.
+    fn hot_stack(&self, threads: &[Tid]) -> Option<String> {
+        let mut best: Option<(u64, u64)> = None;
+        for t in threads {
+            if let Some(tl) = self.tl.threads.get(t) {
+                for (&(u, _), &n) in &tl.samples {
+                    if u != 0 && best.is_none_or(|b| n > b.1) {
+                        best = Some((u, n));
+                    }
+                }
+            }
+        }
+        best.and_then(|(u, _)| self.chain(u))
+            .map(|c| format!("hottest stack: {c}"))
+    }
+
+    /// Where these threads blocked longest for `kind`.
+    fn blocked_stack(&self, threads: &[Tid], kind: OffKind) -> Option<String> {
+        let mut best: Option<(u64, u64)> = None;
+        for t in threads {
+            if let Some(tl) = self.tl.threads.get(t) {
+                for (&(k, u, _), &ns) in &tl.off_stacks {
+                    if k == kind && u != 0 && best.is_none_or(|b| ns > b.1) {
+                        best = Some((u, ns));
+                    }
+                }
+            }
+        }
+        best.and_then(|(u, _)| self.chain(u))
+            .map(|c| format!("blocked in: {c}"))
+    }
+
+    /// Files these threads read, by bytes, with their typical read size.
+    fn files_read(&self, threads: &HashSet<Tid>) -> Vec<String> {
+        let mut by_path: HashMap<String, (u64, Vec<u64>)> = HashMap::new();
+        for e in &self.session.events {
+            if let Event::Syscall {
+                pid,
+                tid,
+                nr,
+                fd,
+                fd_kind: FdKind::File | FdKind::Block,
+                ret,
+                ..
+            } = e
+            {
+                if *ret > 0 && io_dir(*nr) == IoDir::Read && threads.contains(&(*pid, *tid)) {
+                    let path = self
+                        .tl
+                        .fd_paths
+                        .get(&(*pid, *fd))
+                        .cloned()
+                        .unwrap_or_else(|| format!("fd {fd}"));
+                    let x = by_path.entry(path).or_default();
+                    x.0 += *ret as u64;
+                    x.1.push(*ret as u64);
+                }
+            }
+        }
+        let mut v: Vec<(String, (u64, Vec<u64>))> = by_path.into_iter().collect();
+        v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+        v.into_iter()
+            .take(TOP)
+            .map(|(path, (bytes, mut sizes))| {
+                sizes.sort_unstable();
+                format!(
+                    "read {} from {path} in {} reads (median {})",
+                    units::bytes(bytes),
+                    sizes.len(),
+                    units::bytes(sizes[sizes.len() / 2])
+                )
+            })
+            .collect()
+    }
+
+    fn processes(&self, threads: &HashSet<Tid>) -> usize {
+        threads.iter().map(|t| t.0).collect::<HashSet<_>>().len()
+    }
+
+    fn api_calls(&self, role: ApiRole) -> (u64, u64) {
+        self.d
+            .api
+            .values()
+            .flatten()
+            .filter(|s| s.role == role)
+            .fold((0, 0), |(n, ns), s| (n + 1, ns + (s.end - s.start)))
+    }
+
+    fn kernel_histogram(&self) -> String {
+        let mut buckets = [0u64; 4];
+        for (_, r) in &self.session.gpu {
+            if let GpuRecord::Kernel { start, end, .. } = r {
+                let d = end.saturating_sub(*start);
+                let i = match d {
+                    0..10_000 => 0,
+                    10_000..100_000 => 1,
+                    100_000..1_000_000 => 2,
+                    _ => 3,
+                };
+                buckets[i] += 1;
+            }
+        }
+        format!(
+            "kernel durations: <10µs {} · 10-100µs {} · 100µs-1ms {} · >1ms {}",
+            buckets[0], buckets[1], buckets[2], buckets[3]
+        )
+    }
+
+    fn copies(&self) -> Vec<String> {
+        let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for g in &self.d.gpus {
+            for (k, s) in &g.gpu.copies {
+                let e = by.entry(k.clone()).or_default();
+                e.0 += s.count;
+                e.1 += s.bytes;
+            }
+        }
+        by.into_iter()
+            .map(|(k, (n, b))| format!("{k} copies: {n} × {}", units::bytes(b / n.max(1))))
+            .collect()
+    }
+
+    /// Who took the CPU from these threads when they were preempted.
+    fn preempted_by(&self, threads: &HashSet<Tid>) -> Option<String> {
+        let mut by: HashMap<u32, u64> = HashMap::new();
+        for e in &self.session.events {
+            if let Event::Switch { out: Some(o), .. } = e {
+                if o.preempted && threads.contains(&(o.pid, o.tid)) {
+                    *by.entry(o.next.0).or_default() += 1;
+                }
+            }
+        }
+        let mut v: Vec<(u32, u64)> = by.into_iter().collect();
+        v.sort_by_key(|x| std::cmp::Reverse(x.1));
+        let names: Vec<String> = v
+            .into_iter()
+            .take(TOP)
+            .map(|(pid, n)| {
+                let comm = self
+                    .tl
+                    .processes
+                    .get(&pid)
+                    .map(|p| p.comm.clone())
+                    .unwrap_or_else(|| {
+                        if pid == 0 {
+                            "idle".into()
+                        } else {
+                            "another process".into()
+                        }
+                    });
+                format!("{comm} (pid {pid}) ×{n}")
+            })
+            .collect();
+        (!names.is_empty()).then(|| format!("preempted by: {}", names.join(", ")))
+    }
+}
+
+fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String, Vec<String>) {
+    let set: HashSet<Tid> = involved.keys().copied().collect();
+    let top = top_threads(involved, TOP);
+    let whos: Vec<String> = top.iter().map(|t| ev.who(*t)).collect();
+    let mut e: Vec<String> = Vec::new();
+    if !whos.is_empty() {
+        e.push(format!("threads: {}", whos.join(", ")));
+    }
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let title = match cause {
+        Cause::InputIo => {
+            e.extend(ev.files_read(&set));
+            e.extend(ev.blocked_stack(&top, OffKind::File));
+            format!(
+                "The input pipeline waits on storage (the trainer waited on {} loader process(es) reading files). Raise DataLoader num_workers and prefetch_factor, set persistent_workers=True; cache the dataset on local NVMe or in RAM, or read larger sequential shards (WebDataset, tar) instead of many small files.",
+                ev.processes(&set)
+            )
+        }
+        Cause::InputCpu => {
+            e.extend(ev.hot_stack(&top));
+            format!(
+                "Data loading is CPU-bound (decode, augmentation in {} loader process(es), {cpus} CPUs). Raise num_workers toward the cores available, keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",
+                ev.processes(&set)
+            )
+        }
+        Cause::InputNetwork => {
+            e.extend(ev.blocked_stack(&top, OffKind::Net));
+            "The input pipeline waits on the network. Prefetch more (prefetch_factor, more workers), fetch shards in parallel, cache them on local disk, or move the data next to the GPUs.".into()
+        }
+        Cause::CpuHost => {
+            e.extend(ev.hot_stack(&top));
+            "Host-side work between GPU steps (Python, framework overhead). Cut per-step host work with torch.compile or CUDA graphs, move logging and metrics off the step, or grow the batch so each step gives the GPU more work.".into()
+        }
+        Cause::CpuLaunch => {
+            let (n, ns) = ev.api_calls(ApiRole::Launch);
+            if let Some(mean) = ns.checked_div(n) {
+                e.push(format!(
+                    "{n} launch calls, {} each on average",
+                    units::duration(mean)
+                ));
+            }
+            e.push(ev.kernel_histogram());
+            "Launch-bound: the host cannot issue kernels as fast as the GPU runs them. Capture the step in CUDA graphs (torch.compile(mode=\"reduce-overhead\"), torch.cuda.graphs), fuse elementwise ops with torch.compile, or raise the batch size.".into()
+        }
+        Cause::CpuContention => {
+            e.extend(ev.preempted_by(&set));
+            format!(
+                "The training thread waits for a CPU ({cpus} CPUs). Avoid oversubscription: set OMP_NUM_THREADS/MKL_NUM_THREADS (torch.set_num_threads) so loaders × threads fit the cores, pin the trainer and the loaders to separate cores, and keep num_workers below the core count."
+            )
+        }
+        Cause::Sync => {
+            let (n, ns) = ev.api_calls(ApiRole::Sync);
+            if n > 0 {
+                e.push(format!(
+                    "{n} synchronize calls, {} waiting in them",
+                    units::duration(ns)
+                ));
+            }
+            e.extend(ev.blocked_stack(&top, OffKind::Gpu));
+            e.extend(ev.hot_stack(&top));
+            "The host synchronizes with the GPU every step, then the GPU waits for the host. Remove .item(), .cpu(), printing tensors and torch.cuda.synchronize() from the loop; accumulate metrics on the GPU and read them every N steps.".into()
+        }
+        Cause::Memory => {
+            let (n, ns) = ev.api_calls(ApiRole::Memory);
+            if n > 0 {
+                e.push(format!(
+                    "{n} copy/alloc calls, {} in them",
+                    units::duration(ns)
+                ));
+            }
+            e.extend(ev.copies());
+            "Host-to-device copies and allocations stall the GPU. Use pin_memory=True in the DataLoader and .to(device, non_blocking=True); avoid pageable copies; keep tensors on the GPU; reuse memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) if cudaMalloc/cudaFree show up.".into()
+        }
+        Cause::Startup | Cause::Teardown | Cause::Unattributed => String::new(),
+    };
+    (title, e)
+}
