@@ -178,6 +178,12 @@ fn demo() -> Result<()> {
     let out = root().join("target/demo");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
+    // The dataset is made once, outside the recording.
+    let data = root().join("target/simtrain-data");
+    run(Command::new(release.join("simtrain"))
+        .arg("--prepare")
+        .arg("--data")
+        .arg(&data))?;
     // A simulated GPU fed by a real data pipeline, slow storage and a
     // per-step synchronize: the diagnosis should name both.
     run(Command::new(release.join("gapscope"))
@@ -187,7 +193,7 @@ fn demo() -> Result<()> {
         .arg("--")
         .arg(release.join("simtrain"))
         .args(["--bottleneck", "mixed", "--data"])
-        .arg(root().join("target/simtrain-data"))
+        .arg(&data)
         .arg("--ground-truth")
         .arg(out.join("ground-truth.json")))?;
     eprintln!(

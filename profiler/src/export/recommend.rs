@@ -144,7 +144,12 @@ impl Evidence<'_> {
     }
 
     fn chain(&self, hash: u64) -> Option<String> {
-        let f = self.frames(hash);
+        let mut f: Vec<String> = self
+            .frames(hash)
+            .into_iter()
+            .filter(|x| !super::summary::is_entry_frame(x))
+            .collect();
+        f.dedup();
         (!f.is_empty()).then(|| f.into_iter().take(5).collect::<Vec<_>>().join(" ← "))
     }
 

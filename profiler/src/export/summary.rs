@@ -19,7 +19,7 @@ const MAX_DETAIL_THREADS: usize = 10;
 
 /// Frames every stack ends in (process and thread entry, language runtime
 /// start-up): they say nothing about where the time went.
-fn is_entry_frame(f: &str) -> bool {
+pub(super) fn is_entry_frame(f: &str) -> bool {
     const PREFIXES: &[&str] = &[
         "_start",
         "__libc_start_",
