@@ -132,7 +132,22 @@ fn check(bottleneck: &str, expected: &[&str]) {
             share(got, c, idle) >= 10.0,
             "{c} should be a major cause\n  {table}"
         );
+        let rec = report["recommendations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["cause"] == *c)
+            .unwrap_or_else(|| panic!("no recommendation for {c}: {}", report["recommendations"]));
+        assert!(rec["est_speedup"].as_f64().unwrap() > 1.0);
+        assert!(!rec["evidence"].as_array().unwrap().is_empty());
     }
+    // The top recommendation and the verdict name the dominant cause.
+    assert_eq!(report["recommendations"][0]["cause"], expected[0]);
+    let verdict = report["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("More GPUs would not help until") && verdict.contains(expected[0]),
+        "{verdict}"
+    );
 }
 
 macro_rules! scenario_test {
