@@ -7,6 +7,8 @@ pub mod analyze;
 pub mod clock;
 pub mod collect;
 pub mod export;
+pub mod inputs;
+pub mod kineto;
 pub mod output;
 pub mod session;
 pub mod timeline;

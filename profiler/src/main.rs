@@ -54,10 +54,34 @@ enum Command {
     },
     /// Print the report of a recorded session (no privileges needed).
     Report {
-        /// A session file (session.gsz) or a run directory.
-        path: PathBuf,
+        /// Session files or run directories, or PyTorch profiler (Kineto)
+        /// traces (.json, .json.gz; several, or a directory = one per rank).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
         #[arg(long, short = 'f', value_enum, default_value_t = FormatArg::Text)]
         format: FormatArg,
+        /// Add Holistic Trace Analysis's per-stream idle breakdown (host_wait,
+        /// kernel_wait, other), computed with HTA's rules, to compare with it.
+        #[arg(long)]
+        hta: bool,
+    },
+    /// Convert other profilers' output into gapscope sessions.
+    Import {
+        #[command(subcommand)]
+        what: ImportCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImportCommand {
+    /// PyTorch profiler (Kineto) traces: one session per trace file.
+    Kineto {
+        /// Trace files (.json, .json.gz) or directories of them.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Output directory: DIR/session.gsz for one trace, DIR/<trace>/session.gsz for several.
+        #[arg(long, short = 'o', value_name = "DIR")]
+        output: PathBuf,
     },
 }
 
@@ -218,19 +242,28 @@ fn main() -> ExitCode {
             };
             record(Target::Pid(pid), rec.options(duration), rec.quiet)
         }
-        Command::Report { path, format } => {
-            let s = match session::read_session(&path) {
-                Ok(s) => s,
-                Err(e) => return fail(e),
-            };
-            let report = export::build_report(&s);
-            let stdout = std::io::stdout().lock();
-            match export::write_report(&report, format.into(), stdout) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-                Err(e) => fail(e),
+        Command::Report { paths, format, hta } => match gapscope::inputs::load(&paths) {
+            Ok(loaded) => {
+                let stdout = std::io::stdout().lock();
+                match export::write_reports(&loaded, format.into(), hta, stdout) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                    Err(e) => fail(e),
+                }
             }
-        }
+            Err(e) => fail(e),
+        },
+        Command::Import {
+            what: ImportCommand::Kineto { traces, output },
+        } => match gapscope::kineto::import_to(&traces, &output) {
+            Ok(written) => {
+                for p in written {
+                    eprintln!("gapscope: wrote {}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
     }
 }
 

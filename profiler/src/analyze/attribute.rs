@@ -253,6 +253,7 @@ fn api_pieces(api: Option<&Vec<ApiSpan>>, a: u64, b: u64) -> Vec<(u64, u64, Opti
             let (s0, s1) = (s.start.max(cur), s.end.min(b));
             if s0 > cur {
                 out.push((cur, s0, None));
+                cur = s0;
             }
             if s1 > s0 {
                 out.push((s0, s1, Some(s.role)));
@@ -704,6 +705,44 @@ mod tests {
         // Busy right from the window start and to its end: no startup/teardown.
         let a = run(&[(0, 100)], &[], vec![], HashMap::new(), (0, 100));
         assert_eq!(a.total(), 0);
+    }
+
+    #[test]
+    fn zero_length_and_nested_calls_never_count_twice() {
+        let api = HashMap::from([(
+            FEEDER,
+            vec![
+                ApiSpan {
+                    start: 120,
+                    end: 120,
+                    role: ApiRole::Launch,
+                },
+                ApiSpan {
+                    start: 130,
+                    end: 130,
+                    role: ApiRole::Launch,
+                },
+                ApiSpan {
+                    start: 140,
+                    end: 190,
+                    role: ApiRole::Sync,
+                },
+                ApiSpan {
+                    start: 150,
+                    end: 160,
+                    role: ApiRole::Launch,
+                },
+            ],
+        )]);
+        let a = run(
+            &[(0, 100), (200, 300)],
+            &[(200, Some(FEEDER))],
+            vec![],
+            api,
+            (0, 300),
+        );
+        assert_eq!(a.get(Cause::Sync), 50);
+        assert_eq!(a.get(Cause::Unattributed), 50);
     }
 
     #[test]

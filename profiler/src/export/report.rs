@@ -395,6 +395,7 @@ pub fn build(session: &Session) -> Report {
             mode: match header.mode {
                 Mode::Run => "run",
                 Mode::Attach => "attach",
+                Mode::Kineto => "kineto",
             },
             hostname: header.hostname.clone(),
             kernel: header.kernel.clone(),

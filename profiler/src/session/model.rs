@@ -34,6 +34,19 @@ pub enum Record {
     Nvml(NvmlSample),
     /// A GPU as NVML describes it.
     NvmlDevice(NvmlDevice),
+    /// A host-side operation from an imported trace (cpu_op, python_function,
+    /// user_annotation): the only view of host threads a trace gives.
+    HostOp(HostOp),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostOp {
+    pub pid: u32,
+    pub tid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub name: String,
+    pub cat: String,
 }
 
 /// Where a process's GPU records come from.
@@ -79,6 +92,8 @@ pub struct NvmlSample {
 pub enum Mode {
     Run,
     Attach,
+    /// Imported from a PyTorch profiler (Kineto) trace: GPU and host ops, no eBPF.
+    Kineto,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

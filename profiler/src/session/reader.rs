@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use gapscope_cupti::GpuRecord;
 
 use super::{
-    Drops, Event, FdPath, Footer, Frame, GpuSource, NvmlDevice, NvmlSample, ProcMaps, ProcessInfo,
-    Record, SessionError, SessionHeader, Stack, ThreadSeed, CHUNK_HEADER_LEN, FILE_HEADER_LEN,
-    FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
+    Drops, Event, FdPath, Footer, Frame, GpuSource, HostOp, NvmlDevice, NvmlSample, ProcMaps,
+    ProcessInfo, Record, SessionError, SessionHeader, Stack, ThreadSeed, CHUNK_HEADER_LEN,
+    FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
 };
 
 /// Streams records out of a session file. A damaged or cut-off tail ends the
@@ -197,6 +197,7 @@ pub struct Session {
     pub gpu_drops: HashMap<u32, (u64, u64)>,
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
+    pub host_ops: Vec<HostOp>,
     /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
     pub truncated: Option<String>,
 }
@@ -251,6 +252,7 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             }
             Record::Nvml(n) => s.nvml.push(n),
             Record::NvmlDevice(d) => s.nvml_devices.push(d),
+            Record::HostOp(o) => s.host_ops.push(o),
         }
     }
     if first {

@@ -1,0 +1,119 @@
+//! Several ranks side by side, and the HTA-style table.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use super::report::Report;
+use super::units;
+use crate::inputs::Loaded;
+use crate::kineto::hta::StreamIdle;
+
+#[derive(Serialize)]
+pub struct RankRow {
+    pub label: String,
+    pub rank: Option<String>,
+    pub span_ns: u64,
+    pub busy_ns: u64,
+    pub busy_pct: f64,
+    pub idle_by_cause_ns: BTreeMap<String, u64>,
+    pub top_cause: Option<String>,
+    /// Most GPU work: the rank the others wait for at collectives.
+    pub slowest: bool,
+}
+
+pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
+    let mut rows: Vec<RankRow> = loaded
+        .iter()
+        .zip(reports)
+        .map(|(l, r)| {
+            let span = r.gpus.iter().map(|g| g.span_ns).max().unwrap_or(0);
+            let busy = r.gpus.iter().map(|g| g.busy_ns).sum::<u64>();
+            let mut idle: BTreeMap<String, u64> = BTreeMap::new();
+            for g in &r.gpus {
+                for (k, v) in g.idle_by_cause_ns.entries() {
+                    *idle.entry(k.to_string()).or_default() += v;
+                }
+            }
+            let top = idle
+                .iter()
+                .filter(|(k, v)| {
+                    **v > 0 && !matches!(k.as_str(), "startup" | "teardown" | "unattributed")
+                })
+                .max_by_key(|(_, v)| **v)
+                .map(|(k, _)| k.clone());
+            let rank = r
+                .notes
+                .iter()
+                .find_map(|n| n.strip_prefix("rank ").map(str::to_string));
+            RankRow {
+                label: l.label.clone(),
+                rank,
+                span_ns: span,
+                busy_ns: busy,
+                busy_pct: if span > 0 {
+                    busy as f64 * 100.0 / span as f64
+                } else {
+                    0.0
+                },
+                idle_by_cause_ns: idle,
+                top_cause: top,
+                slowest: false,
+            }
+        })
+        .collect();
+    if let Some(i) = rows
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, r)| r.busy_ns)
+        .map(|(i, _)| i)
+    {
+        rows[i].slowest = true;
+    }
+    rows
+}
+
+pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "\nAcross ranks")?;
+    for r in rows(loaded, reports) {
+        writeln!(
+            out,
+            "  {:<32} {:>10} span · busy {:>5.1}% · top idle cause {}{}",
+            r.label,
+            units::duration(r.span_ns),
+            r.busy_pct,
+            r.top_cause.as_deref().unwrap_or("-"),
+            if r.slowest {
+                "  ← slowest (most GPU work: the others wait for it)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(())
+}
+
+pub fn write_hta(table: &BTreeMap<u32, StreamIdle>, out: &mut impl Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "\nIdle per stream, by Holistic Trace Analysis's rules (µs)"
+    )?;
+    writeln!(
+        out,
+        "  {:>8} {:>22} {:>22} {:>22}",
+        "STREAM", "HOST_WAIT (n)", "KERNEL_WAIT (n)", "OTHER (n)"
+    )?;
+    for (stream, s) in table {
+        let cell = |b: &crate::kineto::hta::Bucket| format!("{} ({})", b.idle_us, b.n);
+        writeln!(
+            out,
+            "  {:>8} {:>22} {:>22} {:>22}",
+            stream,
+            cell(&s.host_wait),
+            cell(&s.kernel_wait),
+            cell(&s.other)
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! PyTorch profiler (Kineto) traces, read into the same session model a
+//! recording produces: GPU work by device and stream, runtime/driver calls
+//! linked by correlation id, host ops as slices of their threads.
+
+pub mod hta;
+mod parse;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use gapscope_cupti::record::{copy_kind, memory_kind};
+use gapscope_cupti::{ApiDomain, ClockMethod, GpuRecord, Hello};
+
+pub use parse::{looks_like_trace, us_text_to_ns, KinetoError, RawEvent};
+
+use crate::session::{Footer, GpuSource, HostOp, Mode, Session, SessionHeader, StopReason};
+
+/// "Memcpy HtoD (Pageable -> Device)" → (copy kind, src kind, dst kind).
+fn memcpy_kinds(name: &str) -> (u8, u8, u8) {
+    let kind = [
+        ("HtoD", copy_kind::HTOD),
+        ("DtoH", copy_kind::DTOH),
+        ("DtoD", copy_kind::DTOD),
+        ("HtoH", copy_kind::HTOH),
+        ("PtoP", copy_kind::PTOP),
+    ]
+    .iter()
+    .find(|(k, _)| name.contains(k))
+    .map(|(_, v)| *v)
+    .unwrap_or(0);
+    let mem = |s: &str| match s.trim() {
+        "Pageable" => memory_kind::PAGEABLE,
+        "Pinned" => memory_kind::PINNED,
+        "Device" => memory_kind::DEVICE,
+        "Managed" => memory_kind::MANAGED,
+        _ => 0,
+    };
+    let (src, dst) = name
+        .split_once('(')
+        .and_then(|(_, r)| r.trim_end_matches(')').split_once("->"))
+        .map(|(a, b)| (mem(a), mem(b)))
+        .unwrap_or((0, 0));
+    (kind, src, dst)
+}
+
+/// The CUPTI callback id of a runtime or driver function named in a trace.
+fn cbid_of(domain: ApiDomain, name: &str) -> u32 {
+    crate::analyze::cbid_of(domain, name).unwrap_or(u32::MAX)
+}
+
+/// Reads a trace into a session.
+pub fn import(path: &Path) -> Result<Session, KinetoError> {
+    let mut s = Session::default();
+    let mut lo = u64::MAX;
+    let mut hi = 0u64;
+    let mut cpu_pids: HashMap<u32, usize> = HashMap::new();
+    let mut gpu_pids: Vec<u32> = Vec::new();
+    let meta = parse::read_events(path, |e| {
+        if e.ph != "X" {
+            return;
+        }
+        let (Some(ts), dur) = (e.ts_ns(), e.dur_ns().unwrap_or(0)) else {
+            return;
+        };
+        let end = ts + dur;
+        lo = lo.min(ts);
+        hi = hi.max(end);
+        let pid = e.pid_num().unwrap_or(0) as u32;
+        let tid = e.tid_num().unwrap_or(0) as u32;
+        let args = e.args.unwrap_or_default();
+        let correlation = args.correlation.unwrap_or(0) as u32;
+        let device = args.device.unwrap_or(pid);
+        let stream = args.stream.unwrap_or(tid);
+        let context = args.context.unwrap_or(0);
+        let record = match e.cat.as_str() {
+            "kernel" => {
+                let dim = |v: &Option<Vec<i64>>| {
+                    let v = v.as_deref().unwrap_or(&[]);
+                    [0, 1, 2].map(|i| v.get(i).copied().unwrap_or(1) as i32)
+                };
+                Some(GpuRecord::Kernel {
+                    start: ts,
+                    end,
+                    device,
+                    context,
+                    stream,
+                    correlation,
+                    grid: dim(&args.grid),
+                    block: dim(&args.block),
+                    name: e.name,
+                })
+            }
+            "gpu_memcpy" => {
+                let (copy_kind, src_kind, dst_kind) = memcpy_kinds(&e.name);
+                Some(GpuRecord::Memcpy {
+                    start: ts,
+                    end,
+                    device,
+                    context,
+                    stream,
+                    correlation,
+                    bytes: args.bytes.unwrap_or(0),
+                    copy_kind,
+                    src_kind,
+                    dst_kind,
+                })
+            }
+            "gpu_memset" => Some(GpuRecord::Memset {
+                start: ts,
+                end,
+                device,
+                context,
+                stream,
+                correlation,
+                bytes: args.bytes.unwrap_or(0),
+                value: 0,
+                memory_kind: 0,
+            }),
+            "cuda_runtime" | "cuda_driver" => {
+                let domain = if e.cat == "cuda_runtime" {
+                    ApiDomain::Runtime
+                } else {
+                    ApiDomain::Driver
+                };
+                *cpu_pids.entry(pid).or_default() += 1;
+                Some(GpuRecord::Api {
+                    domain,
+                    cbid: args.cbid.unwrap_or_else(|| cbid_of(domain, &e.name)),
+                    start: ts,
+                    end,
+                    pid,
+                    tid,
+                    correlation,
+                })
+            }
+            "cpu_op" | "python_function" | "user_annotation" => {
+                *cpu_pids.entry(pid).or_default() += 1;
+                s.host_ops.push(HostOp {
+                    pid,
+                    tid,
+                    start: ts,
+                    end,
+                    name: e.name,
+                    cat: e.cat,
+                });
+                None
+            }
+            _ => None,
+        };
+        if let Some(r) = record {
+            if matches!(r, GpuRecord::Api { .. }) {
+                s.gpu.push((pid, r));
+            } else {
+                if !gpu_pids.contains(&pid) {
+                    gpu_pids.push(pid);
+                }
+                // GPU rows carry the device as pid; key the work by the host
+                // process later, when it is known.
+                s.gpu.push((u32::MAX, r));
+            }
+        }
+    })?;
+    if lo == u64::MAX {
+        return Err(KinetoError::Format {
+            path: path.display().to_string(),
+            reason: "no complete events (ph \"X\") with timestamps".into(),
+        });
+    }
+    // The host process: the one with the most host-side events.
+    let host = cpu_pids
+        .iter()
+        .max_by_key(|(p, n)| (**n, **p))
+        .map(|(p, _)| *p)
+        .unwrap_or(0);
+    for (pid, _) in s.gpu.iter_mut() {
+        if *pid == u32::MAX {
+            *pid = host;
+        }
+    }
+    let mut names: BTreeMap<u32, String> = BTreeMap::new();
+    for d in &meta.device_properties {
+        if let (Some(id), Some(name)) = (d["id"].as_u64(), d["name"].as_str()) {
+            names.insert(id as u32, name.to_string());
+        }
+    }
+    for (id, name) in names {
+        s.gpu.push((host, GpuRecord::Device { id, name }));
+    }
+    s.gpu.sort_by_key(|(_, r)| r.start());
+    s.host_ops.sort_by_key(|o| o.start);
+
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let rank = meta
+        .distributed_info
+        .as_ref()
+        .and_then(|d| d["rank"].as_u64());
+    let world = meta
+        .distributed_info
+        .as_ref()
+        .and_then(|d| d["world_size"].as_u64());
+    s.header = Some(SessionHeader {
+        gapscope_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode: Mode::Kineto,
+        target_pid: host,
+        command: vec![format!("kineto:{file}")],
+        hostname: String::new(),
+        kernel: String::new(),
+        nr_cpus: 0,
+        start_ns: lo,
+        start_unix_ns: lo,
+        sample_hz: 0,
+    });
+    s.footer = Some(Footer {
+        end_ns: hi,
+        reason: StopReason::TargetExited,
+        exit_code: None,
+        events: 0,
+    });
+    s.gpu_sources.push(GpuSource {
+        pid: host,
+        kind: "kineto".into(),
+        hello: Hello {
+            version: gapscope_cupti::protocol::VERSION,
+            pid: host,
+            driver_version: 0,
+            cupti_version: 0,
+            clock: ClockMethod::Native,
+            source: format!("PyTorch profiler trace {file}"),
+        },
+    });
+    if let (Some(r), Some(w)) = (rank, world) {
+        s.notes.push(format!("rank {r} of {w}"));
+    }
+    s.notes.push(
+        "imported from a PyTorch profiler trace: no off-CPU data, so input waits cannot be split into storage, \
+         preprocessing or network, and CPU contention and blocked threads cannot be seen (record with \
+         `gapscope run` for those)"
+            .into(),
+    );
+    Ok(s)
+}
+
+/// Trace files named on the command line, directories expanded.
+pub fn trace_files(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.path())
+                        .filter(|f| {
+                            let n = f.to_string_lossy();
+                            n.ends_with(".json") || n.ends_with(".json.gz")
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            out.extend(v);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memcpy_names() {
+        assert_eq!(
+            memcpy_kinds("Memcpy HtoD (Pageable -> Device)"),
+            (copy_kind::HTOD, memory_kind::PAGEABLE, memory_kind::DEVICE)
+        );
+        assert_eq!(
+            memcpy_kinds("Memcpy DtoH (Device -> Pinned)"),
+            (copy_kind::DTOH, memory_kind::DEVICE, memory_kind::PINNED)
+        );
+        assert_eq!(memcpy_kinds("weird"), (0, 0, 0));
+    }
+}
+
+/// Writes a session for each trace: `dir/session.gsz` for one trace,
+/// `dir/<trace name>/session.gsz` for several. Returns the files written.
+pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, crate::inputs::LoadError> {
+    use crate::session::{GpuBatch, Record, SessionWriter};
+    let files = trace_files(traces);
+    let mut written = Vec::new();
+    for f in &files {
+        let s = import(f)?;
+        let out = if files.len() == 1 {
+            dir.to_path_buf()
+        } else {
+            let stem = f
+                .file_name()
+                .map(|n| {
+                    n.to_string_lossy()
+                        .trim_end_matches(".gz")
+                        .trim_end_matches(".json")
+                        .to_string()
+                })
+                .unwrap_or_default();
+            dir.join(stem)
+        };
+        crate::output::create_dir(&out).map_err(|source| crate::session::SessionError::Io {
+            path: out.clone(),
+            source,
+        })?;
+        let path = out.join(crate::session::FILE_NAME);
+        let mut w = SessionWriter::create(&path)?;
+        w.push(&Record::Header(s.header().clone()))?;
+        for g in &s.gpu_sources {
+            w.push(&Record::GpuSource(g.clone()))?;
+        }
+        for chunk in s.gpu.chunks(4096) {
+            // Records keep the pid of the process they belong to.
+            let mut by_pid: BTreeMap<u32, Vec<GpuRecord>> = BTreeMap::new();
+            for (pid, r) in chunk {
+                by_pid.entry(*pid).or_default().push(r.clone());
+            }
+            for (pid, records) in by_pid {
+                w.push(&Record::Gpu(GpuBatch { pid, records }))?;
+            }
+        }
+        for o in &s.host_ops {
+            w.push(&Record::HostOp(o.clone()))?;
+        }
+        for n in &s.notes {
+            w.push(&Record::Note(n.clone()))?;
+        }
+        if let Some(f) = &s.footer {
+            w.push(&Record::End(f.clone()))?;
+        }
+        w.finish()?;
+        written.push(path);
+    }
+    Ok(written)
+}
