@@ -23,6 +23,17 @@ pub fn api_name(domain: ApiDomain, cbid: u32) -> Cow<'static, str> {
     }
 }
 
+/// The CUPTI callback id of a CUDA API function, by name ("cudaLaunchKernel",
+/// with or without a version suffix).
+pub fn cbid_of(domain: ApiDomain, name: &str) -> Option<u32> {
+    let table = match domain {
+        ApiDomain::Runtime => cbid_names::RUNTIME,
+        ApiDomain::Driver => cbid_names::DRIVER,
+    };
+    let base = name.split("_v").next().unwrap_or(name);
+    table.iter().find(|(_, n)| *n == base).map(|(id, _)| *id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,15 +45,4 @@ mod tests {
         assert_eq!(api_name(ApiDomain::Driver, 307), "cuLaunchKernel");
         assert_eq!(api_name(ApiDomain::Driver, 999_999), "Driver#999999");
     }
-}
-
-/// The CUPTI callback id of a CUDA API function, by name ("cudaLaunchKernel",
-/// with or without a version suffix).
-pub fn cbid_of(domain: ApiDomain, name: &str) -> Option<u32> {
-    let table = match domain {
-        ApiDomain::Runtime => cbid_names::RUNTIME,
-        ApiDomain::Driver => cbid_names::DRIVER,
-    };
-    let base = name.split("_v").next().unwrap_or(name);
-    table.iter().find(|(_, n)| *n == base).map(|(id, _)| *id)
 }

@@ -268,24 +268,6 @@ pub fn trace_files(paths: &[PathBuf]) -> Vec<PathBuf> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn memcpy_names() {
-        assert_eq!(
-            memcpy_kinds("Memcpy HtoD (Pageable -> Device)"),
-            (copy_kind::HTOD, memory_kind::PAGEABLE, memory_kind::DEVICE)
-        );
-        assert_eq!(
-            memcpy_kinds("Memcpy DtoH (Device -> Pinned)"),
-            (copy_kind::DTOH, memory_kind::DEVICE, memory_kind::PINNED)
-        );
-        assert_eq!(memcpy_kinds("weird"), (0, 0, 0));
-    }
-}
-
 /// Writes a session for each trace: `dir/session.gsz` for one trace,
 /// `dir/<trace name>/session.gsz` for several. Returns the files written.
 pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, crate::inputs::LoadError> {
@@ -341,4 +323,22 @@ pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, crate::
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memcpy_names() {
+        assert_eq!(
+            memcpy_kinds("Memcpy HtoD (Pageable -> Device)"),
+            (copy_kind::HTOD, memory_kind::PAGEABLE, memory_kind::DEVICE)
+        );
+        assert_eq!(
+            memcpy_kinds("Memcpy DtoH (Device -> Pinned)"),
+            (copy_kind::DTOH, memory_kind::DEVICE, memory_kind::PINNED)
+        );
+        assert_eq!(memcpy_kinds("weird"), (0, 0, 0));
+    }
 }
