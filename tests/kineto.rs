@@ -193,3 +193,30 @@ fn a_truncated_trace_is_a_one_line_error() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("not a Kineto trace"), "{err}");
 }
+
+#[test]
+fn a_dataloader_wait_in_a_trace_is_input_of_unknown_kind() {
+    let dir = scratch("kineto-dl");
+    let p = dir.path().join("trace.json");
+    // µs: launch 0-5 → kernel 10-20; DataLoader.__next__ 20-80; launch 85-90
+    // → kernel 90-100. The 70 µs gap: 60 waiting for data, 5 outside any op,
+    // 5 launching.
+    std::fs::write(
+        &p,
+        r#"{"traceEvents": [
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 1, "ts": 0, "dur": 5, "args": {"correlation": 1, "cbid": 211}},
+  {"ph": "X", "cat": "kernel", "name": "k1", "pid": 0, "tid": 7, "ts": 10, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 1}},
+  {"ph": "X", "cat": "cpu_op", "name": "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "pid": 10, "tid": 1, "ts": 20, "dur": 60},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 1, "ts": 85, "dur": 5, "args": {"correlation": 2, "cbid": 211}},
+  {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 90, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 2}}
+]}"#,
+    )
+    .unwrap();
+    let r = report(&[p.to_str().unwrap(), "--format", "json"]);
+    let causes = &r["gpus"][0]["idle_by_cause_ns"];
+    assert_eq!(causes["input.unknown"], 60_000, "{causes}");
+    assert_eq!(causes["cpu.launch"], 5_000, "{causes}");
+    assert_eq!(causes["unattributed"], 5_000, "{causes}");
+    assert_eq!(causes["startup"], 10_000, "{causes}");
+    assert_eq!(r["recommendations"][0]["cause"], "input.unknown");
+}

@@ -33,6 +33,8 @@ pub enum Cause {
     InputIo,
     InputCpu,
     InputNetwork,
+    /// Waiting for input, kind unknown: traces without off-CPU data.
+    InputUnknown,
     CpuHost,
     CpuLaunch,
     CpuContention,
@@ -44,10 +46,11 @@ pub enum Cause {
 }
 
 impl Cause {
-    pub const ALL: [Cause; 11] = [
+    pub const ALL: [Cause; 12] = [
         Cause::InputIo,
         Cause::InputCpu,
         Cause::InputNetwork,
+        Cause::InputUnknown,
         Cause::CpuHost,
         Cause::CpuLaunch,
         Cause::CpuContention,
@@ -63,6 +66,7 @@ impl Cause {
             Cause::InputIo => "input.io",
             Cause::InputCpu => "input.cpu",
             Cause::InputNetwork => "input.network",
+            Cause::InputUnknown => "input.unknown",
             Cause::CpuHost => "cpu.host",
             Cause::CpuLaunch => "cpu.launch",
             Cause::CpuContention => "cpu.contention",
@@ -92,7 +96,8 @@ pub enum ApiRole {
 
 pub fn api_role(name: &str) -> ApiRole {
     let n = name.trim_start_matches('_');
-    if n.contains("Synchronize") || n.contains("WaitEvent") || n.contains("EventQuery") {
+    // cudaEventQuery polls without waiting: not a synchronization.
+    if n.contains("Synchronize") || n.contains("WaitEvent") {
         ApiRole::Sync
     } else if n.contains("Launch") {
         ApiRole::Launch
@@ -141,6 +146,9 @@ pub struct Inputs<'a> {
     pub threads: &'a BTreeMap<Tid, ThreadTimeline>,
     /// Each thread's CUDA API calls, sorted by start.
     pub api: &'a HashMap<Tid, Vec<ApiSpan>>,
+    /// For threads without eBPF states (imported traces): what their host
+    /// ops say, as disjoint sorted (start, end, cause) segments.
+    pub ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -314,12 +322,7 @@ fn thread_pieces(
     out: &mut Attribution,
 ) {
     let Some(tl) = inp.threads.get(&t) else {
-        out.add(Piece {
-            start: a,
-            end: b,
-            cause: Cause::Unattributed,
-            thread: Some(t),
-        });
+        op_pieces(inp.ops.get(&t), t, a, b, after_sync && hops == 0, out);
         return;
     };
     let mut cur = a;
@@ -371,6 +374,96 @@ fn thread_pieces(
     if cur < b {
         out.add(piece(cur, b, Cause::Unattributed, t));
     }
+}
+
+/// `[a, b)` of a thread known only by its host ops: the innermost op's
+/// cause; no op at all → unattributed.
+fn op_pieces(
+    ops: Option<&Vec<(u64, u64, Cause)>>,
+    t: Tid,
+    a: u64,
+    b: u64,
+    after_sync: bool,
+    out: &mut Attribution,
+) {
+    let mut cur = a;
+    if let Some(ops) = ops {
+        let i = ops.partition_point(|x| x.1 <= a);
+        for &(s, e, c) in ops[i..].iter().take_while(|x| x.0 < b) {
+            let (s, e) = (s.max(cur), e.min(b));
+            if e <= s {
+                continue;
+            }
+            if s > cur {
+                out.add(piece(cur, s, Cause::Unattributed, t));
+            }
+            let c = if after_sync && c == Cause::CpuHost {
+                Cause::Sync
+            } else {
+                c
+            };
+            out.add(piece(s, e, c, t));
+            cur = e;
+        }
+    }
+    if cur < b {
+        out.add(piece(cur, b, Cause::Unattributed, t));
+    }
+}
+
+/// What a named host op (from a trace) means for the GPU waiting on it.
+pub fn op_cause(name: &str) -> Cause {
+    if name.contains("DataLoader") {
+        Cause::InputUnknown
+    } else if name == "aten::item"
+        || name == "aten::_local_scalar_dense"
+        || name.contains("synchronize")
+    {
+        Cause::Sync
+    } else {
+        Cause::CpuHost
+    }
+}
+
+/// Nested ops to disjoint segments, the innermost (latest started) op
+/// deciding each.
+pub fn flatten_ops(mut ops: Vec<(u64, u64, Cause)>) -> Vec<(u64, u64, Cause)> {
+    ops.retain(|o| o.1 > o.0);
+    ops.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut out: Vec<(u64, u64, Cause)> = Vec::new();
+    let mut stack: Vec<(u64, Cause)> = Vec::new(); // (end, cause)
+    let mut cur = 0u64;
+    let emit = |from: u64, to: u64, c: Cause, out: &mut Vec<(u64, u64, Cause)>| {
+        if to > from {
+            match out.last_mut() {
+                Some(l) if l.1 == from && l.2 == c => l.1 = to,
+                _ => out.push((from, to, c)),
+            }
+        }
+    };
+    for (s, e, c) in ops {
+        // Close ops that end before this one starts.
+        while let Some(&(end, top)) = stack.last() {
+            if end > s {
+                break;
+            }
+            emit(cur, end, top, &mut out);
+            cur = cur.max(end);
+            stack.pop();
+        }
+        if let Some(&(_, top)) = stack.last() {
+            emit(cur, s, top, &mut out);
+        }
+        cur = cur.max(s);
+        // An op overrunning its parent (clock jitter) is clipped to it.
+        let e = stack.last().map_or(e, |&(pe, _)| e.min(pe));
+        stack.push((e, c));
+    }
+    while let Some((end, top)) = stack.pop() {
+        emit(cur, end, top, &mut out);
+        cur = cur.max(end);
+    }
+    out
 }
 
 /// The state a thread was in just before `ts`.
@@ -469,12 +562,14 @@ mod tests {
     ) -> Attribution {
         let threads: BTreeMap<Tid, ThreadTimeline> =
             threads.into_iter().map(|t| ((t.pid, t.tid), t)).collect();
+        let ops = HashMap::new();
         let a = attribute(&Inputs {
             window,
             busy,
             work,
             threads: &threads,
             api: &api,
+            ops: &ops,
         });
         let busy_total: u64 = busy.iter().map(|(s, e)| e - s).sum();
         assert_eq!(
@@ -743,6 +838,34 @@ mod tests {
         );
         assert_eq!(a.get(Cause::Sync), 50);
         assert_eq!(a.get(Cause::Unattributed), 50);
+    }
+
+    #[test]
+    fn nested_ops_flatten_to_the_innermost() {
+        let f = flatten_ops(vec![
+            (0, 100, Cause::CpuHost),      // ProfilerStep#1
+            (10, 40, Cause::InputUnknown), // enumerate(DataLoader)...__next__
+            (50, 60, Cause::Sync),         // aten::item
+            (55, 58, Cause::CpuHost),      // aten::_local_scalar_dense's child
+        ]);
+        assert_eq!(
+            f,
+            vec![
+                (0, 10, Cause::CpuHost),
+                (10, 40, Cause::InputUnknown),
+                (40, 50, Cause::CpuHost),
+                (50, 55, Cause::Sync),
+                (55, 58, Cause::CpuHost),
+                (58, 60, Cause::Sync),
+                (60, 100, Cause::CpuHost),
+            ]
+        );
+        assert_eq!(
+            op_cause("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"),
+            Cause::InputUnknown
+        );
+        assert_eq!(op_cause("aten::item"), Cause::Sync);
+        assert_eq!(op_cause("aten::mm"), Cause::CpuHost);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use gapscope_cupti::GpuRecord;
 
 use super::api_name;
-use super::attribute::{self, api_role, ApiSpan, Attribution, Inputs, Tid};
+use super::attribute::{self, api_role, ApiSpan, Attribution, Cause, Inputs, Tid};
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::session::{Event, Session};
 use crate::timeline::Timeline;
@@ -98,6 +98,16 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
         w.sort_by_key(|x| x.0);
     }
 
+    let mut ops: HashMap<Tid, Vec<(u64, u64, Cause)>> = HashMap::new();
+    for o in &session.host_ops {
+        ops.entry((o.pid, o.tid))
+            .or_default()
+            .push((o.start, o.end, attribute::op_cause(&o.name)));
+    }
+    let ops: HashMap<Tid, Vec<(u64, u64, Cause)>> = ops
+        .into_iter()
+        .map(|(t, v)| (t, attribute::flatten_ops(v)))
+        .collect();
     let gpus = gpu_timelines(session, tl.start, tl.end)
         .into_iter()
         .map(|gpu| {
@@ -108,6 +118,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
                 work: work.get(&gpu.device).unwrap_or(&empty),
                 threads: &tl.threads,
                 api: &api,
+                ops: &ops,
             });
             GpuDiagnosis { gpu, attribution }
         })

@@ -89,6 +89,9 @@ pub struct IdleByCause {
     pub input_cpu: u64,
     #[serde(rename = "input.network")]
     pub input_network: u64,
+    /// Waiting for input of an unknown kind (imported traces).
+    #[serde(rename = "input.unknown")]
+    pub input_unknown: u64,
     #[serde(rename = "cpu.host")]
     pub cpu_host: u64,
     #[serde(rename = "cpu.launch")]
@@ -107,6 +110,7 @@ impl IdleByCause {
         self.input_io
             + self.input_cpu
             + self.input_network
+            + self.input_unknown
             + self.cpu_host
             + self.cpu_launch
             + self.cpu_contention
@@ -118,11 +122,12 @@ impl IdleByCause {
     }
 
     /// (name, ns) pairs in contract order.
-    pub fn entries(&self) -> [(&'static str, u64); 11] {
+    pub fn entries(&self) -> [(&'static str, u64); 12] {
         [
             ("input.io", self.input_io),
             ("input.cpu", self.input_cpu),
             ("input.network", self.input_network),
+            ("input.unknown", self.input_unknown),
             ("cpu.host", self.cpu_host),
             ("cpu.launch", self.cpu_launch),
             ("cpu.contention", self.cpu_contention),
@@ -261,6 +266,7 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                     input_io: by(Cause::InputIo),
                     input_cpu: by(Cause::InputCpu),
                     input_network: by(Cause::InputNetwork),
+                    input_unknown: by(Cause::InputUnknown),
                     cpu_host: by(Cause::CpuHost),
                     cpu_launch: by(Cause::CpuLaunch),
                     cpu_contention: by(Cause::CpuContention),

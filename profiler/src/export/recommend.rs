@@ -341,6 +341,9 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             e.extend(ev.blocked_stack(&top, OffKind::Net));
             "The input pipeline waits on the network. Prefetch more (prefetch_factor, more workers), fetch shards in parallel, cache them on local disk, or move the data next to the GPUs.".into()
         }
+        Cause::InputUnknown => {
+            "The training loop waits for its DataLoader. This trace cannot tell storage, preprocessing or network apart (no off-CPU data; record the job with `gapscope run` to find out); first try more num_workers, prefetch_factor and persistent_workers=True, and pin_memory=True.".into()
+        }
         Cause::CpuHost => {
             e.extend(ev.hot_stack(&top));
             "Host-side work between GPU steps (Python, framework overhead). Cut per-step host work with torch.compile or CUDA graphs, move logging and metrics off the step, or grow the batch so each step gives the GPU more work.".into()

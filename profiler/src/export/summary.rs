@@ -111,23 +111,34 @@ fn blocks(r: &Report) -> Vec<Block> {
         Some(c) => format!("exit {c}"),
         None => "still running".into(),
     };
-    b.push(Block::Heading(format!(
-        "gapscope · {cmd} · pid {} · {exit}",
-        r.target.pid
-    )));
     let s = &r.session;
-    b.push(Block::Line(format!(
-        "{} {} · {} · {} on {} (Linux {}, {} CPUs) · {} events · {} Hz sampling",
-        if s.mode == "run" { "ran" } else { "attached" },
-        units::utc(s.start_unix_ns),
-        units::duration(s.duration_ns),
-        s.stop_reason.unwrap_or("recording cut short"),
-        s.hostname,
-        s.kernel,
-        s.nr_cpus,
-        units::count(s.events),
-        s.sample_hz
-    )));
+    if s.mode == "kineto" {
+        b.push(Block::Heading(format!(
+            "gapscope · {cmd} · PyTorch profiler trace"
+        )));
+        b.push(Block::Line(format!(
+            "trace of {} starting {} (clock as in the trace)",
+            units::duration(s.duration_ns),
+            units::utc(s.start_unix_ns)
+        )));
+    } else {
+        b.push(Block::Heading(format!(
+            "gapscope · {cmd} · pid {} · {exit}",
+            r.target.pid
+        )));
+        b.push(Block::Line(format!(
+            "{} {} · {} · {} on {} (Linux {}, {} CPUs) · {} events · {} Hz sampling",
+            if s.mode == "run" { "ran" } else { "attached" },
+            units::utc(s.start_unix_ns),
+            units::duration(s.duration_ns),
+            s.stop_reason.unwrap_or("recording cut short"),
+            s.hostname,
+            s.kernel,
+            s.nr_cpus,
+            units::count(s.events),
+            s.sample_hz
+        )));
+    }
     if let Some(why) = &s.truncated {
         b.push(Block::Line(format!(
             "TRUNCATED session: {why}; everything up to that point is shown"
@@ -137,10 +148,12 @@ fn blocks(r: &Report) -> Vec<Block> {
     gpu_blocks(r, &mut b);
     advice_blocks(r, &mut b);
 
-    b.push(Block::Heading(
-        "Where each thread's time went (share of its lifetime)".into(),
-    ));
-    b.push(Block::Table(thread_table(r)));
+    if !r.threads.is_empty() {
+        b.push(Block::Heading(
+            "Where each thread's time went (share of its lifetime)".into(),
+        ));
+        b.push(Block::Table(thread_table(r)));
+    }
 
     let mut by_bytes: Vec<&ThreadReport> = r.threads.iter().collect();
     by_bytes.sort_by_key(|t| std::cmp::Reverse(moved(t)));
