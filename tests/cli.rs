@@ -34,11 +34,17 @@ fn report_of_a_missing_file() {
 #[test]
 fn report_of_a_foreign_file() {
     let dir = scratch("foreign");
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, b"hello, not a profile").unwrap();
+    let (code, _, stderr) = gapscope_cmd(&["report", path.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    one_line_error(&stderr, "not a gapscope session");
+    // JSON is taken for a trace, and an empty one says so.
     let path = dir.path().join("trace.json");
     std::fs::write(&path, b"{\"traceEvents\": []}").unwrap();
     let (code, _, stderr) = gapscope_cmd(&["report", path.to_str().unwrap()]);
     assert_eq!(code, Some(1));
-    one_line_error(&stderr, "not a gapscope session");
+    one_line_error(&stderr, "not a Kineto trace: no complete events");
 }
 
 #[test]
