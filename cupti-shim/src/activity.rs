@@ -85,7 +85,7 @@ pub unsafe fn decode(rec: *const u8, clock_offset: i64, pid: u32) -> Decoded {
                 at(rec, offset_of!(Kernel, blockY)),
                 at(rec, offset_of!(Kernel, blockZ)),
             ],
-            name: c_string(at(rec, offset_of!(Kernel, name))),
+            name: c_string(at(rec, offset_of!(Kernel, name))).into(),
         },
         KIND_MEMCPY => GpuRecord::Memcpy {
             start: ts(at(rec, offset_of!(Memcpy, start))),

@@ -427,7 +427,7 @@ fn get_record(r: &mut Reader) -> Result<GpuRecord, ProtocolError> {
             correlation: r.u32()?,
             grid: [r.i32()?, r.i32()?, r.i32()?],
             block: [r.i32()?, r.i32()?, r.i32()?],
-            name: r.str()?,
+            name: r.str()?.into(),
         },
         R_MEMCPY => GpuRecord::Memcpy {
             start: r.u64()?,
@@ -620,7 +620,7 @@ mod tests {
                             correlation,
                             grid,
                             block,
-                            name,
+                            name: name.into(),
                         }
                     }
                 ),

@@ -95,7 +95,8 @@ pub enum GpuRecord {
         grid: [i32; 3],
         block: [i32; 3],
         /// As CUPTI gives it (mangled for C++); demangled for display.
-        name: String,
+        /// Shared: the same few names repeat for millions of launches.
+        name: std::sync::Arc<str>,
     },
     Memcpy {
         start: u64,

@@ -7,6 +7,7 @@ mod parse;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use gapscope_cupti::record::{copy_kind, memory_kind};
 use gapscope_cupti::{ApiDomain, ClockMethod, GpuRecord, Hello};
@@ -51,6 +52,17 @@ fn cbid_of(domain: ApiDomain, name: &str) -> u32 {
 /// Reads a trace into a session.
 pub fn import(path: &Path) -> Result<Session, KinetoError> {
     let mut s = Session::default();
+    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut intern = move |n: String| -> Arc<str> {
+        match names.get(&n) {
+            Some(a) => a.clone(),
+            None => {
+                let a: Arc<str> = n.as_str().into();
+                names.insert(n, a.clone());
+                a
+            }
+        }
+    };
     let mut lo = u64::MAX;
     let mut hi = 0u64;
     let mut cpu_pids: HashMap<u32, usize> = HashMap::new();
@@ -87,7 +99,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
                     correlation,
                     grid: dim(&args.grid),
                     block: dim(&args.block),
-                    name: e.name,
+                    name: intern(e.name),
                 })
             }
             "gpu_memcpy" => {
@@ -135,13 +147,14 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             }
             "cpu_op" | "python_function" | "user_annotation" => {
                 *cpu_pids.entry(pid).or_default() += 1;
+                let (name, cat) = (intern(e.name), intern(e.cat));
                 s.host_ops.push(HostOp {
                     pid,
                     tid,
                     start: ts,
                     end,
-                    name: e.name,
-                    cat: e.cat,
+                    name,
+                    cat,
                 });
                 None
             }
@@ -186,8 +199,12 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
     for (id, name) in names {
         s.gpu.push((host, GpuRecord::Device { id, name }));
     }
-    s.gpu.sort_by_key(|(_, r)| r.start());
-    s.host_ops.sort_by_key(|o| o.start);
+    // In place (unstable sorts allocate nothing): traces are large.
+    s.gpu.sort_unstable_by_key(|(_, r)| r.start());
+    s.host_ops
+        .sort_unstable_by_key(|o| (o.start, std::cmp::Reverse(o.end)));
+    s.gpu.shrink_to_fit();
+    s.host_ops.shrink_to_fit();
 
     let file = path
         .file_name()

@@ -45,8 +45,9 @@ pub struct HostOp {
     pub tid: u32,
     pub start: u64,
     pub end: u64,
-    pub name: String,
-    pub cat: String,
+    /// Shared: a trace repeats the same op names millions of times.
+    pub name: std::sync::Arc<str>,
+    pub cat: std::sync::Arc<str>,
 }
 
 /// Where a process's GPU records come from.
