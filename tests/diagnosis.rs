@@ -4,8 +4,6 @@
 //! name the same dominant cause and each cause's share of idle within 5
 //! percentage points.
 
-use std::process::Command;
-
 use gapscope_tests::*;
 use serde_json::Value;
 
@@ -19,22 +17,6 @@ const STEADY_CAUSES: [&str; 8] = [
     "sync",
     "memory",
 ];
-
-fn dataset_dir() -> std::path::PathBuf {
-    let d = target_dir().join("simtrain-data");
-    let out = Command::new(bin("simtrain"))
-        .arg("--prepare")
-        .arg("--data")
-        .arg(&d)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    d
-}
 
 fn share(v: &Value, cause: &str, total: u64) -> f64 {
     v[cause].as_u64().unwrap_or(0) as f64 * 100.0 / total.max(1) as f64
@@ -50,7 +32,7 @@ fn dominant(causes: &Value) -> String {
 }
 
 fn scenario(bottleneck: &str) -> (Value, Value, Value) {
-    let data = dataset_dir();
+    let data = simtrain_data();
     let _lock = recording_lock();
     let dir = scratch(&format!("simtrain-{bottleneck}"));
     let truth_path = dir.path().join("truth.json");

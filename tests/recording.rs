@@ -336,7 +336,7 @@ fn offline_report_equals_the_one_printed_at_the_end_of_the_run() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let printed = run.stderr();
     let printed = printed
-        .rsplit_once("\ngapscope: session and reports in")
+        .rsplit_once("\ngapscope: ")
         .map(|(report, _)| report.to_string())
         .expect("run printed its report and output directory");
     let offline = Command::new(gapscope())

@@ -210,3 +210,91 @@ pub fn wheel_cupti() -> Option<PathBuf> {
         .join("cupti-wheel/nvidia/cuda_cupti/lib/libcupti.so.12");
     p.exists().then_some(p)
 }
+
+/// A real recording kept in the repository (simtrain, mixed bottleneck, 12
+/// steps), so exporters can be compared byte for byte across changes.
+pub fn golden_session() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/simtrain-mixed.gsz")
+}
+
+/// Compares `actual` with the golden file `name`; `GAPSCOPE_BLESS=1`
+/// rewrites the golden file instead.
+pub fn check_golden(name: &str, actual: &[u8]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden")
+        .join(name);
+    if std::env::var("GAPSCOPE_BLESS").as_deref() == Ok("1") {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; create it with GAPSCOPE_BLESS=1 cargo test -p gapscope-tests",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let (e, a) = (
+            String::from_utf8_lossy(&expected),
+            String::from_utf8_lossy(actual),
+        );
+        let line = e
+            .lines()
+            .zip(a.lines())
+            .position(|(x, y)| x != y)
+            .unwrap_or_else(|| e.lines().count().min(a.lines().count()));
+        panic!(
+            "{name} differs from its golden file at line {}:\n  golden: {}\n  now:    {}\n\
+             if the change is intended: GAPSCOPE_BLESS=1 cargo test -p gapscope-tests --test exports",
+            line + 1,
+            e.lines().nth(line).unwrap_or("<end of file>"),
+            a.lines().nth(line).unwrap_or("<end of file>"),
+        );
+    }
+}
+
+/// A headless Chromium, or None (and why) when there is none;
+/// `GAPSCOPE_REQUIRE_BROWSER=1` turns a missing one into a failure.
+pub fn browser(test: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("GAPSCOPE_CHROMIUM")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            ["chromium", "chromium-browser", "google-chrome"]
+                .iter()
+                .flat_map(|n| {
+                    std::env::var_os("PATH")
+                        .map(|p| {
+                            std::env::split_paths(&p)
+                                .map(|d| d.join(n))
+                                .collect::<Vec<_>>()
+                        })
+                        .unwrap_or_default()
+                }),
+        )
+        .find(|p| p.is_file());
+    if found.is_none() {
+        if std::env::var("GAPSCOPE_REQUIRE_BROWSER").as_deref() == Ok("1") {
+            panic!("{test}: Chromium is required (GAPSCOPE_REQUIRE_BROWSER=1) but not installed; cargo xtask setup installs it");
+        }
+        eprintln!("skipping {test}: no chromium on PATH (cargo xtask setup installs it)");
+    }
+    found
+}
+
+/// simtrain's dataset, made once (outside any recording).
+pub fn simtrain_data() -> PathBuf {
+    let d = target_dir().join("simtrain-data");
+    let out = Command::new(bin("simtrain"))
+        .arg("--prepare")
+        .arg("--data")
+        .arg(&d)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d
+}

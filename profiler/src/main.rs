@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
-use gapscope::export::{self, Format};
+use gapscope::export::{self, flame::FlameKind, Export, Format};
 use gapscope::session;
 
 #[derive(Parser, Debug)]
@@ -18,7 +18,7 @@ use gapscope::session;
     version,
     about = "Why do your GPUs sit idle? Records a process tree with eBPF and tells where its time went.",
     long_about = None,
-    after_help = "Examples:\n  sudo gapscope run -- python3 train.py\n  sudo gapscope attach --pid 4242 --duration 30\n  gapscope report gapscope-4242-20261129-164012/ --format json"
+    after_help = "Examples:\n  sudo gapscope run -- python3 train.py\n  sudo gapscope attach --pid 4242 --duration 30\n  gapscope report gapscope-4242-20261129-164012/ --format json\n  gapscope report gapscope-4242-20261129-164012/ --format html -o report.html\n  gapscope export gapscope-4242-20261129-164012/ --flamegraph idle -o idle.svg\n  gapscope export gapscope-4242-20261129-164012/ --timeline --window 10..12 -o trace.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -64,6 +64,40 @@ enum Command {
         /// kernel_wait, other), computed with HTA's rules, to compare with it.
         #[arg(long)]
         hta: bool,
+        /// Write to FILE instead of stdout.
+        #[arg(long, short = 'o', value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Flamegraphs (SVG or folded stacks) and the timeline (Chrome trace JSON,
+    /// for Perfetto UI and chrome://tracing) of a recorded session or trace.
+    #[command(group(ArgGroup::new("what").required(true).args(["flamegraph", "timeline"])))]
+    Export {
+        /// A session file or run directory, or a PyTorch profiler trace.
+        path: PathBuf,
+        /// Draw a flamegraph: cpu = on-CPU samples; offcpu = blocked time by
+        /// stack; idle = host stacks during GPU idle gaps, rooted at the cause.
+        #[arg(long, value_enum, value_name = "KIND")]
+        flamegraph: Option<FlameArg>,
+        /// With --flamegraph: folded stacks (for speedscope, inferno,
+        /// flamegraph.pl) instead of SVG.
+        #[arg(long, requires = "flamegraph", conflicts_with = "timeline")]
+        folded: bool,
+        /// The timeline as Chrome trace event JSON: GPU streams, host threads,
+        /// syscalls, CUDA calls, idle gaps by cause, launch→kernel arrows.
+        #[arg(long)]
+        timeline: bool,
+        /// With --timeline: only START..END, in seconds from the start of the
+        /// recording (e.g. 10..12.5, ..5, 30..).
+        #[arg(
+            long,
+            requires = "timeline",
+            conflicts_with = "flamegraph",
+            value_name = "START..END"
+        )]
+        window: Option<String>,
+        /// Write to FILE instead of stdout.
+        #[arg(long, short = 'o', value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// Convert other profilers' output into gapscope sessions.
     Import {
@@ -102,6 +136,10 @@ struct RecordArgs {
     /// No status line while recording, no report at the end.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Write the session and the reports only: no flamegraphs, no
+    /// trace.json, no report.html.
+    #[arg(long)]
+    no_exports: bool,
     /// Record the CPU side only: no CUPTI shim, no NVML.
     #[arg(long)]
     no_gpu: bool,
@@ -123,6 +161,25 @@ enum FormatArg {
     Text,
     Json,
     Md,
+    /// One self-contained page (use with -o).
+    Html,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FlameArg {
+    Cpu,
+    Offcpu,
+    Idle,
+}
+
+impl From<FlameArg> for FlameKind {
+    fn from(f: FlameArg) -> FlameKind {
+        match f {
+            FlameArg::Cpu => FlameKind::Cpu,
+            FlameArg::Offcpu => FlameKind::OffCpu,
+            FlameArg::Idle => FlameKind::Idle,
+        }
+    }
 }
 
 impl From<FormatArg> for Format {
@@ -131,6 +188,7 @@ impl From<FormatArg> for Format {
             FormatArg::Text => Format::Text,
             FormatArg::Json => Format::Json,
             FormatArg::Md => Format::Markdown,
+            FormatArg::Html => Format::Html,
         }
     }
 }
@@ -185,15 +243,20 @@ fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>
 
 /// Reads the session back from disk, writes the report files beside it and
 /// prints the text report: what is printed is exactly what `report` shows.
-fn after_recording(rec: &Recording, quiet: bool) -> Result<(), String> {
+fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
     let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
     let s = session::read_session(&rec.session).map_err(|e| e.to_string())?;
-    let report = export::build_report(&s);
-    export::write_bundle(dir, &report).map_err(|e| format!("writing reports: {e}"))?;
+    let a = export::analyze(&s);
+    export::write_bundle(dir, &s, &a, exports).map_err(|e| format!("writing reports: {e}"))?;
     if !quiet {
         let mut err = std::io::stderr().lock();
-        export::write_report(&report, Format::Text, &mut err).map_err(|e| e.to_string())?;
-        eprintln!("\ngapscope: session and reports in {}/", dir.display());
+        export::write_report(&a.report, Format::Text, &mut err).map_err(|e| e.to_string())?;
+        let what = if exports {
+            "session, reports (report.html), flamegraphs and timeline (trace.json)"
+        } else {
+            "session and reports"
+        };
+        eprintln!("\ngapscope: {what} in {}/", dir.display());
     }
     if rec.target_left_running {
         eprintln!("gapscope: recording stopped; the target is still running");
@@ -201,13 +264,42 @@ fn after_recording(rec: &Recording, quiet: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
+/// Writes to FILE (whole or not at all) or to stdout (a closed pipe is not
+/// an error: `| head` is a normal way to read).
+fn write_out(
+    file: Option<&std::path::Path>,
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> ExitCode {
+    let result = match file {
+        Some(p) if p != std::path::Path::new("-") => gapscope::output::write_file(p, |w| fill(w))
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidInput {
+                    e.to_string()
+                } else {
+                    format!("{}: {e}", p.display())
+                }
+            }),
+        _ => {
+            let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+            match fill(&mut stdout).and_then(|()| std::io::Write::flush(&mut stdout)) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                r => r.map_err(|e| e.to_string()),
+            }
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+fn record(target: Target, opts: RecordOptions, args: &RecordArgs) -> ExitCode {
     // `run` stands in for its command and exits as it did; `attach` reports
     // on its own success only.
     let is_run = matches!(target, Target::Command(_));
     match collect::record(target, &opts) {
         Ok(rec) => {
-            if let Err(e) = after_recording(&rec, quiet) {
+            if let Err(e) = after_recording(&rec, args.quiet, !args.no_exports) {
                 return fail(e);
             }
             match rec.exit_code {
@@ -231,7 +323,7 @@ fn record(target: Target, opts: RecordOptions, quiet: bool) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { rec, cmd } => record(Target::Command(cmd), rec.options(None), rec.quiet),
+        Command::Run { rec, cmd } => record(Target::Command(cmd), rec.options(None), &rec),
         Command::Attach { pid, duration, rec } => {
             let duration = match duration {
                 Some(d) if !(d > 0.0 && d.is_finite()) => {
@@ -240,19 +332,46 @@ fn main() -> ExitCode {
                 }
                 d => d.map(Duration::from_secs_f64),
             };
-            record(Target::Pid(pid), rec.options(duration), rec.quiet)
+            record(Target::Pid(pid), rec.options(duration), &rec)
         }
-        Command::Report { paths, format, hta } => match gapscope::inputs::load(&paths) {
-            Ok(loaded) => {
-                let stdout = std::io::stdout().lock();
-                match export::write_reports(&loaded, format.into(), hta, stdout) {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-                    Err(e) => fail(e),
-                }
-            }
+        Command::Report {
+            paths,
+            format,
+            hta,
+            output,
+        } => match gapscope::inputs::load(&paths) {
+            Ok(loaded) => write_out(output.as_deref(), |w| {
+                export::write_reports(&loaded, format.into(), hta, w)
+            }),
             Err(e) => fail(e),
         },
+        Command::Export {
+            path,
+            flamegraph,
+            folded,
+            timeline: _,
+            window,
+            output,
+        } => {
+            let what = match flamegraph {
+                Some(kind) => Export::Flamegraph {
+                    kind: kind.into(),
+                    folded,
+                },
+                None => Export::Timeline { window },
+            };
+            match gapscope::inputs::load(std::slice::from_ref(&path)) {
+                Ok(loaded) if loaded.len() == 1 => write_out(output.as_deref(), |w| {
+                    export::write_export(&loaded[0].session, &what, w)
+                }),
+                Ok(loaded) => fail(format!(
+                    "{} holds {} traces; export takes one: name the file",
+                    path.display(),
+                    loaded.len()
+                )),
+                Err(e) => fail(e),
+            }
+        }
         Command::Import {
             what: ImportCommand::Kineto { traces, output },
         } => match gapscope::kineto::import_to(&traces, &output) {

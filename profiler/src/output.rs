@@ -48,6 +48,30 @@ pub fn create_file(path: &Path) -> io::Result<File> {
     hand_over(path)?;
     Ok(f)
 }
+/// Writes a whole file through `fill`: into a temporary sibling, renamed over
+/// `path` only when complete, so a failure never leaves half a file behind.
+pub fn write_file(
+    path: &Path,
+    fill: impl FnOnce(&mut io::BufWriter<File>) -> io::Result<()>,
+) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".partial");
+    let tmp = path.with_file_name(tmp_name);
+    let result = create_file(&tmp).and_then(|f| {
+        let mut w = io::BufWriter::new(f);
+        fill(&mut w)?;
+        io::Write::flush(&mut w)?;
+        fs::rename(&tmp, path)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
 
 #[cfg(test)]
 mod tests {
@@ -69,5 +93,21 @@ mod tests {
             fs::metadata(&f).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn failed_writes_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x.svg");
+        fs::write(&f, "old").unwrap();
+        let err = write_file(&f, |w| {
+            io::Write::write_all(w, b"half")?;
+            Err(io::Error::other("boom"))
+        });
+        assert!(err.is_err());
+        assert_eq!(fs::read_to_string(&f).unwrap(), "old");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        write_file(&f, |w| io::Write::write_all(w, b"new")).unwrap();
+        assert_eq!(fs::read_to_string(&f).unwrap(), "new");
     }
 }

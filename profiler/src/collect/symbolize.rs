@@ -116,15 +116,22 @@ pub fn symbolize(stacks: &HashMap<u64, Stack>, maps: &[ProcMaps]) -> Symbols {
     for hash in hashes {
         let s = &stacks[hash];
         let mut idx = Vec::with_capacity(s.addrs.len());
+        let mut leaf = true;
         for (i, &addr) in s.addrs.iter().enumerate() {
             let frame = if s.kernel {
+                let function = resolver
+                    .kallsyms
+                    .as_ref()
+                    .and_then(|k| k.lookup(addr))
+                    .unwrap_or(UNKNOWN);
+                // Stacks taken in a tracepoint start inside our own program
+                // and the kernel's BPF dispatch: not the traced code's time.
+                if leaf && is_tracer_frame(function) {
+                    continue;
+                }
+                leaf = false;
                 Frame {
-                    function: resolver
-                        .kallsyms
-                        .as_ref()
-                        .and_then(|k| k.lookup(addr))
-                        .unwrap_or(UNKNOWN)
-                        .to_string(),
+                    function: function.to_string(),
                     module: "[kernel]".into(),
                 }
             } else {
@@ -135,6 +142,10 @@ pub fn symbolize(stacks: &HashMap<u64, Stack>, maps: &[ProcMaps]) -> Symbols {
         out.stacks.push((*hash, idx));
     }
     out
+}
+
+fn is_tracer_frame(f: &str) -> bool {
+    f.starts_with("bpf_prog_") || f.starts_with("bpf_trace_run") || f.starts_with("__bpf_trace_")
 }
 
 /// Return addresses point after the call; look up the call itself.
@@ -280,6 +291,14 @@ mod tests {
             "{frames:?}"
         );
         assert_eq!(frames[1].function, UNKNOWN);
+    }
+
+    #[test]
+    fn our_own_bpf_frames_are_recognised() {
+        assert!(is_tracer_frame("bpf_prog_6b47087af9dcba6b_gs_sched_switch"));
+        assert!(is_tracer_frame("bpf_trace_run4"));
+        assert!(!is_tracer_frame("__schedule"));
+        assert!(!is_tracer_frame("bpf_map_lookup_elem"));
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! Everything a session turns into for people and scripts: the report model
-//! and its text, markdown and JSON forms.
+//! and its text, markdown, JSON and HTML forms, flamegraphs and the timeline.
 
+pub mod flame;
 mod gpu_report;
+pub mod html;
 mod ranks;
 mod recommend;
 pub mod report;
 mod summary;
+pub mod trace;
 pub mod units;
 
 use std::io::{self, Write};
@@ -18,6 +21,8 @@ pub enum Format {
     Text,
     Json,
     Markdown,
+    /// Needs the analysis, not only the report: see [`write_html_report`].
+    Html,
 }
 
 impl Format {
@@ -26,14 +31,19 @@ impl Format {
             Format::Text => "txt",
             Format::Json => "json",
             Format::Markdown => "md",
+            Format::Html => "html",
         }
     }
 }
 
+/// The text, markdown and JSON reports.
 pub fn write_report(report: &Report, format: Format, mut out: impl Write) -> io::Result<()> {
     match format {
         Format::Text => summary::write_summary(report, Style::Text, out),
         Format::Markdown => summary::write_summary(report, Style::Markdown, out),
+        Format::Html => Err(io::Error::other(
+            "the HTML report is written from the analysis (write_html_report)",
+        )),
         Format::Json => {
             serde_json::to_writer_pretty(&mut out, report)?;
             writeln!(out)
@@ -41,16 +51,128 @@ pub fn write_report(report: &Report, format: Format, mut out: impl Write) -> io:
     }
 }
 
-/// Writes report.txt, report.json and report.md beside the session.
-pub fn write_bundle(dir: &std::path::Path, report: &Report) -> io::Result<()> {
-    for format in [Format::Text, Format::Json, Format::Markdown] {
-        let path = dir.join(format!("report.{}", format.extension()));
-        let file = crate::output::create_file(&path)?;
-        let mut w = io::BufWriter::new(file);
-        write_report(report, format, &mut w)?;
-        w.flush()?;
+/// A session analysed once, for the report and every export.
+pub struct Analysis {
+    pub tl: crate::timeline::Timeline,
+    pub diagnosis: crate::analyze::diagnose::Diagnosis,
+    pub report: Report,
+}
+
+pub fn analyze(session: &crate::session::Session) -> Analysis {
+    let tl = crate::timeline::Timeline::build(
+        session,
+        crate::timeline::BuildOptions { intervals: true },
+    );
+    let diagnosis = crate::analyze::diagnose::diagnose(session, &tl);
+    let report = report::build_with(session, &tl, &diagnosis);
+    Analysis {
+        tl,
+        diagnosis,
+        report,
     }
-    Ok(())
+}
+
+/// The idle-gap flamegraph as SVG bytes.
+pub fn idle_flamegraph_svg(session: &crate::session::Session, a: &Analysis) -> io::Result<Vec<u8>> {
+    let lines = flame::folded(session, &a.tl, &a.diagnosis, flame::FlameKind::Idle);
+    let mut svg = Vec::new();
+    flame::write_svg(session, flame::FlameKind::Idle, &lines, &mut svg)?;
+    Ok(svg)
+}
+
+pub fn write_html_report(
+    session: &crate::session::Session,
+    a: &Analysis,
+    out: impl Write,
+) -> io::Result<()> {
+    let svg = idle_flamegraph_svg(session, a)?;
+    html::write_html(
+        &a.report,
+        &a.diagnosis,
+        (a.tl.start, a.tl.end),
+        Some(&svg),
+        out,
+    )
+}
+
+/// Writes the report in every format, the three flamegraphs and the
+/// timeline beside the session; `exports: false` writes the text, markdown
+/// and JSON reports only.
+pub fn write_bundle(
+    dir: &std::path::Path,
+    session: &crate::session::Session,
+    a: &Analysis,
+    exports: bool,
+) -> io::Result<()> {
+    use crate::output::write_file;
+    for format in [Format::Text, Format::Json, Format::Markdown] {
+        write_file(&dir.join(format!("report.{}", format.extension())), |w| {
+            write_report(&a.report, format, w)
+        })?;
+    }
+    if !exports {
+        return Ok(());
+    }
+    for kind in [flame::FlameKind::Cpu, flame::FlameKind::OffCpu] {
+        let lines = flame::folded(session, &a.tl, &a.diagnosis, kind);
+        write_file(&dir.join(format!("{}.svg", kind.file_stem())), |w| {
+            flame::write_svg(session, kind, &lines, w)
+        })?;
+    }
+    let idle = idle_flamegraph_svg(session, a)?;
+    write_file(
+        &dir.join(format!("{}.svg", flame::FlameKind::Idle.file_stem())),
+        |w| w.write_all(&idle),
+    )?;
+    write_file(&dir.join("report.html"), |w| {
+        html::write_html(
+            &a.report,
+            &a.diagnosis,
+            (a.tl.start, a.tl.end),
+            Some(&idle),
+            w,
+        )
+    })?;
+    write_file(&dir.join("trace.json"), |w| {
+        trace::write_timeline(session, &a.tl, &a.diagnosis, None, w)
+    })
+}
+
+/// What `gapscope export` writes.
+#[derive(Clone, Debug)]
+pub enum Export {
+    Flamegraph {
+        kind: flame::FlameKind,
+        folded: bool,
+    },
+    /// `window`: `START..END` in seconds from the start, as typed.
+    Timeline { window: Option<String> },
+}
+
+pub fn write_export(
+    session: &crate::session::Session,
+    what: &Export,
+    out: impl Write,
+) -> io::Result<()> {
+    let a = analyze(session);
+    match what {
+        Export::Flamegraph { kind, folded } => {
+            let lines = flame::folded(session, &a.tl, &a.diagnosis, *kind);
+            if *folded {
+                flame::write_folded(&lines, out)
+            } else {
+                flame::write_svg(session, *kind, &lines, out)
+            }
+        }
+        Export::Timeline { window } => {
+            let window = window
+                .as_deref()
+                .map(|w| trace::parse_window(w, a.tl.start, a.tl.end))
+                .transpose()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            trace::write_timeline(session, &a.tl, &a.diagnosis, window, out)
+        }
+    }
 }
 
 /// Reports for one or more loaded sessions or traces; with several (one per
@@ -62,6 +184,24 @@ pub fn write_reports(
     hta: bool,
     mut out: impl Write,
 ) -> io::Result<()> {
+    if format == Format::Html {
+        if hta {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--hta is not part of the HTML report; use --format text, md or json",
+            ));
+        }
+        let [one] = loaded else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the HTML report takes one session or trace, not {} (write one per rank)",
+                    loaded.len()
+                ),
+            ));
+        };
+        return write_html_report(&one.session, &analyze(&one.session), out);
+    }
     let reports: Vec<Report> = loaded.iter().map(|l| build_report(&l.session)).collect();
     let htas: Vec<_> = loaded
         .iter()

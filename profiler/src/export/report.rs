@@ -315,6 +315,16 @@ pub fn build(session: &Session) -> Report {
                     .any(|e| matches!(e, crate::session::Event::CudaCall { .. })),
         },
     );
+    let diagnosis = crate::analyze::diagnose::diagnose(session, &tl);
+    build_with(session, &tl, &diagnosis)
+}
+
+/// The report from an already built timeline and diagnosis.
+pub fn build_with(
+    session: &Session,
+    tl: &Timeline,
+    diagnosis: &crate::analyze::diagnose::Diagnosis,
+) -> Report {
     let header = session.header();
     let stacks = Stacks { session };
     let period_ns = 1_000_000_000 / header.sample_hz.max(1);
@@ -349,11 +359,10 @@ pub fn build(session: &Session) -> Report {
             .get(&header.target_pid)
             .and_then(|p| p.exit_code)
     });
-    let diagnosis = crate::analyze::diagnose::diagnose(session, &tl);
-    let gpu = super::gpu_report::build(session, &tl, &diagnosis);
-    let advice = super::recommend::build(session, &tl, &diagnosis, &gpu.gpus);
+    let gpu = super::gpu_report::build(session, tl, diagnosis);
+    let advice = super::recommend::build(session, tl, diagnosis, &gpu.gpus);
     let mut notes = session.notes.clone();
-    notes.extend(stack_depth_note(session, &tl));
+    notes.extend(stack_depth_note(session, tl));
 
     Report {
         schema: SCHEMA,

@@ -76,6 +76,8 @@ fn command_line(argv: &[String]) -> String {
 pub enum Style {
     Text,
     Markdown,
+    /// HTML elements, for the body of the HTML report.
+    Html,
 }
 
 struct Table {
@@ -99,6 +101,7 @@ pub fn write_summary(report: &Report, style: Style, mut out: impl Write) -> io::
         match style {
             Style::Text => write_text(&block, &mut out)?,
             Style::Markdown => write_markdown(&block, &mut out)?,
+            Style::Html => write_html(&block, &mut out)?,
         }
     }
     Ok(())
@@ -597,6 +600,59 @@ fn write_markdown(block: &Block, out: &mut impl Write) -> io::Result<()> {
             }
             if let Some(note) = &t.note {
                 writeln!(out, "\n{}", md_escape(note))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+pub(super) fn html_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o += "&amp;",
+            '<' => o += "&lt;",
+            '>' => o += "&gt;",
+            '"' => o += "&quot;",
+            '\'' => o += "&#39;",
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn write_html(block: &Block, out: &mut impl Write) -> io::Result<()> {
+    let e = html_escape;
+    match block {
+        Block::Heading(h) => writeln!(out, "<h3>{}</h3>", e(h)),
+        Block::Line(l) => writeln!(out, "<p>{}</p>", e(l)),
+        Block::Bullets(items) => {
+            writeln!(out, "<ul class=\"mono\">")?;
+            for i in items {
+                writeln!(out, "<li>{}</li>", e(i))?;
+            }
+            writeln!(out, "</ul>")
+        }
+        Block::Table(t) => {
+            let cell = |tag: &str, c: usize, text: &str| {
+                let class = if t.right[c] { " class=\"num\"" } else { "" };
+                format!("<{tag}{class}>{}</{tag}>", e(text))
+            };
+            write!(out, "<table><thead><tr>")?;
+            for (c, h) in t.header.iter().enumerate() {
+                write!(out, "{}", cell("th", c, h))?;
+            }
+            writeln!(out, "</tr></thead><tbody>")?;
+            for r in &t.rows {
+                write!(out, "<tr>")?;
+                for (c, text) in r.iter().enumerate() {
+                    write!(out, "{}", cell("td", c, text))?;
+                }
+                writeln!(out, "</tr>")?;
+            }
+            writeln!(out, "</tbody></table>")?;
+            if let Some(note) = &t.note {
+                writeln!(out, "<p class=\"note\">{}</p>", e(note))?;
             }
             Ok(())
         }

@@ -1,0 +1,438 @@
+//! The HTML report: one self-contained file (no network, no CDN) that shows
+//! what to fix first — the allocated / utilization / busy header, the idle
+//! time by cause, the recommendations with their evidence, the idle-gap
+//! flamegraph and a busy/idle strip over time — with the full text report
+//! below.
+
+use std::io::{self, Write};
+
+use base64::Engine;
+
+use super::report::Report;
+use super::summary::{self, html_escape as esc, Style};
+use super::units;
+use crate::analyze::attribute::Cause;
+use crate::analyze::diagnose::Diagnosis;
+
+/// Columns of the busy/idle strip.
+const STRIP_BINS: usize = 400;
+const BUSY_COLOR: &str = "#2e9e44";
+
+/// One colour per cause, stable across reports so people learn them.
+pub fn cause_color(cause: &str) -> &'static str {
+    match cause {
+        "input.io" => "#d62728",
+        "input.cpu" => "#ff7f0e",
+        "input.network" => "#9467bd",
+        "input.unknown" => "#e7969c",
+        "cpu.host" => "#8c564b",
+        "cpu.launch" => "#e377c2",
+        "cpu.contention" => "#bcbd22",
+        "sync" => "#1f77b4",
+        "memory" => "#17becf",
+        "startup" => "#c7c7c7",
+        "teardown" => "#a5a5a5",
+        _ => "#7f7f7f",
+    }
+}
+
+/// Busy and idle-by-cause time of one column of the strip.
+#[derive(Clone, Default)]
+struct Bin {
+    busy: u64,
+    idle: [u64; Cause::ALL.len()],
+}
+
+fn cause_index(c: Cause) -> usize {
+    Cause::ALL.iter().position(|&x| x == c).unwrap_or(0)
+}
+
+/// Spreads `[s, e)` over the bins of `[a, b)`, `add` getting each overlap.
+fn spread(a: u64, b: u64, n: usize, s: u64, e: u64, mut add: impl FnMut(usize, u64)) {
+    let (s, e) = (s.max(a), e.min(b));
+    if e <= s || b <= a {
+        return;
+    }
+    let width = (b - a) as f64 / n as f64;
+    let mut i = (((s - a) as f64 / width) as usize).min(n - 1);
+    let mut at = s;
+    while at < e && i < n {
+        let bin_end = if i + 1 == n {
+            b
+        } else {
+            a + ((i + 1) as f64 * width) as u64
+        };
+        let upto = e.min(bin_end);
+        if upto > at {
+            add(i, upto - at);
+            at = upto;
+        }
+        i += 1;
+    }
+}
+
+fn strip_bins(d: &crate::analyze::diagnose::GpuDiagnosis, window: (u64, u64)) -> Vec<Bin> {
+    let (a, b) = window;
+    let mut bins = vec![Bin::default(); STRIP_BINS];
+    for &(s, e) in &d.gpu.busy {
+        spread(a, b, STRIP_BINS, s, e, |i, ns| bins[i].busy += ns);
+    }
+    for p in &d.attribution.pieces {
+        let c = cause_index(p.cause);
+        spread(a, b, STRIP_BINS, p.start, p.end, |i, ns| {
+            bins[i].idle[c] += ns
+        });
+    }
+    bins
+}
+
+/// The strip: one column per bin, busy at the bottom, idle causes above.
+fn write_strip(bins: &[Bin], duration_ns: u64, out: &mut impl Write) -> io::Result<()> {
+    const H: f64 = 48.0;
+    writeln!(
+        out,
+        r#"<svg class="strip" viewBox="0 0 {} {}" preserveAspectRatio="none" role="img" aria-label="GPU busy and idle over time">"#,
+        bins.len(),
+        H
+    )?;
+    for (x, bin) in bins.iter().enumerate() {
+        let total = bin.busy + bin.idle.iter().sum::<u64>();
+        if total == 0 {
+            continue;
+        }
+        let mut y = H;
+        let mut bar = |ns: u64, color: &str, out: &mut dyn Write| -> io::Result<()> {
+            if ns == 0 {
+                return Ok(());
+            }
+            let h = H * ns as f64 / total as f64;
+            y -= h;
+            writeln!(
+                out,
+                r#"<rect x="{x}" y="{y:.2}" width="1.02" height="{h:.2}" fill="{color}"/>"#
+            )
+        };
+        bar(bin.busy, BUSY_COLOR, out)?;
+        for (i, c) in Cause::ALL.iter().enumerate() {
+            bar(bin.idle[i], cause_color(c.name()), out)?;
+        }
+    }
+    writeln!(out, "</svg>")?;
+    write!(out, r#"<div class="axis">"#)?;
+    for q in 0..=4u64 {
+        write!(out, "<span>{}</span>", units::duration(duration_ns * q / 4))?;
+    }
+    writeln!(out, "</div>")
+}
+
+/// Allocated time as one bar: busy, then idle by cause.
+fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Result<()> {
+    let whole = g.allocated_ns.max(1) as f64;
+    writeln!(
+        out,
+        r#"<svg class="bar" viewBox="0 0 1000 28" preserveAspectRatio="none" role="img" aria-label="allocated time: busy and idle by cause">"#
+    )?;
+    let mut x = 0.0;
+    let entries = std::iter::once(("busy", g.busy_ns))
+        .chain(g.idle_by_cause_ns.entries())
+        .filter(|(_, ns)| *ns > 0);
+    for (name, ns) in entries {
+        let w = 1000.0 * ns as f64 / whole;
+        let color = if name == "busy" {
+            BUSY_COLOR
+        } else {
+            cause_color(name)
+        };
+        writeln!(
+            out,
+            r#"<rect x="{x:.3}" y="0" width="{w:.3}" height="28" fill="{color}"><title>{name}: {} ({})</title></rect>"#,
+            units::duration(ns),
+            units::percent(ns, g.allocated_ns)
+        )?;
+        x += w;
+    }
+    writeln!(out, "</svg>")?;
+    writeln!(
+        out,
+        r#"<table class="causes"><thead><tr><th></th><th>cause</th><th class="num">time</th><th class="num">of idle</th><th class="num">of allocated</th></tr></thead><tbody>"#
+    )?;
+    let mut rows: Vec<(&str, u64)> = g
+        .idle_by_cause_ns
+        .entries()
+        .into_iter()
+        .filter(|(_, ns)| *ns > 0)
+        .collect();
+    rows.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+    for (name, ns) in rows {
+        writeln!(
+            out,
+            r#"<tr><td><span class="sw" style="background:{}"></span></td><td>{name}</td><td class="num" id="gpu{}-idle-{name}" data-ns="{ns}">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
+            cause_color(name),
+            g.id,
+            units::duration(ns),
+            units::percent(ns, g.idle_ns),
+            units::percent(ns, g.allocated_ns)
+        )?;
+    }
+    writeln!(out, "</tbody></table>")
+}
+
+fn kpi(
+    out: &mut impl Write,
+    id: &str,
+    label: &str,
+    value: &str,
+    ns: Option<u64>,
+) -> io::Result<()> {
+    let data = ns.map(|n| format!(r#" data-ns="{n}""#)).unwrap_or_default();
+    writeln!(
+        out,
+        r#"<div class="kpi"><div class="label">{label}</div><div class="value" id="{id}"{data}>{}</div></div>"#,
+        esc(value)
+    )
+}
+
+/// The height an inferno SVG asks for, to size its frame.
+fn svg_height(svg: &[u8]) -> Option<u32> {
+    let head = std::str::from_utf8(&svg[..svg.len().min(4096)]).ok()?;
+    let tag = &head[head.find("<svg")?..];
+    let h = &tag[tag.find(" height=\"")? + 9..];
+    h[..h.find('"')?].parse().ok()
+}
+
+const STYLE: &str = r#"
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;margin:0;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 10px}h3{font-size:15px;margin:18px 0 6px}
+.sub{color:#555}.mono,.cmd{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+.cmd{background:#fff;border:1px solid #ddd;border-radius:6px;padding:6px 10px;margin:8px 0;word-break:break-all}
+.banner{border-radius:6px;padding:10px 14px;margin:12px 0;font-weight:600}
+.sim{background:#fff3cd;border:1px solid #e0c36a}.warn{background:#fde2e1;border:1px solid #e6a19d}
+.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:14px 18px;margin:14px 0}
+.card h2{margin-top:0}
+.kpis{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0 14px}
+.kpi{flex:1 1 150px;background:#f6f7f9;border-radius:6px;padding:8px 12px}
+.kpi .label{color:#666;font-size:12px;text-transform:uppercase;letter-spacing:.04em}.kpi .value{font-size:20px;font-weight:600}
+svg.bar{width:100%;height:28px;display:block;border-radius:4px}
+svg.strip{width:100%;height:48px;display:block;background:#eee}
+.axis{display:flex;justify-content:space-between;color:#666;font-size:11px}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
+.num{text-align:right;font-variant-numeric:tabular-nums}
+.sw{display:inline-block;width:12px;height:12px;border-radius:2px;vertical-align:middle}
+.verdict{font-size:16px;font-weight:600}
+ol.recs>li{margin:10px 0}.chip{display:inline-block;color:#fff;border-radius:10px;padding:0 8px;font-size:12px;margin-right:6px}
+.speedup{font-weight:700}
+iframe.flame{width:100%;border:1px solid #ddd;border-radius:6px;background:#fff}
+details{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px 18px;margin-top:24px}
+summary{cursor:pointer;font-weight:600}
+footer{color:#777;font-size:12px;margin-top:30px}
+"#;
+
+/// Writes the report as one HTML page. `idle_svg` is the idle-gap
+/// flamegraph, embedded as a data: frame so its own script runs isolated.
+pub fn write_html(
+    r: &Report,
+    d: &Diagnosis,
+    window: (u64, u64),
+    idle_svg: Option<&[u8]>,
+    mut out: impl Write,
+) -> io::Result<()> {
+    let o = &mut out;
+    let cmd = if r.target.command.is_empty() {
+        "?".to_string()
+    } else {
+        r.target.command.join(" ")
+    };
+    let s = &r.session;
+    writeln!(
+        o,
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width,initial-scale=1">
+<meta name="generator" content="gapscope {}">
+<title>gapscope — {}</title>
+<style>{STYLE}</style></head>
+<body><main>
+<h1>gapscope report</h1>"#,
+        esc(&s.gapscope_version),
+        esc(&cmd)
+    )?;
+    writeln!(o, r#"<div class="cmd">{}</div>"#, esc(&cmd))?;
+    let when = if s.mode == "kineto" {
+        format!(
+            "PyTorch profiler trace · {} starting {}",
+            units::duration(s.duration_ns),
+            units::utc(s.start_unix_ns)
+        )
+    } else {
+        format!(
+            "{} {} · {} · pid {} · {} · {} (Linux {}, {} CPUs) · {} events",
+            if s.mode == "run" { "ran" } else { "attached" },
+            units::utc(s.start_unix_ns),
+            units::duration(s.duration_ns),
+            r.target.pid,
+            match r.target.exit_code {
+                Some(c) => format!("exit {c}"),
+                None => "still running".into(),
+            },
+            s.hostname,
+            s.kernel,
+            s.nr_cpus,
+            units::count(s.events)
+        )
+    };
+    writeln!(o, r#"<div class="sub">{}</div>"#, esc(&when))?;
+    if r.gpus.iter().any(|g| g.source == "simulated") {
+        writeln!(
+            o,
+            r#"<div class="banner sim" id="simulated">SIMULATED GPU: this recording comes from gapscope's test and demo workload. The host side (threads, files, syscalls) is real; the GPU and its timings are simulated.</div>"#
+        )?;
+    }
+    if let Some(why) = &s.truncated {
+        writeln!(
+            o,
+            r#"<div class="banner warn">Truncated session: {}. Everything up to that point is shown.</div>"#,
+            esc(why)
+        )?;
+    }
+
+    // GPUs: the header numbers, the breakdown, the strip.
+    if r.gpus.is_empty() {
+        writeln!(
+            o,
+            r#"<div class="card"><p>No GPU activity was recorded (no CUDA process in the tree, or <code>--no-gpu</code>). The host side is in the full report below.</p></div>"#
+        )?;
+    }
+    for g in &r.gpus {
+        writeln!(
+            o,
+            r#"<section class="card" id="gpu{}"><h2>GPU {} · {} <span class="sub">({})</span></h2><div class="kpis">"#,
+            g.id,
+            g.id,
+            esc(&g.name),
+            esc(&g.source)
+        )?;
+        let id = |k: &str| format!("gpu{}-{k}", g.id);
+        kpi(
+            o,
+            &id("allocated"),
+            "allocated",
+            &units::duration(g.allocated_ns),
+            Some(g.allocated_ns),
+        )?;
+        let util = g
+            .nvml_util_pct
+            .map(|u| format!("{u:.0}%"))
+            .unwrap_or_else(|| "n/a".into());
+        kpi(o, &id("util"), "NVML utilization", &util, None)?;
+        kpi(
+            o,
+            &id("busy"),
+            "busy",
+            &format!(
+                "{} ({})",
+                units::duration(g.busy_ns),
+                units::percent(g.busy_ns, g.allocated_ns)
+            ),
+            Some(g.busy_ns),
+        )?;
+        kpi(
+            o,
+            &id("idle"),
+            "idle",
+            &format!(
+                "{} ({})",
+                units::duration(g.idle_ns),
+                units::percent(g.idle_ns, g.allocated_ns)
+            ),
+            Some(g.idle_ns),
+        )?;
+        if let Some(j) = g.idle_energy_j {
+            kpi(
+                o,
+                &id("idle-energy"),
+                "energy while idle",
+                &format!("{j:.0} J"),
+                None,
+            )?;
+        }
+        writeln!(o, "</div><h3>Where the allocated time went</h3>")?;
+        write_breakdown(g, o)?;
+        if let Some(gd) = d.gpus.iter().find(|x| x.gpu.device == g.id) {
+            writeln!(o, "<h3>Busy and idle over time</h3>")?;
+            write_strip(&strip_bins(gd, window), window.1 - window.0, o)?;
+        }
+        writeln!(o, "</section>")?;
+    }
+
+    // What to do.
+    if let Some(verdict) = &r.verdict {
+        writeln!(
+            o,
+            r#"<section id="diagnosis"><h2>Diagnosis</h2><p class="verdict">{}</p><ol class="recs">"#,
+            esc(verdict)
+        )?;
+        for rec in &r.recommendations {
+            writeln!(
+                o,
+                r#"<li><span class="chip" style="background:{}">{}</span><span class="speedup" data-speedup="{}">up to {:.2}× faster</span> — {}<ul class="mono">"#,
+                cause_color(&rec.cause),
+                esc(&rec.cause),
+                rec.est_speedup,
+                rec.est_speedup,
+                esc(&rec.title)
+            )?;
+            for e in &rec.evidence {
+                writeln!(o, "<li>{}</li>", esc(e))?;
+            }
+            writeln!(o, "</ul></li>")?;
+        }
+        writeln!(o, "</ol></section>")?;
+    }
+
+    if let Some(svg) = idle_svg.filter(|_| !r.gpus.is_empty()) {
+        let height = svg_height(svg).unwrap_or(400).clamp(80, 2400);
+        writeln!(
+            o,
+            r#"<section id="idle-flame"><h2>What the host was doing while the GPU sat idle</h2>
+<p class="sub">Idle time by cause, then the thread that decided it and its stack. The widest tower is the thing to fix. Click to zoom; Ctrl-F to search.</p>
+<iframe class="flame" title="idle-gap flamegraph" style="height:{height}px" src="data:image/svg+xml;base64,{}"></iframe></section>"#,
+            base64::engine::general_purpose::STANDARD.encode(svg)
+        )?;
+    }
+
+    writeln!(o, "<details><summary>Full report</summary>")?;
+    summary::write_summary(r, Style::Html, &mut *o)?;
+    writeln!(o, "</details>")?;
+    writeln!(
+        o,
+        r#"<footer>gapscope {} · schema {} · all times from CLOCK_MONOTONIC</footer>
+</main></body></html>"#,
+        esc(&s.gapscope_version),
+        r.schema
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spreading_conserves_time() {
+        let mut bins = [0u64; 7];
+        spread(1000, 2000, 7, 900, 1500, |i, ns| bins[i] += ns);
+        spread(1000, 2000, 7, 1500, 2100, |i, ns| bins[i] += ns);
+        assert_eq!(bins.iter().sum::<u64>(), 1000);
+        let mut one = [0u64; 7];
+        spread(1000, 2000, 7, 1400, 1401, |i, ns| one[i] += ns);
+        assert_eq!(one.iter().sum::<u64>(), 1);
+        spread(1000, 2000, 7, 2000, 2500, |_, _| panic!("outside"));
+    }
+
+    #[test]
+    fn inferno_svg_height_is_read() {
+        let svg = br#"<?xml version="1.0"?><svg version="1.1" width="1200" height="358" onload="init(evt)">"#;
+        assert_eq!(svg_height(svg), Some(358));
+        assert_eq!(svg_height(b"<svg>"), None);
+    }
+}
