@@ -2,21 +2,10 @@
 //! (../shared/traces/kineto, from HTA's test data): gapscope's GPU numbers
 //! must equal the reference numbers, and its `--hta` table HTA's own.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use gapscope_tests::*;
 use serde_json::Value;
-
-fn traces_dir() -> Option<PathBuf> {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/kineto");
-    if d.join("reference.json").exists() {
-        Some(d)
-    } else {
-        eprintln!("skipping: ../shared/traces/kineto is not beside the project");
-        None
-    }
-}
 
 fn report(args: &[&str]) -> Value {
     let out = Command::new(gapscope())
@@ -44,7 +33,7 @@ fn us_eq(what: &str, ns: u64, us: f64, tol_us: f64) {
 }
 
 fn check_trace(name: &str, busy_tol_us: f64) {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = kineto_traces() else { return };
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -152,7 +141,7 @@ fn v100_ns_trace_matches_the_reference() {
 
 #[test]
 fn several_ranks_get_a_cross_rank_table_and_import_writes_sessions() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = kineto_traces() else { return };
     let r = report(&[dir.to_str().unwrap(), "--format", "json"]);
     assert_eq!(r["schema"], "gapscope.ranks/1");
     let rows = r["cross_rank"].as_array().unwrap();

@@ -298,3 +298,14 @@ pub fn simtrain_data() -> PathBuf {
     );
     d
 }
+
+/// The real PyTorch profiler traces beside the project (../shared), if there.
+pub fn kineto_traces() -> Option<PathBuf> {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/kineto");
+    if d.join("reference.json").exists() {
+        Some(d)
+    } else {
+        eprintln!("skipping: ../shared/traces/kineto is not beside the project");
+        None
+    }
+}

@@ -247,7 +247,8 @@ fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), St
     let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
     let s = session::read_session(&rec.session).map_err(|e| e.to_string())?;
     let a = export::analyze(&s);
-    export::write_bundle(dir, &s, &a, exports).map_err(|e| format!("writing reports: {e}"))?;
+    let partial_timeline =
+        export::write_bundle(dir, &s, &a, exports).map_err(|e| format!("writing reports: {e}"))?;
     if !quiet {
         let mut err = std::io::stderr().lock();
         export::write_report(&a.report, Format::Text, &mut err).map_err(|e| e.to_string())?;
@@ -256,6 +257,9 @@ fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), St
         } else {
             "session and reports"
         };
+        if let Some(line) = partial_timeline {
+            eprintln!("\ngapscope: {line}");
+        }
         eprintln!("\ngapscope: {what} in {}/", dir.display());
     }
     if rec.target_left_running {

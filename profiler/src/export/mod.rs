@@ -95,15 +95,31 @@ pub fn write_html_report(
     )
 }
 
+/// Recordings longer than this get a timeline of their middle only in the
+/// bundle: a timeline of hours opens in no viewer.
+const BUNDLE_TIMELINE_MAX_NS: u64 = 60_000_000_000;
+const BUNDLE_TIMELINE_WINDOW_NS: u64 = 30_000_000_000;
+
+/// The part of a recording the bundle's trace.json shows: all of it, or
+/// for long recordings its middle.
+pub fn bundle_timeline_window(start: u64, end: u64) -> Option<(u64, u64)> {
+    (end - start > BUNDLE_TIMELINE_MAX_NS).then(|| {
+        let mid = start + (end - start) / 2;
+        let half = BUNDLE_TIMELINE_WINDOW_NS / 2;
+        (mid - half, mid + half)
+    })
+}
+
 /// Writes the report in every format, the three flamegraphs and the
 /// timeline beside the session; `exports: false` writes the text, markdown
-/// and JSON reports only.
+/// and JSON reports only. Returns a line for the user when the timeline
+/// covers part of the recording only.
 pub fn write_bundle(
     dir: &std::path::Path,
     session: &crate::session::Session,
     a: &Analysis,
     exports: bool,
-) -> io::Result<()> {
+) -> io::Result<Option<String>> {
     use crate::output::write_file;
     for format in [Format::Text, Format::Json, Format::Markdown] {
         write_file(&dir.join(format!("report.{}", format.extension())), |w| {
@@ -111,7 +127,7 @@ pub fn write_bundle(
         })?;
     }
     if !exports {
-        return Ok(());
+        return Ok(None);
     }
     for kind in [flame::FlameKind::Cpu, flame::FlameKind::OffCpu] {
         let lines = flame::folded(session, &a.tl, &a.diagnosis, kind);
@@ -133,9 +149,20 @@ pub fn write_bundle(
             w,
         )
     })?;
+    let window = bundle_timeline_window(a.tl.start, a.tl.end);
     write_file(&dir.join("trace.json"), |w| {
-        trace::write_timeline(session, &a.tl, &a.diagnosis, None, w)
-    })
+        trace::write_timeline(session, &a.tl, &a.diagnosis, window, w)
+    })?;
+    Ok(window.map(|(s, e)| {
+        let secs = |t: u64| (t - a.tl.start) as f64 / 1e9;
+        format!(
+            "trace.json shows seconds {:.0}..{:.0} of {:.0}; for another part: gapscope export {} --timeline --window START..END -o part.json",
+            secs(s),
+            secs(e),
+            secs(a.tl.end),
+            dir.display()
+        )
+    }))
 }
 
 /// What `gapscope export` writes.

@@ -1,10 +1,10 @@
 //! The timeline as Chrome trace event JSON, for Perfetto UI and
 //! chrome://tracing: a track per GPU stream, per host thread (states), its
-//! syscalls and its CUDA calls, one "idle (cause)" track per GPU, flow arrows
-//! from each launch to its kernel. Written as it is generated, never built
-//! whole in memory.
+//! syscalls, CUDA calls and profiler ops, one "idle (cause)" track per GPU,
+//! flow arrows from each launch to its kernel. Written as it is generated,
+//! never built whole in memory; every track is named when first used.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
 use gapscope_cupti::record::{copy_kind, memory_kind};
@@ -15,23 +15,56 @@ use crate::analyze::diagnose::Diagnosis;
 use crate::session::{Event, Session};
 use crate::timeline::{syscall_name, State, Timeline};
 
-// Synthetic ids stay below 2^31: trace viewers read pid and tid as 32-bit
-// integers, and Linux pids stay below 2^22.
-/// GPUs as processes, far above real pids.
-const GPU_PID_BASE: u64 = 1 << 30;
-/// Per GPU, the idle track's tid.
-const IDLE_TID: u64 = 1 << 30;
-/// A host thread's extra tracks: tid + this × n.
-const SYSCALL_TRACK: u64 = 1 << 24;
-const CUDA_TRACK: u64 = 2 << 24;
+// Trace viewers read pid and tid as 32-bit integers. Real Linux ids stay
+// below 2^22; traces from other tools may carry larger ones (pthread ids),
+// which get synthetic ids instead.
+const REAL_ID_LIMIT: u32 = 1 << 22;
+/// A thread's extra tracks: its tid + KIND_STRIDE × kind.
+const KIND_STRIDE: u32 = 1 << 24;
+/// Synthetic ids (tracks of large tids; GPUs as processes) start here.
+const SYNTHETIC_BASE: u32 = 1 << 28;
+/// GPUs as processes, and each one's idle track.
+const GPU_PID_BASE: u32 = 1 << 30;
+const IDLE_TID: u32 = 1 << 30;
 /// Syscalls shorter than this are left out (they are in the report).
 const MIN_SYSCALL_NS: u64 = 10_000;
 
-pub struct Writer<W: Write> {
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Track {
+    /// A host thread's states (or, in traces, its ops).
+    Thread(u32, u32),
+    Syscalls(u32, u32),
+    Cuda(u32, u32),
+    Ops(u32, u32),
+    Stream(u32, u32),
+    Idle(u32),
+}
+
+impl Track {
+    fn kind(self) -> (u32, &'static str) {
+        match self {
+            Track::Thread(..) => (0, ""),
+            Track::Syscalls(..) => (1, " syscalls"),
+            Track::Cuda(..) => (2, " CUDA API"),
+            Track::Ops(..) => (3, " ops"),
+            Track::Stream(..) | Track::Idle(_) => (0, ""),
+        }
+    }
+}
+
+struct Writer<'a, W: Write> {
     out: W,
     first: bool,
     base: u64,
     window: (u64, u64),
+    tracks: HashMap<Track, (u32, u32)>,
+    /// Host pids as drawn (large ones get synthetic ids).
+    pids: HashMap<u32, u32>,
+    named_pids: HashSet<u32>,
+    next_synthetic: u32,
+    tl: &'a Timeline,
+    session: &'a Session,
+    gpu_names: HashMap<u32, String>,
 }
 
 fn us(ns: u64) -> String {
@@ -42,7 +75,7 @@ fn esc(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-impl<W: Write> Writer<W> {
+impl<W: Write> Writer<'_, W> {
     fn raw(&mut self, event: &str) -> io::Result<()> {
         if !self.first {
             self.out.write_all(b",\n")?;
@@ -51,42 +84,146 @@ impl<W: Write> Writer<W> {
         self.out.write_all(event.as_bytes())
     }
 
-    /// Clips to the window; false when nothing of it is inside.
+    /// Clips to the window; None when nothing of it is inside.
     fn clip(&self, start: u64, end: u64) -> Option<(u64, u64)> {
         let (s, e) = (start.max(self.window.0), end.min(self.window.1));
         (e > s || (e == s && start >= self.window.0 && start <= self.window.1)).then_some((s, e))
     }
 
-    fn name(&mut self, what: &str, pid: u64, tid: u64, name: &str) -> io::Result<()> {
+    fn name(&mut self, what: &str, pid: u32, tid: u32, name: &str) -> io::Result<()> {
         self.raw(&format!(
             r#"{{"ph":"M","name":"{what}","pid":{pid},"tid":{tid},"args":{{"name":{}}}}}"#,
             esc(name)
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    fn comm(&self, pid: u32, tid: u32) -> String {
+        self.tl
+            .threads
+            .get(&(pid, tid))
+            .map(|t| t.comm.clone())
+            .filter(|c| !c.is_empty())
+            .or_else(|| self.process_comm(pid))
+            .unwrap_or_else(|| "thread".into())
+    }
+
+    fn process_comm(&self, pid: u32) -> Option<String> {
+        self.tl
+            .processes
+            .get(&pid)
+            .map(|p| p.comm.clone())
+            .or_else(|| {
+                self.session
+                    .processes
+                    .iter()
+                    .find(|p| p.pid == pid)
+                    .map(|p| p.comm.clone())
+            })
+            .filter(|c| !c.is_empty())
+    }
+
+    fn synthetic(&mut self) -> u32 {
+        self.next_synthetic += 1;
+        SYNTHETIC_BASE + self.next_synthetic
+    }
+
+    /// The (pid, tid) a track is drawn on, naming it (and its process) the
+    /// first time.
+    fn track(&mut self, t: Track) -> io::Result<(u32, u32)> {
+        if let Some(&ids) = self.tracks.get(&t) {
+            return Ok(ids);
+        }
+        let (pid, tid, pname, tname) = match t {
+            Track::Thread(pid, tid)
+            | Track::Syscalls(pid, tid)
+            | Track::Cuda(pid, tid)
+            | Track::Ops(pid, tid) => {
+                let (kind, suffix) = t.kind();
+                let id = if tid < REAL_ID_LIMIT && pid < REAL_ID_LIMIT {
+                    tid + KIND_STRIDE * kind
+                } else {
+                    self.synthetic()
+                };
+                let pname = match self.process_comm(pid) {
+                    Some(c) => format!("{c} (pid {pid})"),
+                    None => format!("pid {pid}"),
+                };
+                let pid_id = match self.pids.get(&pid) {
+                    Some(&id) => id,
+                    None => {
+                        let id = if pid < REAL_ID_LIMIT {
+                            pid
+                        } else {
+                            self.synthetic()
+                        };
+                        self.pids.insert(pid, id);
+                        id
+                    }
+                };
+                (
+                    pid_id,
+                    id,
+                    pname,
+                    format!("{} {tid}{suffix}", self.comm(pid, tid)),
+                )
+            }
+            Track::Stream(dev, stream) => {
+                let id = if stream < REAL_ID_LIMIT {
+                    stream
+                } else {
+                    self.synthetic()
+                };
+                (
+                    GPU_PID_BASE + dev,
+                    id,
+                    self.gpu_name(dev),
+                    format!("stream {stream}"),
+                )
+            }
+            Track::Idle(dev) => (
+                GPU_PID_BASE + dev,
+                IDLE_TID,
+                self.gpu_name(dev),
+                "idle (cause)".to_string(),
+            ),
+        };
+        if self.named_pids.insert(pid) {
+            self.name("process_name", pid, 0, &pname)?;
+        }
+        self.name("thread_name", pid, tid, &tname)?;
+        self.tracks.insert(t, (pid, tid));
+        Ok((pid, tid))
+    }
+
+    fn gpu_name(&self, dev: u32) -> String {
+        match self.gpu_names.get(&dev) {
+            Some(n) => format!("GPU {dev}: {n}"),
+            None => format!("GPU {dev}"),
+        }
+    }
+
     fn slice(
         &mut self,
-        pid: u64,
-        tid: u64,
+        track: Track,
         cat: &str,
         name: &str,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         args: &str,
-    ) -> io::Result<()> {
+    ) -> io::Result<Option<(u32, u32)>> {
         let Some((s, e)) = self.clip(start, end) else {
-            return Ok(());
+            return Ok(None);
         };
+        let (pid, tid) = self.track(track)?;
         self.raw(&format!(
             r#"{{"ph":"X","cat":"{cat}","name":{},"pid":{pid},"tid":{tid},"ts":{},"dur":{},"args":{{{args}}}}}"#,
             esc(name),
             us(s - self.base),
             us(e - s)
-        ))
+        ))?;
+        Ok(Some((pid, tid)))
     }
 
-    fn flow(&mut self, ph: &str, id: u64, pid: u64, tid: u64, ts: u64) -> io::Result<()> {
+    fn flow(&mut self, ph: &str, id: u64, (pid, tid): (u32, u32), ts: u64) -> io::Result<()> {
         let bp = if ph == "f" { r#","bp":"e""# } else { "" };
         self.raw(&format!(
             r#"{{"ph":"{ph}","cat":"launch","name":"launch","id":{id},"pid":{pid},"tid":{tid},"ts":{}{bp}}}"#,
@@ -204,64 +341,32 @@ pub fn write_timeline(
         first: true,
         base: tl.start,
         window,
+        tracks: HashMap::new(),
+        pids: HashMap::new(),
+        named_pids: HashSet::new(),
+        next_synthetic: 0,
+        tl,
+        session,
+        gpu_names: d
+            .gpus
+            .iter()
+            .map(|g| (g.gpu.device, g.gpu.name.clone()))
+            .collect(),
     };
-    w.out
-        .write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
-
-    // Names first: processes, threads and their extra tracks.
-    for (pid, p) in &tl.processes {
-        w.name(
-            "process_name",
-            *pid as u64,
-            0,
-            &format!("{} (pid {pid})", p.comm),
-        )?;
-    }
-    for ((pid, tid), t) in &tl.threads {
-        let (pid, tid) = (*pid as u64, *tid as u64);
-        w.name("thread_name", pid, tid, &format!("{} {tid}", t.comm))?;
-        w.name(
-            "thread_name",
-            pid,
-            tid + SYSCALL_TRACK,
-            &format!("{} {tid} syscalls", t.comm),
-        )?;
-        w.name(
-            "thread_name",
-            pid,
-            tid + CUDA_TRACK,
-            &format!("{} {tid} CUDA API", t.comm),
-        )?;
-    }
-    let mut streams: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (_, r) in &session.gpu {
-        if let Some((dev, stream, ..)) = gpu_work(r) {
-            let v = streams.entry(dev).or_default();
-            if !v.contains(&stream) {
-                v.push(stream);
-            }
+    let simulated = session.gpu_sources.iter().any(|g| g.kind == "simulated");
+    write!(
+        w.out,
+        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"generator\":{},\"window_s\":\"{:.6}..{:.6}\",\"recording_s\":{:.6}{}}},\n\"traceEvents\":[\n",
+        esc(&format!("gapscope {}", session.header().gapscope_version)),
+        (window.0 - tl.start) as f64 / 1e9,
+        (window.1 - tl.start) as f64 / 1e9,
+        (tl.end - tl.start) as f64 / 1e9,
+        if simulated {
+            ",\"note\":\"SIMULATED GPU: gapscope's test and demo workload\""
+        } else {
+            ""
         }
-    }
-    for g in &d.gpus {
-        streams.entry(g.gpu.device).or_default();
-    }
-    let names: HashMap<u32, String> = d
-        .gpus
-        .iter()
-        .map(|g| (g.gpu.device, g.gpu.name.clone()))
-        .collect();
-    for (dev, ss) in &streams {
-        let pid = GPU_PID_BASE + *dev as u64;
-        let name = names
-            .get(dev)
-            .cloned()
-            .unwrap_or_else(|| format!("GPU {dev}"));
-        w.name("process_name", pid, 0, &format!("GPU {dev}: {name}"))?;
-        w.name("thread_name", pid, IDLE_TID, "idle (cause)")?;
-        for s in ss {
-            w.name("thread_name", pid, *s as u64, &format!("stream {s}"))?;
-        }
-    }
+    )?;
 
     // Host threads: states.
     for ((pid, tid), t) in &tl.threads {
@@ -278,15 +383,24 @@ pub fn write_timeline(
                 ),
             };
             w.slice(
-                *pid as u64,
-                *tid as u64,
+                Track::Thread(*pid, *tid),
                 "state",
                 &name,
-                iv.start,
-                iv.end,
+                (iv.start, iv.end),
                 &args,
             )?;
         }
+    }
+    // Profiler ops (traces): on the thread's own track when there are no
+    // states to share it with.
+    let traced = !session.events.is_empty();
+    for op in &session.host_ops {
+        let track = if traced {
+            Track::Ops(op.pid, op.tid)
+        } else {
+            Track::Thread(op.pid, op.tid)
+        };
+        w.slice(track, &op.cat, &op.name, (op.start, op.end), "")?;
     }
     // Syscalls and libcuda calls seen by eBPF.
     for e in &session.events {
@@ -301,12 +415,10 @@ pub fn write_timeline(
                 ..
             } if *dur >= MIN_SYSCALL_NS => {
                 w.slice(
-                    *pid as u64,
-                    *tid as u64 + SYSCALL_TRACK,
+                    Track::Syscalls(*pid, *tid),
                     "syscall",
                     &syscall_name(*nr),
-                    *ts,
-                    ts + dur,
+                    (*ts, ts + dur),
                     &format!(r#""ret":{ret}"#),
                 )?;
             }
@@ -319,20 +431,19 @@ pub fn write_timeline(
                 arg,
             } => {
                 w.slice(
-                    *pid as u64,
-                    *tid as u64 + CUDA_TRACK,
+                    Track::Cuda(*pid, *tid),
                     "cuda_api",
                     function,
-                    *ts,
-                    ts + dur,
+                    (*ts, ts + dur),
                     &format!(r#""arg":{arg}"#),
                 )?;
             }
             _ => {}
         }
     }
-    // CUDA API calls from the GPU source, with flows to the work they launched.
-    let mut launched: HashMap<(u32, u32), (u64, u64, u64)> = HashMap::new();
+    // CUDA API calls from the GPU source, remembered for the flows to the
+    // work they launched.
+    let mut launched: HashMap<(u32, u32), (u32, u32, u64)> = HashMap::new();
     for (pid, r) in &session.gpu {
         if let GpuRecord::Api {
             domain,
@@ -344,17 +455,16 @@ pub fn write_timeline(
             ..
         } = r
         {
-            let track = *tid as u64 + CUDA_TRACK;
-            w.slice(
-                *pid as u64,
-                track,
+            let drawn = w.slice(
+                Track::Cuda(*pid, *tid),
                 "cuda_api",
                 &api_name(*domain, *cbid),
-                *start,
-                *end,
+                (*start, *end),
                 &format!(r#""correlation":{correlation}"#),
             )?;
-            launched.insert((*pid, *correlation), (*pid as u64, track, *start));
+            if let Some((hpid, htid)) = drawn {
+                launched.insert((*pid, *correlation), (hpid, htid, *start));
+            }
         }
     }
     let mut flow_id = 0u64;
@@ -362,36 +472,44 @@ pub fn write_timeline(
         let Some((dev, stream, start, end, corr, name, args)) = gpu_work(r) else {
             continue;
         };
-        let gpid = GPU_PID_BASE + dev as u64;
-        w.slice(gpid, stream as u64, "gpu", &name, start, end, &args)?;
+        let Some(gpu_track) = w.slice(
+            Track::Stream(dev, stream),
+            "gpu",
+            &name,
+            (start, end),
+            &args,
+        )?
+        else {
+            continue;
+        };
         if let Some(&(hpid, htid, hts)) = launched.get(&(*pid, corr)) {
             if w.clip(hts, hts).is_some() && w.clip(start, start).is_some() {
                 flow_id += 1;
-                w.flow("s", flow_id, hpid, htid, hts)?;
-                w.flow("f", flow_id, gpid, stream as u64, start)?;
+                w.flow("s", flow_id, (hpid, htid), hts)?;
+                w.flow("f", flow_id, gpu_track, start)?;
             }
         }
     }
     // Idle, by cause: consecutive pieces of one cause merged.
     for g in &d.gpus {
-        let gpid = GPU_PID_BASE + g.gpu.device as u64;
         let mut pieces = g.attribution.pieces.clone();
         pieces.sort_by_key(|p| p.start);
         let mut run: Option<(u64, u64, &'static str)> = None;
+        let track = Track::Idle(g.gpu.device);
         for p in &pieces {
             let c = p.cause.name();
             match &mut run {
                 Some(r) if r.1 == p.start && r.2 == c => r.1 = p.end,
                 _ => {
                     if let Some((s, e, c)) = run.take() {
-                        w.slice(gpid, IDLE_TID, "idle", &format!("idle: {c}"), s, e, "")?;
+                        w.slice(track, "idle", &format!("idle: {c}"), (s, e), "")?;
                     }
                     run = Some((p.start, p.end, c));
                 }
             }
         }
         if let Some((s, e, c)) = run {
-            w.slice(gpid, IDLE_TID, "idle", &format!("idle: {c}"), s, e, "")?;
+            w.slice(track, "idle", &format!("idle: {c}"), (s, e), "")?;
         }
     }
     w.out.write_all(b"\n]}\n")?;
@@ -401,6 +519,14 @@ pub fn write_timeline(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_recordings_get_the_middle_in_the_bundle() {
+        use crate::export::bundle_timeline_window;
+        assert_eq!(bundle_timeline_window(5, 5 + 60_000_000_000), None);
+        let (s, e) = bundle_timeline_window(0, 3_600_000_000_000).unwrap();
+        assert_eq!((s, e), (1_785_000_000_000, 1_815_000_000_000));
+    }
 
     #[test]
     fn windows_parse_in_seconds_from_the_start() {
