@@ -254,8 +254,9 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    // The end-to-end tests run the built binaries.
-    run(cargo().args(["build", "--workspace", "--bins"]))?;
+    // The end-to-end tests run the built binaries and load the built
+    // cdylibs (the CUPTI shim beside gapscope, the stand-in libcuda).
+    run(cargo().args(["build", "--workspace"]))?;
     if !is_root() && std::env::var("GAPSCOPE_REQUIRE_BPF").as_deref() != Ok("1") {
         eprintln!(
             "xtask: not root: recording tests will be skipped (sudo -E cargo xtask test runs them)"
