@@ -13,20 +13,6 @@ use std::time::{Duration, Instant};
 use gapscope_tests::*;
 use serde_json::Value;
 
-fn gapscope_stdout(args: &[&str]) -> Vec<u8> {
-    let out = Command::new(gapscope())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running gapscope");
-    assert!(
-        out.status.success(),
-        "gapscope {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 fn golden() -> String {
     golden_session().to_str().unwrap().to_string()
 }
@@ -568,11 +554,7 @@ fn run_writes_the_whole_bundle() {
         ],
     );
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let mut files: Vec<String> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    files.sort();
+    let files = file_names(&out);
     assert_eq!(
         files,
         [
@@ -619,11 +601,7 @@ fn run_writes_the_whole_bundle() {
         &[workload().to_str().unwrap(), "spin", "--ms", "50"],
     );
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let mut files: Vec<String> = std::fs::read_dir(&lean)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    files.sort();
+    let files = file_names(&lean);
     assert_eq!(
         files,
         ["report.json", "report.md", "report.txt", "session.gsz"]

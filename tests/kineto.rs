@@ -8,17 +8,8 @@ use gapscope_tests::*;
 use serde_json::Value;
 
 fn report(args: &[&str]) -> Value {
-    let out = Command::new(gapscope())
-        .arg("report")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let args: Vec<&str> = ["report"].iter().chain(args).copied().collect();
+    serde_json::from_slice(&gapscope_stdout(&args)).unwrap()
 }
 
 /// µs in the reference vs ns here.

@@ -309,3 +309,28 @@ pub fn kineto_traces() -> Option<PathBuf> {
         None
     }
 }
+
+/// Runs `gapscope ARGS`, requires success, returns its stdout.
+pub fn gapscope_stdout(args: &[&str]) -> Vec<u8> {
+    let out = Command::new(gapscope())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running gapscope");
+    assert!(
+        out.status.success(),
+        "gapscope {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// The names of the files in `dir`, sorted.
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
