@@ -40,12 +40,19 @@ struct inflight {
 	__s32 fd;
 	__u8 fd_kind;
 	__u8 _pad[7];
+	/* The last file classified and its kind: threads call on the same
+	 * files over and over. Keyed by file and inode together, so a struct
+	 * file freed and reused for another file is not taken for the old. */
+	__u64 last_file;
+	__u64 last_inode;
+	__u8 last_kind;
 };
 
+/* Task-local: no hashing on the syscall path, freed with the task. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct inflight);
 } inflight SEC(".maps");
 
@@ -190,19 +197,27 @@ static __always_inline __u64 capture_stack(void *ctx, __u32 slot, __u32 pid, int
 #define AF_INET 2
 #define AF_INET6 10
 
-static __always_inline __u8 fd_kind(int fd)
+/* The open file behind one of current's fds, or NULL. */
+static __always_inline struct file *fd_file(int fd)
 {
 	if (fd < 0)
-		return GS_FD_NONE;
+		return NULL;
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	if (!fdt)
-		return GS_FD_NONE;
+		return NULL;
 	if ((unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
-		return GS_FD_NONE;
+		return NULL;
 	struct file **fds = BPF_CORE_READ(fdt, fd);
 	struct file *file = NULL;
-	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]))
+		return NULL;
+	return file;
+}
+
+static __always_inline __u8 file_kind(struct file *file)
+{
+	if (!file)
 		return GS_FD_NONE;
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
 	if (!inode)
@@ -309,47 +324,62 @@ static __always_inline __u64 syscall_arg(struct pt_regs *regs, int i)
 SEC("raw_tp/sys_enter")
 int gs_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (!is_tracked(tgid))
-		return 0;
+	/* Only tracked threads ever get task storage: finding it answers
+	 * "tracked?" without the hash lookup, on the hottest path there is. */
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct inflight *fp = bpf_task_storage_get(&inflight, task, 0, 0);
+	if (!fp) {
+		if (!is_tracked(bpf_get_current_pid_tgid() >> 32))
+			return 0;
+		fp = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!fp)
+			return 0;
+	}
 	struct pt_regs *regs = (struct pt_regs *)TP_ARG(ctx, 0);
 	long nr = (long)TP_ARG(ctx, 1);
 
-	struct inflight f = {};
-	f.ts = bpf_ktime_get_ns();
-	f.nr = nr;
-	f.fd = -1;
+	fp->ts = bpf_ktime_get_ns();
+	fp->nr = nr;
+	fp->fd = -1;
+	fp->path = 0;
+	fp->fd_kind = GS_FD_NONE;
 	int idx = fd_arg_index(nr);
 	if (idx >= 0) {
-		f.fd = (int)syscall_arg(regs, idx);
+		fp->fd = (int)syscall_arg(regs, idx);
 	} else if (nr == NR_poll || nr == NR_ppoll) {
 		/* The first polled fd says what kind of wait this is. */
 		struct pollfd pfd = {};
 		void *ufds = (void *)syscall_arg(regs, 0);
 		if (ufds && syscall_arg(regs, 1) > 0 &&
 		    bpf_probe_read_user(&pfd, sizeof(pfd), ufds) == 0)
-			f.fd = pfd.fd;
+			fp->fd = pfd.fd;
 	} else if (nr == NR_open || nr == NR_creat) {
-		f.path = syscall_arg(regs, 0);
+		fp->path = syscall_arg(regs, 0);
 	} else if (nr == NR_openat || nr == NR_openat2) {
-		f.path = syscall_arg(regs, 1);
+		fp->path = syscall_arg(regs, 1);
 	}
-	f.fd_kind = fd_kind(f.fd);
-	bpf_map_update_elem(&inflight, &tid, &f, BPF_ANY);
+	struct file *file = fd_file(fp->fd);
+	if (file) {
+		__u64 inode = (__u64)BPF_CORE_READ(file, f_inode);
+		if ((__u64)file != fp->last_file || inode != fp->last_inode) {
+			fp->last_file = (__u64)file;
+			fp->last_inode = inode;
+			fp->last_kind = file_kind(file);
+		}
+		fp->fd_kind = fp->last_kind;
+	}
 	return 0;
 }
 
 SEC("raw_tp/sys_exit")
 int gs_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (!is_tracked(tgid))
-		return 0;
-	struct inflight *f = bpf_map_lookup_elem(&inflight, &tid);
+	/* No task storage: not a tracked thread (see gs_sys_enter). */
+	struct inflight *f = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 	if (!f || f->nr < 0)
 		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
 	__u64 now = bpf_ktime_get_ns();
 	long ret = (long)TP_ARG(ctx, 1);
 
@@ -442,7 +472,9 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	e->flags = flags;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
 	if (flags & GS_SW_PREV_TRACKED) {
-		struct inflight *f = bpf_map_lookup_elem(&inflight, &prev_tid);
+		/* current is still prev here. */
+		struct inflight *f =
+			bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 		if (f && f->nr >= 0) {
 			e->syscall = f->nr;
 			e->fd = f->fd;
@@ -575,7 +607,7 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 	} else {
 		count_drop(GS_EV_EXIT);
 	}
-	bpf_map_delete_elem(&inflight, &tid);
+	/* inflight is task storage: freed with the task. */
 	if (group_dead)
 		bpf_map_delete_elem(&tracked, &tgid);
 	return 0;

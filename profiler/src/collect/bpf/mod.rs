@@ -90,6 +90,9 @@ impl Tracer {
         let offcpu_stacks = config.offcpu_stacks as u8;
         let wakeup_bytes: u64 = (ring_bytes as u64 / 8).min(1 << 20);
         let mut ebpf = EbpfLoader::new()
+            // Task storage (per-thread syscall state) is a map type this aya
+            // has no wrapper for; userspace never touches it.
+            .allow_unsupported_maps()
             .override_global("gs_offcpu_stacks", &offcpu_stacks, true)
             .override_global("gs_wakeup_bytes", &wakeup_bytes, true)
             .map_max_entries("events", ring_bytes)

@@ -1,0 +1,301 @@
+//! gs-bench: fixed-work workloads for `cargo xtask bench`. Each does the
+//! same work every run, so its wall time under a profiler against bare is
+//! the profiler's cost; each writes its own wall and CPU time (its children
+//! included) to `--time-file`, measured from inside, so a profiler's start-up
+//! and post-processing are not counted against it.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+const USAGE: &str = "\
+gs-bench: fixed-work workloads for gapscope's benchmarks
+
+usage: gs-bench COMMAND [options] [--time-file F]
+
+commands:
+  input  --workers N --batches B --reads R --read-kib K --decode-passes P --dir D
+         an input pipeline: N worker processes each read R small records
+         (pread, K KiB, scattered over a page-cached 64 MiB file) per batch,
+         decode them (P hashing passes), and hand a digest over a pipe to a
+         consumer that computes a step on each of B batches
+  cpu    --threads N --iters M
+         CPU-bound: N threads hashing M rounds each, no syscalls
+  events --threads N --secs S --rate R [--cpu C]
+         an event generator: threads in tight loops of cheap syscalls
+         (getppid), paced to R syscalls/s in all (0 = as fast as they can),
+         with a pipe ping-pong pair adding context switches; pinned to
+         CPU C when given
+
+--time-file F gets one line: wall_ns cpu_ns (children included).";
+
+fn die(msg: &str) -> ! {
+    eprintln!("gs-bench: {msg}");
+    std::process::exit(2);
+}
+
+struct Args(Vec<(String, String)>);
+
+impl Args {
+    fn num(&self, key: &str, default: u64) -> u64 {
+        match self.get(key) {
+            Some(v) => v
+                .parse()
+                .unwrap_or_else(|_| die(&format!("--{key}: not a number: {v}"))),
+            None => default,
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn cpu_ns(who: i32) -> u64 {
+    // SAFETY: getrusage fills the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(who, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The same arithmetic everywhere: a multiply-xor hash step.
+#[inline(always)]
+fn mix(h: u64, w: u64) -> u64 {
+    (h ^ w).wrapping_mul(0x100000001b3).rotate_left(5)
+}
+
+fn hash_bytes(h: u64, buf: &[u8]) -> u64 {
+    buf.chunks_exact(8)
+        .fold(h, |h, w| mix(h, u64::from_le_bytes(w.try_into().unwrap())))
+}
+
+fn compute(rounds: u64, seed: u64) -> u64 {
+    let mut h = seed;
+    for i in 0..rounds {
+        h = mix(h, i);
+    }
+    std::hint::black_box(h)
+}
+
+fn cmd_input(a: &Args) {
+    let workers = a.num("workers", 4);
+    let batches = a.num("batches", 2000);
+    let reads = a.num("reads", 64);
+    let read_len = (a.num("read-kib", 4) << 10) as usize;
+    let passes = a.num("decode-passes", 8);
+    let dir = PathBuf::from(a.get("dir").unwrap_or("."));
+    let path = dir.join(format!("gs-bench-input-{}.dat", std::process::id()));
+    const FILE_LEN: u64 = 64 << 20;
+    {
+        let mut f =
+            File::create(&path).unwrap_or_else(|e| die(&format!("{}: {e}", path.display())));
+        let block: Vec<u8> = (0..1u32 << 20)
+            .map(|i| (i.wrapping_mul(31) % 251) as u8)
+            .collect();
+        for _ in 0..FILE_LEN >> 20 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    // Warm the page cache so runs compare CPU work, not the disk.
+    let _ = std::fs::read(&path);
+
+    let start = Instant::now();
+    let mut readers = Vec::new();
+    let mut children = Vec::new();
+    for w in 0..workers {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a 2-element array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only computes, does file I/O and exits.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            die("fork failed");
+        }
+        if child == 0 {
+            // SAFETY: closing the read end we do not use.
+            unsafe { libc::close(fds[0]) };
+            let f = File::open(&path).unwrap();
+            let mut buf = vec![0u8; read_len];
+            let mut x: u64 = 0x9e3779b97f4a7c15 ^ w;
+            for b in (0..batches).filter(|b| b % workers == w) {
+                let mut h = b;
+                for _ in 0..reads {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let off = (x >> 20) % (FILE_LEN - read_len as u64);
+                    f.read_exact_at(&mut buf, off & !4095).unwrap();
+                    for _ in 0..passes {
+                        h = hash_bytes(h, &buf);
+                    }
+                }
+                let d = h.to_le_bytes();
+                // SAFETY: writing 8 bytes from a live buffer to our pipe.
+                unsafe { libc::write(fds[1], d.as_ptr().cast(), 8) };
+            }
+            std::process::exit(0);
+        }
+        // SAFETY: closing the write end the child owns.
+        unsafe { libc::close(fds[1]) };
+        readers.push(fds[0]);
+        children.push(child);
+    }
+    let mut acc = 0u64;
+    for b in 0..batches {
+        let mut d = [0u8; 8];
+        // SAFETY: reading 8 bytes into a live buffer from our pipe.
+        let n = unsafe { libc::read(readers[(b % workers) as usize], d.as_mut_ptr().cast(), 8) };
+        if n != 8 {
+            die("a worker died");
+        }
+        acc = compute(20_000, acc ^ u64::from_le_bytes(d));
+    }
+    for c in children {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(c, &mut status, 0) };
+    }
+    std::hint::black_box(acc);
+    let wall = start.elapsed();
+    let _ = std::fs::remove_file(&path);
+    finish(a, wall.as_nanos() as u64);
+}
+
+fn cmd_cpu(a: &Args) {
+    let threads = a.num("threads", 2);
+    let iters = a.num("iters", 400_000_000);
+    let start = Instant::now();
+    let hs: Vec<_> = (0..threads)
+        .map(|t| std::thread::spawn(move || compute(iters, t)))
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    finish(a, start.elapsed().as_nanos() as u64);
+}
+
+fn pin(cpu: Option<u64>) {
+    if let Some(cpu) = cpu {
+        // SAFETY: a cpu_set_t we own, for this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+fn cmd_events(a: &Args) {
+    let threads = a.num("threads", 1).max(1);
+    let secs = a.num("secs", 2);
+    let rate = a.num("rate", 0);
+    let cpu = a.get("cpu").map(|_| a.num("cpu", 0));
+    pin(cpu);
+    let start = Instant::now();
+    let end = start + std::time::Duration::from_secs(secs);
+    let per_thread = rate / threads;
+    let mut hs = Vec::new();
+    for _ in 0..threads {
+        hs.push(std::thread::spawn(move || {
+            pin(cpu);
+            let t0 = Instant::now();
+            let mut n: u64 = 0;
+            while Instant::now() < end {
+                for _ in 0..64 {
+                    // SAFETY: getppid has no preconditions.
+                    unsafe { libc::getppid() };
+                }
+                n += 64;
+                if per_thread > 0 {
+                    // Pace: never ahead of rate × elapsed.
+                    while (n as u128) * 1_000_000_000
+                        > (per_thread as u128) * t0.elapsed().as_nanos()
+                    {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            n
+        }));
+    }
+    // A ping-pong pair: every round trip is two blocking reads, two wakeups
+    // and two context switches.
+    let mut p1 = [0; 2];
+    let mut p2 = [0; 2];
+    // SAFETY: 2-element arrays.
+    unsafe {
+        libc::pipe(p1.as_mut_ptr());
+        libc::pipe(p2.as_mut_ptr());
+    }
+    let pong = std::thread::spawn(move || {
+        pin(cpu);
+        let mut b = [0u8; 1];
+        // SAFETY: reading/writing one byte on our pipes.
+        while unsafe { libc::read(p1[0], b.as_mut_ptr().cast(), 1) } == 1 && b[0] == 1 {
+            unsafe { libc::write(p2[1], b.as_ptr().cast(), 1) };
+        }
+    });
+    let mut trips = 0u64;
+    while Instant::now() < end {
+        let mut b = [1u8; 1];
+        // SAFETY: as above.
+        unsafe {
+            libc::write(p1[1], b.as_ptr().cast(), 1);
+            libc::read(p2[0], b.as_mut_ptr().cast(), 1);
+        }
+        trips += 1;
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let b = [0u8; 1];
+    // SAFETY: as above.
+    unsafe { libc::write(p1[1], b.as_ptr().cast(), 1) };
+    pong.join().unwrap();
+    let syscalls: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    let wall = start.elapsed().as_nanos() as u64;
+    eprintln!(
+        "gs-bench events: {syscalls} getppid ({:.0}/s), {trips} ping-pong round trips",
+        syscalls as f64 / (wall as f64 / 1e9)
+    );
+    finish(a, wall);
+}
+
+fn finish(a: &Args, wall_ns: u64) {
+    let cpu = cpu_ns(libc::RUSAGE_SELF) + cpu_ns(libc::RUSAGE_CHILDREN);
+    if let Some(p) = a.get("time-file") {
+        std::fs::write(p, format!("{wall_ns} {cpu}\n"))
+            .unwrap_or_else(|e| die(&format!("{p}: {e}")));
+    }
+}
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    let cmd = argv.next().unwrap_or_default();
+    let rest: Vec<String> = argv.collect();
+    let mut opts = Vec::new();
+    let mut i = 0;
+    while i < rest.len() {
+        let Some(key) = rest[i].strip_prefix("--") else {
+            die(&format!("unexpected argument {:?}\n\n{USAGE}", rest[i]));
+        };
+        let value = rest
+            .get(i + 1)
+            .unwrap_or_else(|| die(&format!("--{key} needs a value")));
+        opts.push((key.to_string(), value.clone()));
+        i += 2;
+    }
+    let a = Args(opts);
+    match cmd.as_str() {
+        "input" => cmd_input(&a),
+        "cpu" => cmd_cpu(&a),
+        "events" => cmd_events(&a),
+        "-h" | "--help" | "help" => println!("{USAGE}"),
+        "" => die(&format!("missing command\n\n{USAGE}")),
+        other => die(&format!("unknown command {other:?}\n\n{USAGE}")),
+    }
+}
