@@ -355,6 +355,11 @@ fn offline_report_equals_the_one_printed_at_the_end_of_the_run() {
     assert_eq!(json_file, report_json(&rec));
     assert_eq!(json_file["schema"], "gapscope.report/1");
     assert_eq!(json_file["gpus"], serde_json::json!([]));
+    // gapscope says what it cost: some CPU while recording, and at least
+    // the ring buffer it maps in its peak memory.
+    let session = &json_file["session"];
+    assert!(session["collector_cpu_ns"].as_u64().unwrap() > 0);
+    assert!(session["collector_peak_rss_bytes"].as_u64().unwrap() > 32 << 20);
 }
 
 #[test]

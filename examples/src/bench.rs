@@ -23,11 +23,11 @@ commands:
          consumer that computes a step on each of B batches
   cpu    --threads N --iters M
          CPU-bound: N threads hashing M rounds each, no syscalls
-  events --threads N --secs S --rate R [--cpu C]
+  events --threads N --secs S --rate R [--cpu C] [--nice N]
          an event generator: threads in tight loops of cheap syscalls
          (getppid), paced to R syscalls/s in all (0 = as fast as they can),
          with a pipe ping-pong pair adding context switches; pinned to
-         CPU C when given
+         CPU C and at nice level N when given
 
 --time-file F gets one line: wall_ns cpu_ns (children included).";
 
@@ -197,6 +197,15 @@ fn cmd_events(a: &Args) {
     let rate = a.num("rate", 0);
     let cpu = a.get("cpu").map(|_| a.num("cpu", 0));
     pin(cpu);
+    if let Some(n) = a.get("nice") {
+        let n: i32 = n
+            .parse()
+            .unwrap_or_else(|_| die(&format!("--nice: not a number: {n}")));
+        // SAFETY: setpriority on this process; a higher priority needs root.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, n) } != 0 {
+            die("--nice: setpriority failed (a negative level needs root)");
+        }
+    }
     let start = Instant::now();
     let end = start + std::time::Duration::from_secs(secs);
     let per_thread = rate / threads;

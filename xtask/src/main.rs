@@ -14,6 +14,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+mod bench;
+
 const USAGE: &str = "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench>";
 
 fn root() -> PathBuf {
@@ -301,101 +303,6 @@ fn gpu_bundle() -> Result<()> {
     Ok(())
 }
 
-/// Runs a command to completion; returns (wall seconds, peak RSS bytes).
-fn measure(cmd: &mut Command) -> Result<(f64, u64)> {
-    let start = std::time::Instant::now();
-    let child = cmd
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .with_context(|| describe(cmd))?;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = child.id() as i32;
-    // SAFETY: waiting for our own child.
-    if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } != pid {
-        bail!("wait4 failed for {}", describe(cmd));
-    }
-    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        bail!("{} failed ({status})", describe(cmd));
-    }
-    Ok((start.elapsed().as_secs_f64(), usage.ru_maxrss as u64 * 1024))
-}
-
-/// A synthetic PyTorch profiler trace of about `mib` MiB: steps of CPU ops,
-/// runtime launches and the kernels they launch, with ns-resolution µs text.
-fn generate_kineto(path: &Path, mib: u64) -> Result<u64> {
-    use std::io::Write;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    write!(w, "{{\"schemaVersion\": 1, \"deviceProperties\": [{{\"id\": 0, \"name\": \"Synthetic GPU\"}}],\n\"traceEvents\": [\n")?;
-    let mut bytes = 0u64;
-    let mut ts_ns: u64 = 1_700_000_000_000_000_000;
-    let mut corr = 0u64;
-    let mut first = true;
-    let target = mib << 20;
-    while bytes < target {
-        corr += 1;
-        let us = |ns: u64| format!("{}.{:03}", ns / 1000, ns % 1000);
-        let events = [
-            format!("{{\"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"aten::linear\", \"pid\": 100, \"tid\": 100, \"ts\": {}, \"dur\": 12.345, \"args\": {{\"External id\": {corr}}}}}", us(ts_ns)),
-            format!("{{\"ph\": \"X\", \"cat\": \"cuda_runtime\", \"name\": \"cudaLaunchKernel\", \"pid\": 100, \"tid\": 100, \"ts\": {}, \"dur\": 4.100, \"args\": {{\"cbid\": 211, \"correlation\": {corr}}}}}", us(ts_ns + 2_000)),
-            format!("{{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"void gemm_kernel<float, 128, 64>(float const*, float*)\", \"pid\": 0, \"tid\": 7, \"ts\": {}, \"dur\": 9.875, \"args\": {{\"device\": 0, \"stream\": 7, \"correlation\": {corr}, \"grid\": [128, 1, 1], \"block\": [256, 1, 1]}}}}", us(ts_ns + 8_000)),
-        ];
-        for e in events {
-            if !first {
-                w.write_all(b",\n")?;
-            }
-            first = false;
-            w.write_all(e.as_bytes())?;
-            bytes += e.len() as u64 + 2;
-        }
-        ts_ns += 15_000;
-    }
-    write!(w, "\n]}}\n")?;
-    w.flush()?;
-    Ok(std::fs::metadata(path)?.len())
-}
-
-fn bench() -> Result<()> {
-    setup(false)?;
-    run(cargo().args(["build", "--release", "-p", "gapscope"]))?;
-    let release = root().join("target/release");
-    let dir = root().join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    let mut rows: Vec<(String, String)> = Vec::new();
-
-    // Kineto import: a generated 200 MB trace, against reading the same
-    // bytes (the floor any parser pays) measured in the same run.
-    let trace = dir.join("synthetic-200MB.json");
-    let size = generate_kineto(&trace, 200)?;
-    let (read_s, _) = measure(Command::new("cat").arg(&trace))?;
-    let (s, rss) = measure(
-        Command::new(release.join("gapscope"))
-            .args(["report", "--format", "json"])
-            .arg(&trace),
-    )?;
-    rows.push((
-        "kineto report, 200 MB trace".into(),
-        format!(
-            "{s:.2} s ({:.0} MB/s; reading the file alone {read_s:.2} s) · peak RSS {} MB = {:.2}× the file",
-            size as f64 / s / 1e6,
-            rss >> 20,
-            rss as f64 / size as f64
-        ),
-    ));
-    let _ = std::fs::remove_file(&trace);
-
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    println!("gapscope bench · {cpus} CPUs · {}", std::env::consts::ARCH);
-    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    for (k, v) in &rows {
-        println!("  {k:<w$}  {v}");
-    }
-    Ok(())
-}
-
 fn vmlinux() -> Result<()> {
     let out = root().join("ebpf/vmlinux.h");
     let output = Command::new("bpftool")
@@ -439,7 +346,7 @@ fn dispatch() -> Result<()> {
         "test" => test(),
         "vmlinux" => vmlinux(),
         "gpu-bundle" => gpu_bundle(),
-        "bench" => bench(),
+        "bench" => bench::bench(),
         "" | "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -314,6 +314,19 @@ fn libcuda_in_use(sink: &Sink) -> Vec<PathBuf> {
         .collect()
 }
 
+/// This process's CPU time and peak RSS so far (children excluded: the
+/// target is not counted).
+fn own_cost() -> crate::session::CollectorCost {
+    // SAFETY: getrusage fills a struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    crate::session::CollectorCost {
+        cpu_ns: ns(ru.ru_utime) + ns(ru.ru_stime),
+        peak_rss_bytes: ru.ru_maxrss as u64 * 1024,
+    }
+}
+
 /// What the event loop needs to collect GPU activity.
 struct GpuSetup {
     /// `run`: where the target's shims connect; `attach`: none (we connect).
@@ -415,6 +428,7 @@ async fn event_loop(
     let exited = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
         .map_err(|e| io_err("watching the target")(e.into()))?;
     let started = Instant::now();
+    let cpu_at_start = own_cost().cpu_ns;
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     // The kernel wakes us only for large batches; this bounds the latency of
     // small ones and paces flushes, drop counters and the status line.
@@ -453,8 +467,10 @@ async fn event_loop(
                         sink.error.get_or_insert(e);
                     }
                 }
-                let drops = tracer.drops().map(|d| d.iter().sum()).unwrap_or(0);
-                status.update(started.elapsed(), sink.events, drops, sink.live.len());
+                if status.enabled() {
+                    let drops = tracer.drops().map(|d| d.iter().sum()).unwrap_or(0);
+                    status.update(started.elapsed(), sink.events, drops, sink.live.len());
+                }
             }
             Some(record) = gpu_rx.recv() => sink.push(record),
             _ = exited.readable() => break StopReason::TargetExited,
@@ -489,6 +505,7 @@ async fn event_loop(
     status.clear();
     // The window ends now, not after the GPU streams have drained below.
     let end_ns = clock::monotonic_ns();
+    sink.cpu_while_recording = own_cost().cpu_ns.saturating_sub(cpu_at_start);
 
     // GPU processes flush at exit; give their streams a moment to arrive.
     streams.finish(Duration::from_secs(3)).await;
@@ -541,6 +558,10 @@ fn finish(
         sink.push(Record::Symbols(chunk));
     }
     let exit_code = exit_code.or(sink.target_exit);
+    sink.push(Record::Cost(crate::session::CollectorCost {
+        cpu_ns: sink.cpu_while_recording,
+        peak_rss_bytes: own_cost().peak_rss_bytes,
+    }));
     sink.push(Record::End(Footer {
         end_ns,
         reason,

@@ -32,6 +32,8 @@ pub struct Sink {
     pub error: Option<SessionError>,
     /// Processes whose libcuda calls the uprobes have seen.
     uprobed: HashSet<u32>,
+    /// gapscope's own CPU time between attaching and stopping.
+    pub cpu_while_recording: u64,
 }
 
 impl Sink {
@@ -49,6 +51,7 @@ impl Sink {
             target_exit: None,
             error: None,
             uprobed: HashSet::new(),
+            cpu_while_recording: 0,
         }
     }
 

@@ -21,6 +21,10 @@ impl StatusLine {
         }
     }
 
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     pub fn update(&mut self, elapsed: Duration, events: u64, drops: u64, processes: usize) {
         if !self.enabled {
             return;

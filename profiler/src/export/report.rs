@@ -71,6 +71,9 @@ pub struct SessionInfo {
     pub stop_reason: Option<&'static str>,
     /// Why the session is incomplete, when it is.
     pub truncated: Option<String>,
+    /// gapscope's own CPU time and peak memory while recording.
+    pub collector_cpu_ns: Option<u64>,
+    pub collector_peak_rss_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -419,6 +422,8 @@ pub fn build_with(
                 StopReason::Interrupted => "interrupted",
             }),
             truncated: session.truncated.clone(),
+            collector_cpu_ns: session.collector.map(|c| c.cpu_ns),
+            collector_peak_rss_bytes: session.collector.map(|c| c.peak_rss_bytes),
         },
         processes,
         notes,

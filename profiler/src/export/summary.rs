@@ -388,8 +388,20 @@ fn drops_line(r: &Report) -> String {
         0 => String::new(),
         n => format!(" ({n} context switches the kernel did not report were inferred)"),
     };
+    let own = match (
+        r.session.collector_cpu_ns,
+        r.session.collector_peak_rss_bytes,
+    ) {
+        (Some(cpu), Some(rss)) => format!(
+            " · gapscope itself: {} CPU ({} of the run), {} peak memory",
+            units::duration(cpu),
+            units::percent(cpu, r.session.duration_ns),
+            units::bytes(rss)
+        ),
+        _ => String::new(),
+    };
     if r.drops.cpu_events == 0 && r.drops.gpu_records == 0 {
-        return format!("drops: none{inferred}");
+        return format!("drops: none{inferred}{own}");
     }
     let by_kind: Vec<String> = r
         .drops
@@ -399,7 +411,7 @@ fn drops_line(r: &Report) -> String {
         .collect();
     format!(
         "drops: {} CPU events ({}), {} GPU records — times around them are less certain; \
-         a larger --buffer-mb or a lower --freq helps{inferred}",
+         a larger --buffer-mb or a lower --freq helps{inferred}{own}",
         r.drops.cpu_events,
         by_kind.join(", "),
         r.drops.gpu_records

@@ -37,6 +37,20 @@ pub enum Record {
     /// A host-side operation from an imported trace (cpu_op, python_function,
     /// user_annotation): the only view of host threads a trace gives.
     HostOp(HostOp),
+    /// What recording cost gapscope's own process (written at the end).
+    Cost(CollectorCost),
+}
+
+/// gapscope's own resource use: its process only (the target's CPU time,
+/// including what the BPF programs cost it, is not in).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectorCost {
+    /// CPU time while recording (loading before and symbolizing after the
+    /// window are not in: they do not compete with the target).
+    pub cpu_ns: u64,
+    /// Peak resident memory, start to end (the kernel ring buffer, mapped
+    /// twice, is in it).
+    pub peak_rss_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

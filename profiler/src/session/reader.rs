@@ -198,6 +198,8 @@ pub struct Session {
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
     pub host_ops: Vec<HostOp>,
+    /// gapscope's own cost while recording (absent in imported traces).
+    pub collector: Option<super::CollectorCost>,
     /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
     pub truncated: Option<String>,
 }
@@ -253,6 +255,7 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             Record::Nvml(n) => s.nvml.push(n),
             Record::NvmlDevice(d) => s.nvml_devices.push(d),
             Record::HostOp(o) => s.host_ops.push(o),
+            Record::Cost(c) => s.collector = Some(c),
         }
     }
     if first {
