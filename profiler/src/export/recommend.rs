@@ -155,33 +155,28 @@ impl Evidence<'_> {
 
     /// The heaviest on-CPU stack of these threads.
     fn hot_stack(&self, threads: &[Tid]) -> Option<String> {
-        let mut best: Option<(u64, u64)> = None;
-        for t in threads {
-            if let Some(tl) = self.tl.threads.get(t) {
-                for (&(u, _), &n) in &tl.samples {
-                    if u != 0 && best.is_none_or(|b| n > b.1) {
-                        best = Some((u, n));
-                    }
-                }
-            }
-        }
-        best.and_then(|(u, _)| self.chain(u))
+        let weights = threads
+            .iter()
+            .filter_map(|t| self.tl.threads.get(t))
+            .flat_map(|tl| tl.samples.iter().map(|(&(u, _), &n)| (u, n)));
+        heaviest(weights)
+            .and_then(|u| self.chain(u))
             .map(|c| format!("hottest stack: {c}"))
     }
 
     /// Where these threads blocked longest for `kind`.
     fn blocked_stack(&self, threads: &[Tid], kind: OffKind) -> Option<String> {
-        let mut best: Option<(u64, u64)> = None;
-        for t in threads {
-            if let Some(tl) = self.tl.threads.get(t) {
-                for (&(k, u, _), &ns) in &tl.off_stacks {
-                    if k == kind && u != 0 && best.is_none_or(|b| ns > b.1) {
-                        best = Some((u, ns));
-                    }
-                }
-            }
-        }
-        best.and_then(|(u, _)| self.chain(u))
+        let weights = threads
+            .iter()
+            .filter_map(|t| self.tl.threads.get(t))
+            .flat_map(|tl| {
+                tl.off_stacks
+                    .iter()
+                    .filter(move |(&(k, _, _), _)| k == kind)
+                    .map(|(&(_, u, _), &ns)| (u, ns))
+            });
+        heaviest(weights)
+            .and_then(|u| self.chain(u))
             .map(|c| format!("blocked in: {c}"))
     }
 
@@ -391,4 +386,35 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
         Cause::Startup | Cause::Teardown | Cause::Unattributed => String::new(),
     };
     (title, e)
+}
+
+/// The user stack with the most weight, summed over kernel stacks and
+/// threads; ties go to the lowest hash, so the answer does not depend on
+/// hash-map order.
+fn heaviest(weights: impl Iterator<Item = (u64, u64)>) -> Option<u64> {
+    let mut by_stack: std::collections::BTreeMap<u64, u64> = Default::default();
+    for (u, w) in weights.filter(|&(u, _)| u != 0) {
+        *by_stack.entry(u).or_default() += w;
+    }
+    by_stack
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(u, _)| u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heaviest;
+
+    #[test]
+    fn heaviest_sums_per_stack_and_breaks_ties_the_same_way() {
+        // 7 is split over two kernel stacks and wins; 0 (no stack) never does.
+        assert_eq!(
+            heaviest([(7, 2), (9, 3), (7, 2), (0, 10)].into_iter()),
+            Some(7)
+        );
+        assert_eq!(heaviest([(9, 3), (5, 3)].into_iter()), Some(5));
+        assert_eq!(heaviest([(5, 3), (9, 3)].into_iter()), Some(5));
+        assert_eq!(heaviest(std::iter::empty()), None);
+    }
 }
