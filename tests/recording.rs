@@ -390,29 +390,6 @@ fn run_exits_with_the_targets_exit_code() {
     );
 }
 
-/// Pid of the process gapscope started (its only child), once it has exec'd `comm`.
-fn target_of(gapscope_pid: u32, comm: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let children =
-            std::fs::read_to_string(format!("/proc/{gapscope_pid}/task/{gapscope_pid}/children"))
-                .unwrap_or_default();
-        for child in children.split_whitespace() {
-            let c = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
-            if c.trim() == comm {
-                return child.parse().unwrap();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("gapscope never started {comm}");
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: sending a signal to a process we started.
-    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
-}
-
 #[test]
 fn an_interrupt_sent_to_gapscope_reaches_the_target_and_the_recording_completes() {
     if !bpf_ready("an_interrupt_sent_to_gapscope_reaches_the_target_and_the_recording_completes") {

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -333,4 +334,27 @@ pub fn file_names(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// Pid of the process gapscope started (its only child), once it has exec'd `comm`.
+pub fn target_of(gapscope_pid: u32, comm: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let children =
+            std::fs::read_to_string(format!("/proc/{gapscope_pid}/task/{gapscope_pid}/children"))
+                .unwrap_or_default();
+        for child in children.split_whitespace() {
+            let c = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+            if c.trim() == comm {
+                return child.parse().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("gapscope never started {comm}");
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: sending a signal to a process we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
 }

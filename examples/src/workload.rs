@@ -36,6 +36,10 @@ commands:
   fake-cuda --lib PATH                 calls a stand-in libcuda (libfakecuda.so) with
                                        known durations: 50 launches of 200 µs, 5 nested
                                        launches, 4 syncs of 25 ms, 3 copies of 2 ms
+  crash    --how segv|abort --ms N      read and compute for N ms, then crash for
+                                       real (a null write, or abort()); no core file
+  forks    --children N --dir D        fork N children at once, each reading a
+                                       small file and exiting; wait for them all
   pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
@@ -662,6 +666,55 @@ fn cmd_fake_cuda(a: &Args) {
     truth(a.get("truth"), json!({"role": "fake-cuda", "calls": calls}));
 }
 
+fn cmd_crash(a: &Args) {
+    // No core file: the test is about the exit status, not the dump.
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit with a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    let mut buf = vec![0u8; 1 << 16];
+    let mut f = File::open("/proc/self/maps").unwrap();
+    let _ = f.read(&mut buf);
+    spin_cpu(a.num("ms", 200));
+    match a.get("how").unwrap_or("segv") {
+        // SAFETY: none — the point is a real invalid write.
+        "segv" => unsafe {
+            std::ptr::write_volatile(std::ptr::null_mut::<u64>(), 1);
+        },
+        "abort" => std::process::abort(),
+        other => die(&format!("--how: segv or abort, not {other}")),
+    }
+}
+
+fn cmd_forks(a: &Args) {
+    let n = a.num("children", 200);
+    let dir = a.dir();
+    let data = dir.join(format!("gs-forks-{}.dat", pid()));
+    std::fs::write(&data, vec![7u8; 4096]).unwrap();
+    let mut children = Vec::new();
+    for _ in 0..n {
+        let child = fork_or_die();
+        if child == 0 {
+            let mut buf = [0u8; 4096];
+            let mut f = File::open(&data).unwrap();
+            let got = f.read(&mut buf).unwrap();
+            std::process::exit(if got == 4096 { 0 } else { 1 });
+        }
+        children.push(child);
+    }
+    let ok = wait_children(&children);
+    let _ = std::fs::remove_file(&data);
+    truth(
+        a.get("truth"),
+        json!({"role": "parent", "children": children}),
+    );
+    if !ok {
+        die("a child failed");
+    }
+}
+
 fn main() {
     let args = Args::parse();
     match args.cmd.as_str() {
@@ -673,6 +726,8 @@ fn main() {
         "pipeline" => cmd_pipeline(&args),
         "fake-gpu" => cmd_fake_gpu(&args),
         "fake-cuda" => cmd_fake_cuda(&args),
+        "crash" => cmd_crash(&args),
+        "forks" => cmd_forks(&args),
         "-h" | "--help" | "help" => println!("{USAGE}"),
         "" => die(&format!("missing command\n\n{USAGE}")),
         other => die(&format!("unknown command {other:?}\n\n{USAGE}")),

@@ -1,0 +1,176 @@
+//! Faults around a recording: the target crashing or forking wildly,
+//! gapscope itself signalled, the ring buffer overflowing, the target
+//! vanishing while `attach` starts, pids reused. In each case the target's
+//! exit status is what it would have been without gapscope, the session
+//! reads back, and losses are counted rather than hidden.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+#[test]
+fn a_crashing_target_exits_as_it_would_and_its_session_reads() {
+    if !bpf_ready("a_crashing_target_exits_as_it_would_and_its_session_reads") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("crash");
+    for (how, signo) in [("segv", libc::SIGSEGV), ("abort", libc::SIGABRT)] {
+        // Bare, for what "as it would" means on this machine.
+        let bare = Command::new(workload())
+            .args(["crash", "--how", how, "--ms", "100"])
+            .status()
+            .unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&bare),
+            Some(signo)
+        );
+        let r = run(
+            &dir.path().join(how),
+            &["-q"],
+            &[
+                workload().to_str().unwrap(),
+                "crash",
+                "--how",
+                how,
+                "--ms",
+                "300",
+            ],
+        );
+        assert_eq!(r.code(), Some(128 + signo), "{how}: {}", r.stderr());
+        let report = r.report();
+        assert_partitions(&report);
+        assert_eq!(report["target"]["exit_code"], 128 + signo);
+        assert_eq!(report["session"]["stop_reason"], "target exited");
+        assert!(report["session"]["truncated"].is_null());
+        // It computed for its 300 ms before crashing, and that is in.
+        let t = &report["threads"][0];
+        assert!(u64_of(t, "on_cpu_ns") >= 250_000_000, "{t}");
+    }
+}
+
+#[test]
+fn two_hundred_short_lived_children_are_all_followed() {
+    if !bpf_ready("two_hundred_short_lived_children_are_all_followed") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("forks");
+    let truth = dir.path().join("truth.json");
+    let r = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "forks",
+            "--children",
+            "200",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--truth",
+            truth.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let report = r.report();
+    assert_partitions(&report);
+    assert_eq!(report["drops"]["cpu_events"], 0);
+    let children: Vec<u64> = truth_of_role(&truth, "parent")["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert_eq!(children.len(), 200);
+    let processes = report["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 201);
+    for c in &children {
+        let p = processes
+            .iter()
+            .find(|p| p["pid"].as_u64() == Some(*c))
+            .unwrap_or_else(|| panic!("child {c} not followed"));
+        assert_eq!(p["exit_code"], 0, "{p}");
+        // Each read its 4 KiB, and that is in its thread's account.
+        let t = thread(&report, *c);
+        assert_eq!(u64_of(&t["read_bytes"], "file"), 4096, "{t}");
+    }
+}
+
+fn truth_of_role(path: &Path, role: &str) -> Value {
+    truth(path)
+        .into_iter()
+        .find(|v| v["role"] == role)
+        .unwrap_or_else(|| panic!("no {role} in {}", path.display()))
+}
+
+#[test]
+fn a_terminate_sent_to_gapscope_reaches_the_target_and_the_recording_completes() {
+    if !bpf_ready("a_terminate_sent_to_gapscope_reaches_the_target_and_the_recording_completes") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("sigterm");
+    let rec = dir.path().join("rec");
+    let child = Command::new(gapscope())
+        .args(["run", "-q", "-o"])
+        .arg(&rec)
+        .args(["--", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let target = target_of(child.id(), "sleep");
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: signalling the gapscope we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM));
+    assert!(!Path::new(&format!("/proc/{target}")).exists());
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    assert_eq!(report["target"]["exit_code"], 128 + libc::SIGTERM);
+    assert!(report["session"]["truncated"].is_null());
+}
+
+#[test]
+fn a_target_that_exits_while_attach_starts_is_handled() {
+    if !bpf_ready("a_target_that_exits_while_attach_starts_is_handled") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("attach-race");
+    // From gone before attach looks, through gone while the programs load,
+    // to gone after recording started: a one-line error or a complete
+    // session, never a hang or a panic.
+    for (i, life) in ["0", "0.05", "0.15", "0.3", "0.6"].iter().enumerate() {
+        let mut target = Command::new("sleep").arg(life).spawn().unwrap();
+        let rec = dir.path().join(format!("rec{i}"));
+        let out = Command::new(gapscope())
+            .args(["attach", "-q", "--duration", "20", "-p"])
+            .arg(target.id().to_string())
+            .arg("-o")
+            .arg(&rec)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        target.wait().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        match out.status.code() {
+            Some(0) => {
+                let report = report_json(&rec);
+                assert_eq!(
+                    report["session"]["stop_reason"], "target exited",
+                    "life {life}"
+                );
+                assert!(report["session"]["truncated"].is_null());
+            }
+            Some(1) => {
+                assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+                assert!(err.contains(&target.id().to_string()), "{err}");
+            }
+            other => panic!("life {life}: exit {other:?}: {err}"),
+        }
+    }
+}
