@@ -174,3 +174,86 @@ fn a_target_that_exits_while_attach_starts_is_handled() {
         }
     }
 }
+
+#[test]
+fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
+    if !bpf_ready("an_overflowing_ring_buffer_counts_its_drops_and_marks_where") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("overflow");
+    let rec = dir.path().join("rec");
+    // A 1 MiB ring, and event generators at a higher priority on the
+    // recorder's own CPU: its reader cannot keep up.
+    let out = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(gapscope())
+        .args(["run", "-q", "--no-exports", "--buffer-mb", "1", "-o"])
+        .arg(&rec)
+        .arg("--")
+        .arg(bin("gs-bench"))
+        .args([
+            "events",
+            "--threads",
+            "2",
+            "--secs",
+            "2",
+            "--cpu",
+            "0",
+            "--nice",
+            "-20",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = report_json(&rec);
+    let drops = &report["drops"];
+    assert!(u64_of(drops, "cpu_events") > 1000, "{drops}");
+    // Counted per kind, and the kinds add up.
+    let by_kind: u64 = drops["cpu_by_kind"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(by_kind, u64_of(drops, "cpu_events"));
+    assert!(
+        drops["cpu_by_kind"]["syscall"].as_u64().unwrap() > 0,
+        "{drops}"
+    );
+    // Where they were lost is marked, inside the recording.
+    let window = &report["window_ns"];
+    let lossy = drops["lossy_windows_ns"].as_array().unwrap();
+    assert!(!lossy.is_empty(), "{drops}");
+    for w in lossy {
+        assert!(u64_of(w, "start") >= u64_of(window, "start"), "{w}");
+        assert!(
+            u64_of(w, "end") <= u64_of(window, "end") + 1_000_000_000,
+            "{w}"
+        );
+        assert!(u64_of(w, "end") > u64_of(w, "start"));
+    }
+    let notes: Vec<&str> = report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("events were lost")),
+        "{notes:?}"
+    );
+    // The text report's header says it too.
+    let text = String::from_utf8(gapscope_stdout(&["report", rec.to_str().unwrap()])).unwrap();
+    assert!(
+        text.lines().nth(3).unwrap_or("").starts_with("drops: "),
+        "{text}"
+    );
+    assert!(text.contains("syscall"), "{text}");
+}

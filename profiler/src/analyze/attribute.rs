@@ -158,7 +158,7 @@ pub struct Attribution {
 }
 
 impl Attribution {
-    fn add(&mut self, p: Piece) {
+    pub(crate) fn add(&mut self, p: Piece) {
         if p.end > p.start {
             *self.by_cause.entry(p.cause).or_default() += p.end - p.start;
             self.pieces.push(p);

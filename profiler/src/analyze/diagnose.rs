@@ -108,11 +108,12 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
         .into_iter()
         .map(|(t, v)| (t, attribute::flatten_ops(v)))
         .collect();
+    let lossy = super::loss::lossy_windows(session);
     let gpus = gpu_timelines(session, tl.start, tl.end)
         .into_iter()
         .map(|gpu| {
             let empty = Vec::new();
-            let attribution = attribute::attribute(&Inputs {
+            let mut attribution = attribute::attribute(&Inputs {
                 window: (tl.start, tl.end),
                 busy: &gpu.busy,
                 work: work.get(&gpu.device).unwrap_or(&empty),
@@ -120,6 +121,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
                 api: &api,
                 ops: &ops,
             });
+            super::loss::mark(&mut attribution, &lossy);
             GpuDiagnosis { gpu, attribution }
         })
         .collect();

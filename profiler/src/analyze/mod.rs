@@ -6,6 +6,7 @@ mod cbid_names;
 pub mod diagnose;
 pub mod gpu;
 pub mod intervals;
+pub mod loss;
 
 use std::borrow::Cow;
 

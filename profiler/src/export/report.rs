@@ -55,6 +55,9 @@ pub struct DropsInfo {
     /// Context switches the kernel never reported, inferred from what the
     /// threads did (not losses, but places where a boundary is estimated).
     pub inferred_switches: u64,
+    /// Where CPU events were lost (between two readings of the counters):
+    /// GPU idle inside these windows is charged to `unattributed`.
+    pub lossy_windows_ns: Vec<Window>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -366,6 +369,19 @@ pub fn build_with(
     let advice = super::recommend::build(session, tl, diagnosis, &gpu.gpus);
     let mut notes = session.notes.clone();
     notes.extend(stack_depth_note(session, tl));
+    let lossy = crate::analyze::loss::lossy_windows(session);
+    if !lossy.is_empty() {
+        let lost: u64 = lossy.iter().map(|(s, e)| e - s).sum();
+        notes.push(format!(
+            "events were lost in {} window(s), {} of the recording ({} to {} after the start): \
+             thread states there may miss switches, and GPU idle inside them is counted as \
+             unattributed rather than guessed",
+            lossy.len(),
+            super::units::duration(lost),
+            super::units::duration(lossy[0].0.saturating_sub(tl.start)),
+            super::units::duration(lossy[lossy.len() - 1].1.saturating_sub(tl.start)),
+        ));
+    }
 
     Report {
         schema: SCHEMA,
@@ -383,6 +399,10 @@ pub fn build_with(
             gpu_records: session.drops.gpu_records + gpu.gpu_records_dropped,
             cpu_by_kind: session.drops.cpu_by_kind.iter().cloned().collect(),
             inferred_switches: tl.threads.values().map(|t| t.inferred_switches).sum(),
+            lossy_windows_ns: lossy
+                .iter()
+                .map(|&(start, end)| Window { start, end })
+                .collect(),
         },
         threads,
         gpus: gpu.gpus,

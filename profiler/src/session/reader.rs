@@ -187,6 +187,8 @@ pub struct Session {
     pub maps: Vec<ProcMaps>,
     pub fd_paths: Vec<FdPath>,
     pub drops: Drops,
+    /// Every reading of the drop counters, in order (they are cumulative).
+    pub drop_readings: Vec<Drops>,
     pub symbols: HashMap<u64, Vec<Frame>>,
     pub notes: Vec<String>,
     pub footer: Option<Footer>,
@@ -235,7 +237,10 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             Record::Thread(t) => s.threads.push(t),
             Record::Maps(m) => s.maps.push(m),
             Record::FdPath(f) => s.fd_paths.push(f),
-            Record::Drops(d) => s.drops = d,
+            Record::Drops(d) => {
+                s.drop_readings.push(d.clone());
+                s.drops = d;
+            }
             Record::Symbols(sym) => {
                 for (hash, idx) in sym.stacks {
                     let frames = idx

@@ -1,0 +1,124 @@
+//! Where the recording lost events. The kernel's drop counters are read
+//! about once a second; a window between two readings in which they grew
+//! lost events somewhere inside it. Conclusions drawn from inside such a
+//! window are uncertain: thread states may miss a switch, idle may miss its
+//! feeder's activity. The report lists the windows and charges the GPU idle
+//! inside them to `unattributed` rather than to a cause it cannot prove.
+
+use crate::session::Session;
+
+use super::attribute::{Attribution, Cause, Piece};
+
+/// Windows `[start, end)` (CLOCK_MONOTONIC ns) in which CPU events were
+/// dropped, merged and sorted.
+pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut prev = (session.header.as_ref().map_or(0, |h| h.start_ns), 0u64);
+    for d in &session.drop_readings {
+        let total = d.cpu_events();
+        if total > prev.1 {
+            match out.last_mut() {
+                Some(last) if last.1 >= prev.0 => last.1 = d.ts,
+                _ => out.push((prev.0, d.ts)),
+            }
+        }
+        prev = (d.ts, total);
+    }
+    out
+}
+
+/// Re-charges the idle inside lossy windows to `unattributed`. Start-up
+/// and tear-down are left alone: they follow from the GPU records only.
+pub fn mark(attribution: &mut Attribution, windows: &[(u64, u64)]) {
+    if windows.is_empty() {
+        return;
+    }
+    let pieces = std::mem::take(&mut attribution.pieces);
+    let mut out = Attribution::default();
+    for p in pieces {
+        if matches!(
+            p.cause,
+            Cause::Startup | Cause::Teardown | Cause::Unattributed
+        ) {
+            out.add(p);
+            continue;
+        }
+        let mut at = p.start;
+        let first = windows.partition_point(|w| w.1 <= p.start);
+        for &(ws, we) in windows[first..].iter().take_while(|w| w.0 < p.end) {
+            let (s, e) = (ws.max(p.start), we.min(p.end));
+            if s > at {
+                out.add(Piece {
+                    end: s,
+                    start: at,
+                    ..p
+                });
+            }
+            out.add(Piece {
+                start: s,
+                end: e,
+                cause: Cause::Unattributed,
+                thread: None,
+            });
+            at = e;
+        }
+        if at < p.end {
+            out.add(Piece { start: at, ..p });
+        }
+    }
+    *attribution = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Drops;
+
+    fn reading(ts: u64, n: u64) -> Drops {
+        Drops {
+            ts,
+            cpu_by_kind: vec![("syscall".into(), n)],
+            cpu_malformed: 0,
+            gpu_records: 0,
+        }
+    }
+
+    #[test]
+    fn windows_are_where_the_counters_grew() {
+        let mut s = Session::default();
+        s.drop_readings = vec![
+            reading(1_000, 0),
+            reading(2_000, 5),
+            reading(3_000, 9),
+            reading(4_000, 9),
+            reading(5_000, 12),
+        ];
+        assert_eq!(lossy_windows(&s), vec![(1_000, 3_000), (4_000, 5_000)]);
+        s.drop_readings.truncate(1);
+        assert!(lossy_windows(&s).is_empty());
+    }
+
+    #[test]
+    fn idle_inside_a_window_becomes_unattributed_and_nothing_is_lost() {
+        let mut a = Attribution::default();
+        for (s, e, c) in [
+            (0, 100, Cause::Startup),
+            (100, 400, Cause::InputIo),
+            (500, 600, Cause::Sync),
+        ] {
+            a.add(Piece {
+                start: s,
+                end: e,
+                cause: c,
+                thread: Some((1, 1)),
+            });
+        }
+        let before: u64 = a.by_cause.values().sum();
+        mark(&mut a, &[(50, 150), (350, 550)]);
+        assert_eq!(a.by_cause.values().sum::<u64>(), before);
+        assert_eq!(a.get(Cause::Startup), 100);
+        assert_eq!(a.get(Cause::InputIo), 200); // 150..350
+        assert_eq!(a.get(Cause::Sync), 50); // 550..600
+        assert_eq!(a.get(Cause::Unattributed), 50 + 50 + 50);
+    }
+}
