@@ -85,14 +85,16 @@ mod tests {
 
     #[test]
     fn windows_are_where_the_counters_grew() {
-        let mut s = Session::default();
-        s.drop_readings = vec![
-            reading(1_000, 0),
-            reading(2_000, 5),
-            reading(3_000, 9),
-            reading(4_000, 9),
-            reading(5_000, 12),
-        ];
+        let mut s = Session {
+            drop_readings: vec![
+                reading(1_000, 0),
+                reading(2_000, 5),
+                reading(3_000, 9),
+                reading(4_000, 9),
+                reading(5_000, 12),
+            ],
+            ..Session::default()
+        };
         assert_eq!(lossy_windows(&s), vec![(1_000, 3_000), (4_000, 5_000)]);
         s.drop_readings.truncate(1);
         assert!(lossy_windows(&s).is_empty());
