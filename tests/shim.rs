@@ -157,3 +157,80 @@ fn attach_switches_a_dormant_shim_on_and_leaving_switches_it_off() {
     assert!(matches!(frames.last(), Some(Frame::Goodbye)), "{frames:?}");
     assert!(child.wait().unwrap().success());
 }
+
+/// The host's measured work time without any shim: the baseline.
+fn bare_host_work_ns() -> u64 {
+    let mut v: Vec<u64> = (0..3)
+        .map(|_| {
+            let out = Command::new(bin("gs-inject-host"))
+                .env_remove("CUDA_INJECTION64_PATH")
+                .output()
+                .unwrap();
+            let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+            line["work_ns"].as_u64().unwrap()
+        })
+        .collect();
+    v.sort_unstable();
+    v[1]
+}
+
+/// Starts the host with the shim speaking to a listener of ours; returns
+/// the child and our end of its connection.
+fn host_connected() -> (std::process::Child, std::os::unix::net::UnixStream) {
+    let name = format!("gapscope-test-fault.{}", std::process::id());
+    let listener =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let child = Command::new(bin("gs-inject-host"))
+        .env("CUDA_INJECTION64_PATH", shim())
+        .env("GAPSCOPE_SOCKET", format!("@{name}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (conn, _) = listener.accept().unwrap();
+    (child, conn)
+}
+
+fn finished(child: std::process::Child) -> (Value, Duration) {
+    let t = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the host failed: {:?}", out.status);
+    (serde_json::from_slice(&out.stdout).unwrap(), t.elapsed())
+}
+
+// The two faults below must not stall the process: a stalled shim would
+// cost seconds, far outside the 1.5× allowed for noise on a busy machine.
+
+#[test]
+fn a_profiler_that_dies_mid_run_costs_the_process_nothing() {
+    let bare = bare_host_work_ns();
+    let _serial = shim_fault_lock();
+    let (child, mut conn) = host_connected();
+    let mut hello = [0u8; 16];
+    conn.read_exact(&mut hello).unwrap();
+    drop(conn); // the profiler is gone: killed, crashed, or stopped
+    let (line, _) = finished(child);
+    let work = line["work_ns"].as_u64().unwrap();
+    assert!(work * 2 < bare * 3, "work {work} ns vs {bare} ns bare");
+}
+
+#[test]
+fn a_profiler_that_never_reads_costs_the_process_nothing() {
+    let bare = bare_host_work_ns();
+    let _serial = shim_fault_lock();
+    let (child, conn) = host_connected();
+    // Connected, never read from, open until the host has exited.
+    let (line, exit_wait) = finished(child);
+    drop(conn);
+    let work = line["work_ns"].as_u64().unwrap();
+    assert!(work * 2 < bare * 3, "work {work} ns vs {bare} ns bare");
+    assert!(
+        exit_wait < Duration::from_secs(2) + Duration::from_nanos(work),
+        "{exit_wait:?}"
+    );
+}
+
+/// The two fault tests share a socket name: one at a time.
+fn shim_fault_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
