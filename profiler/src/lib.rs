@@ -7,6 +7,8 @@ pub mod analyze;
 pub mod clock;
 pub mod collect;
 pub mod export;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inputs;
 pub mod kineto;
 pub mod output;

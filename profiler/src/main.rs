@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
 use gapscope::export::{self, flame::FlameKind, Export, Format};
@@ -47,7 +47,7 @@ enum Command {
         #[arg(long, short = 'p')]
         pid: u32,
         /// Stop after this many seconds (default: until Ctrl-C or the target exits).
-        #[arg(long, short = 'd', value_name = "SECS")]
+        #[arg(long, short = 'd', value_name = "SECS", allow_negative_numbers = true)]
         duration: Option<f64>,
         #[command(flatten)]
         rec: RecordArgs,
@@ -324,14 +324,60 @@ fn record(target: Target, opts: RecordOptions, args: &RecordArgs) -> ExitCode {
     }
 }
 
+/// Parses the command line; a mistake is one line with a hint, exit 2
+/// (help and version print as usual).
+fn parse_cli() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            Err(ExitCode::SUCCESS)
+        }
+        Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            Err(ExitCode::from(2))
+        }
+        Err(e) => {
+            // clap's first paragraph, on one line: the error and the lines
+            // that belong to it (missing arguments, possible values).
+            let rendered = e.render().to_string();
+            let message: Vec<&str> = rendered
+                .lines()
+                .skip_while(|l| l.trim().is_empty())
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let message = message.join(" ");
+            let message = message.trim_start_matches("error: ");
+            let sub = std::env::args()
+                .skip(1)
+                .find(|a| !a.starts_with('-'))
+                .filter(|a| Cli::command().find_subcommand(a).is_some());
+            let help = match sub {
+                Some(s) => format!("gapscope {s} --help"),
+                None => "gapscope --help".into(),
+            };
+            eprintln!("gapscope: error: {message}; hint: `{help}` shows the usage");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     match cli.command {
         Command::Run { rec, cmd } => record(Target::Command(cmd), rec.options(None), &rec),
         Command::Attach { pid, duration, rec } => {
             let duration = match duration {
                 Some(d) if !(d > 0.0 && d.is_finite()) => {
-                    eprintln!("gapscope: error: --duration must be a positive number of seconds");
+                    eprintln!(
+                        "gapscope: error: --duration must be a positive number of seconds; \
+                         hint: `gapscope attach --help` shows the usage"
+                    );
                     return ExitCode::from(2);
                 }
                 d => d.map(Duration::from_secs_f64),
@@ -393,7 +439,6 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_well_formed() {

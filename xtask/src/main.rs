@@ -8,6 +8,7 @@
 //!   vmlinux   regenerate ebpf/vmlinux.h from this kernel's BTF
 //!   gpu-bundle  one folder to check the CUPTI path on a machine with a GPU
 //!   bench     speed and memory, each against a baseline measured in the same run
+//!   fuzz      run the fuzz targets (cargo-fuzz): `fuzz [TARGET] [SECS]`
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +17,18 @@ use anyhow::{bail, Context, Result};
 
 mod bench;
 
-const USAGE: &str = "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench>";
+const USAGE: &str =
+    "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench|fuzz [TARGET] [SECS]>";
+
+/// The fuzz targets (fuzz/fuzz_targets/) and their seeds (fuzz/seeds/).
+const FUZZ_TARGETS: [&str; 4] = [
+    "session_file",
+    "session_records",
+    "wire_protocol",
+    "kineto_trace",
+];
+/// Seconds per target of the smoke run in `test`.
+const FUZZ_SMOKE_SECS: u64 = 20;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -264,7 +276,42 @@ fn test() -> Result<()> {
             "xtask: not root: recording tests will be skipped (sudo -E cargo xtask test runs them)"
         );
     }
-    run(cargo().args(["test", "--workspace"]))
+    run(cargo().args(["test", "--workspace"]))?;
+    // A bounded run of every fuzz target under libFuzzer, from the seeds.
+    fuzz(None, FUZZ_SMOKE_SECS)
+}
+
+/// Runs the fuzz targets with cargo-fuzz (installed from crates.io when
+/// missing) for `secs` each, from fuzz/seeds/, keeping the grown corpus in
+/// target/fuzz-corpus/. Stable Rust: no sanitizer, coverage instrumentation
+/// only.
+fn fuzz(only: Option<&str>, secs: u64) -> Result<()> {
+    let have_fuzz = cargo()
+        .args(["fuzz", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_fuzz {
+        run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    let targets: Vec<&str> = match only {
+        Some(t) if FUZZ_TARGETS.contains(&t) => vec![t],
+        Some(t) => bail!("no fuzz target {t}; targets: {}", FUZZ_TARGETS.join(", ")),
+        None => FUZZ_TARGETS.to_vec(),
+    };
+    for t in targets {
+        let corpus = root().join("target/fuzz-corpus").join(t);
+        std::fs::create_dir_all(&corpus)?;
+        run(cargo()
+            .current_dir(root().join("fuzz"))
+            .args(["fuzz", "run", "--sanitizer", "none", t])
+            .arg(&corpus)
+            .arg(root().join("fuzz/seeds").join(t))
+            .args(["--", "-max_len=65536"])
+            .arg(format!("-max_total_time={secs}")))?;
+    }
+    Ok(())
 }
 
 /// target/gpu-bundle/: release gapscope with its shim beside it, the GPU
@@ -347,6 +394,12 @@ fn dispatch() -> Result<()> {
         "vmlinux" => vmlinux(),
         "gpu-bundle" => gpu_bundle(),
         "bench" => bench::bench(),
+        "fuzz" => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            let target = args.iter().find(|a| a.parse::<u64>().is_err());
+            let secs = args.iter().find_map(|a| a.parse().ok()).unwrap_or(60);
+            fuzz(target.map(String::as_str), secs)
+        }
         "" | "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

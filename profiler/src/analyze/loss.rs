@@ -16,13 +16,15 @@ pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
     let mut prev = (session.header.as_ref().map_or(0, |h| h.start_ns), 0u64);
     for d in &session.drop_readings {
         let total = d.cpu_events();
-        if total > prev.1 {
+        if total > prev.1 && d.ts > prev.0 {
             match out.last_mut() {
                 Some(last) if last.1 >= prev.0 => last.1 = d.ts,
                 _ => out.push((prev.0, d.ts)),
             }
         }
-        prev = (d.ts, total);
+        // Readings are cumulative and in time order; a damaged one that
+        // is not cannot shrink what came before.
+        prev = (d.ts.max(prev.0), total.max(prev.1));
     }
     out
 }

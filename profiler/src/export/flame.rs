@@ -309,7 +309,18 @@ pub fn write_svg(
             kind.title()
         );
     }
-    let text: Vec<String> = lines.iter().map(|(s, w)| format!("{s} {w}")).collect();
+    // inferno sums weights in a usize; keep the total well inside it (only
+    // a damaged session gets near: real totals are nanoseconds of a run).
+    let total: u128 = lines.iter().map(|(_, w)| *w as u128).sum();
+    let scale = (total >> 52).max(1) as u64 + u64::from(total >> 52 > 0);
+    let text: Vec<String> = lines
+        .iter()
+        .filter(|(_, w)| w / scale > 0)
+        .map(|(s, w)| format!("{s} {}", w / scale))
+        .collect();
+    if text.is_empty() {
+        return write_svg(session, kind, &[], out);
+    }
     inferno::flamegraph::from_lines(&mut opts, text.iter().map(String::as_str), out)
         .map_err(|e| io::Error::other(e.to_string()))
 }

@@ -120,7 +120,11 @@ fn write_strip(bins: &[Bin], duration_ns: u64, out: &mut impl Write) -> io::Resu
     writeln!(out, "</svg>")?;
     write!(out, r#"<div class="axis">"#)?;
     for q in 0..=4u64 {
-        write!(out, "<span>{}</span>", units::duration(duration_ns * q / 4))?;
+        write!(
+            out,
+            "<span>{}</span>",
+            units::duration((duration_ns as u128 * q as u128 / 4) as u64)
+        )?;
     }
     writeln!(out, "</div>")
 }

@@ -50,7 +50,8 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         }
     }
     let n_gpus = d.gpus.len().max(1) as u64;
-    let wall = allocated;
+    // Never zero: a recording can be shorter than a clock tick.
+    let wall = allocated.max(1);
     let ev = Evidence { session, tl, d };
     let mut recs: Vec<Recommendation> = Vec::new();
     for (&cause, &ns) in &idle {
@@ -86,25 +87,24 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         .sum::<u64>()
         / n_gpus;
     let busy: u64 = gpus.iter().map(|g| g.busy_ns).sum::<u64>() / n_gpus;
-    let verdict = if (removable as f64) < BUSY_ENOUGH * wall as f64 {
-        format!(
-            "The GPUs are doing useful work (busy {} of the time they were held; {} idle that a fix could remove): scale out.",
-            units::percent(busy, wall),
-            units::percent(removable, wall)
-        )
-    } else {
-        let top = &recs[0];
-        format!(
+    let verdict = match recs.first() {
+        Some(top) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: up to {:.2}x faster).",
             top.cause,
-            units::percent(wall - busy, wall),
+            units::percent(wall.saturating_sub(busy), wall),
             units::percent(
                 idle.iter().find(|(c, _)| c.name() == top.cause).map(|(_, n)| *n / n_gpus).unwrap_or(0),
-                wall - busy
+                wall.saturating_sub(busy)
             ),
             top.cause,
             top.est_speedup
-        )
+        ),
+        // Nothing removable, or spread over causes too small to name.
+        _ => format!(
+            "The GPUs are doing useful work (busy {} of the time they were held; {} idle that a fix could remove): scale out.",
+            units::percent(busy, wall),
+            units::percent(removable, wall)
+        ),
     };
     Advice {
         recommendations: recs,

@@ -74,7 +74,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         let (Some(ts), dur) = (e.ts_ns(), e.dur_ns().unwrap_or(0)) else {
             return;
         };
-        let end = ts + dur;
+        let end = ts.saturating_add(dur);
         lo = lo.min(ts);
         hi = hi.max(end);
         let pid = e.pid_num().unwrap_or(0) as u32;
@@ -257,6 +257,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
          `gapscope run` for those)"
             .into(),
     );
+    crate::session::sanitize(&mut s);
     Ok(s)
 }
 

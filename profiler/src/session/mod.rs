@@ -11,8 +11,9 @@ mod reader;
 mod writer;
 
 pub use model::*;
+pub(crate) use reader::sanitize;
 pub use reader::{read_session, Session, SessionReader};
-pub use writer::SessionWriter;
+pub use writer::{wrap_records, SessionWriter};
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +24,7 @@ const CHUNK_HEADER_LEN: usize = 12;
 /// Chunks are cut well below these; a length above them is corruption, and
 /// is refused before anything of that size is allocated.
 const MAX_CHUNK_COMPRESSED: u32 = 64 << 20;
-const MAX_CHUNK_RAW: u32 = 256 << 20;
+const MAX_CHUNK_RAW: u32 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {

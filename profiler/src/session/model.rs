@@ -356,7 +356,10 @@ pub struct Drops {
 
 impl Drops {
     pub fn cpu_events(&self) -> u64 {
-        self.cpu_by_kind.iter().map(|(_, n)| n).sum::<u64>() + self.cpu_malformed
+        // Saturating: counters from a damaged file can be anything.
+        self.cpu_by_kind
+            .iter()
+            .fold(self.cpu_malformed, |acc, (_, n)| acc.saturating_add(*n))
     }
 }
 

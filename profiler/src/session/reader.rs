@@ -118,6 +118,15 @@ impl SessionReader {
             ));
             return false;
         }
+        // The frame states its own size: a chunk header that disagrees is
+        // corrupt, refused before its claimed size is allocated.
+        if !matches!(
+            zstd::zstd_safe::get_frame_content_size(&compressed),
+            Ok(Some(n)) if n == raw_len as u64
+        ) {
+            self.stop(format!("undecodable chunk at byte {}", self.offset));
+            return false;
+        }
         match zstd::bulk::decompress(&compressed, raw_len as usize) {
             Ok(raw) if raw.len() == raw_len as usize => self.chunk = raw,
             _ => {
@@ -267,8 +276,64 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
         return Err(SessionError::Empty { path });
     }
     s.truncated = reader.truncated().map(str::to_string);
+    sanitize(&mut s);
     if s.truncated.is_none() && s.footer.is_none() {
         s.truncated = Some("the recording did not finish (no end record)".into());
     }
     Ok(s)
+}
+
+/// Longest a recording is taken to be; a window claiming more is damaged.
+const MAX_SPAN_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
+/// How far records may lie outside the window and still be believed
+/// (drained after the end, GPU work queued before the start).
+const SLACK_NS: u64 = 60 * 1_000_000_000;
+
+/// Drops what a damaged file cannot mean: an end before the start, and
+/// records timed far outside the recording. The analysis can then trust
+/// that every time and duration lies inside a bounded window.
+pub(crate) fn sanitize(s: &mut Session) {
+    let start = s.header().start_ns;
+    let limit = start.saturating_add(MAX_SPAN_NS);
+    if s.footer
+        .as_ref()
+        .is_some_and(|f| f.end_ns < start || f.end_ns > limit)
+    {
+        s.footer = None;
+        s.truncated
+            .get_or_insert_with(|| "its end record is damaged".into());
+    }
+    let lo = start.saturating_sub(SLACK_NS);
+    let hi = s
+        .footer
+        .as_ref()
+        .map_or(limit, |f| f.end_ns)
+        .saturating_add(SLACK_NS);
+    let ok = |t: u64| (lo..=hi).contains(&t);
+    let span = |a: u64, b: u64| ok(a) && ok(b) && b >= a;
+    let before = s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len();
+    s.events.retain(|e| match e {
+        Event::Syscall { ts, dur, .. } | Event::CudaCall { ts, dur, .. } => {
+            span(*ts, ts.saturating_add(*dur))
+        }
+        e => ok(e.ts()),
+    });
+    s.gpu.retain(|(_, r)| match r {
+        GpuRecord::Kernel { start, end, .. }
+        | GpuRecord::Memcpy { start, end, .. }
+        | GpuRecord::Memset { start, end, .. }
+        | GpuRecord::Sync { start, end, .. }
+        | GpuRecord::Api { start, end, .. } => span(*start, *end),
+        GpuRecord::Marker { ts, .. } => ok(*ts),
+        GpuRecord::Device { .. } => true,
+    });
+    s.host_ops.retain(|o| span(o.start, o.end));
+    s.nvml.retain(|n| ok(n.ts));
+    s.drop_readings.retain(|d| ok(d.ts));
+    let dropped = before - (s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len());
+    if dropped > 0 {
+        s.notes.push(format!(
+            "{dropped} records timed outside the recording were ignored (a damaged file?)"
+        ));
+    }
 }

@@ -9,6 +9,35 @@ use super::{Record, SessionError, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERS
 const CHUNK_TARGET: usize = 256 << 10;
 const ZSTD_LEVEL: i32 = 3;
 
+fn file_header() -> [u8; FILE_HEADER_LEN] {
+    let mut header = [0u8; FILE_HEADER_LEN];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header
+}
+
+/// One chunk: compressed length, raw length, CRC32 of the compressed bytes,
+/// then the zstd frame.
+fn encode_chunk(raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    let compressed = zstd::bulk::compress(raw, ZSTD_LEVEL)?;
+    let mut chunk = Vec::with_capacity(CHUNK_HEADER_LEN + compressed.len());
+    chunk.extend_from_slice(&(compressed.len() as u32).to_le_bytes());
+    chunk.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    chunk.extend_from_slice(&crc32fast::hash(&compressed).to_le_bytes());
+    chunk.extend_from_slice(&compressed);
+    Ok(chunk)
+}
+
+/// A whole session file holding `raw` (encoded records) as its one chunk:
+/// valid framing around arbitrary content, for fuzzing the record decoder.
+pub fn wrap_records(raw: &[u8]) -> Vec<u8> {
+    let mut out = file_header().to_vec();
+    if let Ok(chunk) = encode_chunk(raw) {
+        out.extend_from_slice(&chunk);
+    }
+    out
+}
+
 /// Appends records to a session file, one self-checking chunk at a time.
 pub struct SessionWriter {
     file: File,
@@ -25,10 +54,7 @@ impl SessionWriter {
             source,
         };
         let mut file = crate::output::create_file(path).map_err(io)?;
-        let mut header = [0u8; FILE_HEADER_LEN];
-        header[..8].copy_from_slice(MAGIC);
-        header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        file.write_all(&header).map_err(io)?;
+        file.write_all(&file_header()).map_err(io)?;
         Ok(SessionWriter {
             file,
             path: path.to_path_buf(),
@@ -65,12 +91,7 @@ impl SessionWriter {
             path: self.path.clone(),
             source,
         };
-        let compressed = zstd::bulk::compress(&self.buf, ZSTD_LEVEL).map_err(io)?;
-        let mut chunk = Vec::with_capacity(CHUNK_HEADER_LEN + compressed.len());
-        chunk.extend_from_slice(&(compressed.len() as u32).to_le_bytes());
-        chunk.extend_from_slice(&(self.buf.len() as u32).to_le_bytes());
-        chunk.extend_from_slice(&crc32fast::hash(&compressed).to_le_bytes());
-        chunk.extend_from_slice(&compressed);
+        let chunk = encode_chunk(&self.buf).map_err(io)?;
         self.file.write_all(&chunk).map_err(io)?;
         self.buf.clear();
         Ok(())
