@@ -108,6 +108,8 @@ fn misuse_exits_2() {
 fn report_with_rss(path: &std::path::Path) -> (Option<i32>, String, String, u64) {
     let dir = scratch("rss");
     let (o, e) = (dir.path().join("out"), dir.path().join("err"));
+    // Reaped with wait4 below, for its own rusage.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(gapscope())
         .args(["report", "--format", "json"])
         .arg(path)
