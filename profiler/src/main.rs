@@ -49,6 +49,10 @@ enum Command {
         /// Stop after this many seconds (default: until Ctrl-C or the target exits).
         #[arg(long, short = 'd', value_name = "SECS", allow_negative_numbers = true)]
         duration: Option<f64>,
+        /// Record a process of another user (under sudo, gapscope attaches
+        /// only to the invoking user's processes by default).
+        #[arg(long)]
+        any_user: bool,
         #[command(flatten)]
         rec: RecordArgs,
     },
@@ -214,6 +218,7 @@ impl RecordArgs {
             gpu: !self.no_gpu,
             nvml_hz: self.nvml_hz,
             libcuda: self.libcuda.clone(),
+            any_user: false,
         }
     }
 }
@@ -371,7 +376,12 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Run { rec, cmd } => record(Target::Command(cmd), rec.options(None), &rec),
-        Command::Attach { pid, duration, rec } => {
+        Command::Attach {
+            pid,
+            duration,
+            any_user,
+            rec,
+        } => {
             let duration = match duration {
                 Some(d) if !(d > 0.0 && d.is_finite()) => {
                     eprintln!(
@@ -382,7 +392,11 @@ fn main() -> ExitCode {
                 }
                 d => d.map(Duration::from_secs_f64),
             };
-            record(Target::Pid(pid), rec.options(duration), &rec)
+            let opts = RecordOptions {
+                any_user,
+                ..rec.options(duration)
+            };
+            record(Target::Pid(pid), opts, &rec)
         }
         Command::Report {
             paths,

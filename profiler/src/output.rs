@@ -7,6 +7,16 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
+/// The user on whose behalf gapscope runs: the one behind `sudo` when
+/// running as root under it, else the real user.
+pub fn invoking_uid() -> u32 {
+    match invoking_user() {
+        Some((uid, _)) => uid,
+        // SAFETY: getuid has no preconditions.
+        None => unsafe { libc::getuid() },
+    }
+}
+
 /// The (uid, gid) behind `sudo`, when running as root under it.
 fn invoking_user() -> Option<(u32, u32)> {
     // SAFETY: geteuid has no preconditions.

@@ -58,6 +58,8 @@ pub struct RecordOptions {
     /// A libcuda to watch with uprobes (the fallback for processes without
     /// the shim); `attach` also finds the tree's own libcuda by itself.
     pub libcuda: Option<PathBuf>,
+    /// `attach` to a process of another user.
+    pub any_user: bool,
 }
 
 /// How a recording ended.
@@ -85,6 +87,11 @@ pub enum RecordError {
     Session(#[from] SessionError),
     #[error("no process with pid {0}; hint: check the pid with `ps -p {0}`")]
     NoSuchProcess(u32),
+    #[error(
+        "process {pid} belongs to uid {owner}, not to you (uid {you}); \
+         hint: --any-user records it anyway, if you are allowed to watch it"
+    )]
+    NotYours { pid: u32, owner: u32, you: u32 },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -174,6 +181,22 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         Target::Pid(pid) => {
             if !procfs::exists(*pid) {
                 return Err(RecordError::NoSuchProcess(*pid));
+            }
+            // Root can see every process; under sudo, gapscope watches
+            // only the invoking user's unless told otherwise.
+            let you = crate::output::invoking_uid();
+            if you != 0 && !opts.any_user {
+                match procfs::owner_uid(*pid) {
+                    Some(owner) if owner != you => {
+                        return Err(RecordError::NotYours {
+                            pid: *pid,
+                            owner,
+                            you,
+                        })
+                    }
+                    None => return Err(RecordError::NoSuchProcess(*pid)),
+                    _ => {}
+                }
             }
         }
     }

@@ -1,0 +1,197 @@
+//! What gapscope may touch: only its target's tree (see also
+//! recording.rs, a_process_outside_the_tree_never_appears), only the
+//! invoking user's processes under sudo, nothing left behind in the kernel,
+//! private outputs owned by the user who ran sudo, and a shim that obeys no
+//! stranger.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use gapscope_tests::*;
+
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn under_sudo_attach_refuses_another_users_process_unless_told() {
+    if !bpf_ready("under_sudo_attach_refuses_another_users_process_unless_told") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("owner");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap(); // root's
+    let attach = |extra: &[&str], out: &str| {
+        Command::new(gapscope())
+            .args(["attach", "-q", "--duration", "0.3", "-p"])
+            .arg(target.id().to_string())
+            .arg("-o")
+            .arg(dir.path().join(out))
+            .args(extra)
+            // As if `sudo gapscope` had been run by nobody.
+            .env("SUDO_UID", NOBODY.to_string())
+            .env("SUDO_GID", NOBODY.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let refused = attach(&[], "refused");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("belongs to uid 0") && err.contains("--any-user"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("refused").exists(),
+        "nothing written when refused"
+    );
+
+    let allowed = attach(&["--any-user"], "allowed");
+    assert_eq!(
+        allowed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&allowed.stderr)
+    );
+    // The recording belongs to the user who ran sudo, privately.
+    let rec = dir.path().join("allowed");
+    let meta = std::fs::metadata(&rec).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.permissions().mode() & 0o777),
+        (NOBODY, 0o700)
+    );
+    for f in std::fs::read_dir(&rec).unwrap() {
+        let m = f.unwrap().metadata().unwrap();
+        assert_eq!((m.uid(), m.permissions().mode() & 0o777), (NOBODY, 0o600));
+    }
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+#[test]
+fn nothing_is_left_pinned_in_the_kernel() {
+    if !bpf_ready("nothing_is_left_pinned_in_the_kernel") {
+        return;
+    }
+    let _lock = recording_lock();
+    let list = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir("/sys/fs/bpf")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    // Programs and maps of gapscope, by name, as the kernel lists them.
+    let ours = || -> usize {
+        let out = Command::new("bpftool").args(["prog", "show"]).output();
+        match out {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).matches("gs_").count(),
+            Err(_) => 0,
+        }
+    };
+    let (pinned, loaded) = (list(), ours());
+    let dir = scratch("pins");
+    let r = run(&dir.path().join("rec"), &["-q"], &["true"]);
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    assert_eq!(list(), pinned, "bpffs changed");
+    // Unloaded when gapscope exits (bpftool, where installed, can tell);
+    // the kernel frees raw-tracepoint programs after a grace period.
+    let mut left = ours();
+    for _ in 0..100 {
+        if left == loaded {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        left = ours();
+    }
+    assert_eq!(left, loaded, "gapscope's programs outlived it");
+}
+
+#[test]
+fn a_stranger_cannot_switch_a_dormant_shim_on() {
+    if !is_root() {
+        eprintln!(
+            "skipping a_stranger_cannot_switch_a_dormant_shim_on: needs root to be a stranger"
+        );
+        return;
+    }
+    let mut host = Command::new(bin("gs-inject-host"))
+        .env("CUDA_INJECTION64_PATH", shim())
+        .env_remove("GAPSCOPE_SOCKET")
+        .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let name = gapscope_cupti::transport::control_socket_name(host.id());
+    // The address is built before forking: the child only makes syscalls.
+    // SAFETY: a zeroed sockaddr_un is valid; the name fits (it is short).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (i, b) in name.bytes().enumerate() {
+        addr.sun_path[i + 1] = b as libc::c_char; // sun_path[0] = 0: abstract
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+    // A child that becomes nobody, connects, and exits 0 if the shim hung
+    // up without a word, 1 if it spoke, 2 or 3 on errors.
+    // SAFETY: the child makes only raw syscalls and _exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            libc::setgroups(0, std::ptr::null());
+            libc::setresgid(NOBODY, NOBODY, NOBODY);
+            libc::setresuid(NOBODY, NOBODY, NOBODY);
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let mut connected = false;
+            for _ in 0..400 {
+                if libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) == 0 {
+                    connected = true;
+                    break;
+                }
+                libc::usleep(5000);
+            }
+            if !connected {
+                libc::_exit(3);
+            }
+            let tv = libc::timeval {
+                tv_sec: 10,
+                tv_usec: 0,
+            };
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+            let mut buf = [0u8; 64];
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            libc::_exit(if n == 0 {
+                0
+            } else if n > 0 {
+                1
+            } else {
+                2
+            });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    let _ = host.wait();
+    assert!(libc::WIFEXITED(status));
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "1: the shim spoke to a stranger; 2: no answer; 3: never connected"
+    );
+}
