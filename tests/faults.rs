@@ -257,3 +257,58 @@ fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
     );
     assert!(text.contains("syscall"), "{text}");
 }
+
+#[test]
+fn a_reused_pid_is_two_processes_not_one() {
+    if !bpf_ready("a_reused_pid_is_two_processes_not_one") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("reuse");
+    let truth = dir.path().join("truth.json");
+    let r = run(
+        &dir.path().join("rec"),
+        &["-q"],
+        &[
+            workload().to_str().unwrap(),
+            "reuse",
+            "--truth",
+            truth.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let t = truth_of_role(&truth, "parent");
+    let (first, second) = (u64_of(&t, "first"), u64_of(&t, "second"));
+    if first != second {
+        // Another process took the pid first (ns_last_pid is a hint).
+        eprintln!("skipping a_reused_pid_is_two_processes_not_one: the pid was not reused");
+        return;
+    }
+    let report = r.report();
+    assert_partitions(&report);
+    let lives: Vec<&Value> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tid"].as_u64() == Some(first))
+        .collect();
+    assert_eq!(lives.len(), 2, "two threads with tid {first}: {lives:?}");
+    // In time order: the spinner (100 ms on a CPU), then the sleeper.
+    assert!(u64_of(lives[0], "on_cpu_ns") >= 80_000_000, "{}", lives[0]);
+    assert!(
+        u64_of(&lives[1]["off_cpu_ns"], "sleep") >= 180_000_000,
+        "{}",
+        lives[1]
+    );
+    assert!(u64_of(lives[1], "on_cpu_ns") < 50_000_000, "{}", lives[1]);
+    let processes: Vec<&Value> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"].as_u64() == Some(first))
+        .collect();
+    assert_eq!(processes.len(), 2);
+    assert!(processes
+        .iter()
+        .all(|p| p["exit_code"] == 0 && p["threads"] == 1));
+}

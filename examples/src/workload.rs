@@ -40,6 +40,9 @@ commands:
                                        real (a null write, or abort()); no core file
   forks    --children N --dir D        fork N children at once, each reading a
                                        small file and exiting; wait for them all
+  reuse                                a child that spins 100 ms and exits, then
+                                       (as root) a second child given the same
+                                       pid through ns_last_pid, which sleeps 200 ms
   pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
@@ -715,6 +718,27 @@ fn cmd_forks(a: &Args) {
     }
 }
 
+fn cmd_reuse(a: &Args) {
+    let first = fork_or_die();
+    if first == 0 {
+        spin_cpu(100);
+        std::process::exit(0);
+    }
+    wait_children(&[first]);
+    // The next fork gets ns_last_pid + 1, if free: the pid just released.
+    let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", first - 1));
+    let second = fork_or_die();
+    if second == 0 {
+        std::thread::sleep(Duration::from_millis(200));
+        std::process::exit(0);
+    }
+    wait_children(&[second]);
+    truth(
+        a.get("truth"),
+        json!({"role": "parent", "first": first, "second": second}),
+    );
+}
+
 fn main() {
     let args = Args::parse();
     match args.cmd.as_str() {
@@ -728,6 +752,7 @@ fn main() {
         "fake-cuda" => cmd_fake_cuda(&args),
         "crash" => cmd_crash(&args),
         "forks" => cmd_forks(&args),
+        "reuse" => cmd_reuse(&args),
         "-h" | "--help" | "help" => println!("{USAGE}"),
         "" => die(&format!("missing command\n\n{USAGE}")),
         other => die(&format!("unknown command {other:?}\n\n{USAGE}")),

@@ -103,18 +103,18 @@ pub fn folded(
     };
     match kind {
         FlameKind::Cpu => {
-            for ((pid, tid), t) in &tl.threads {
+            for t in tl.all_threads() {
                 for (&(u, k), &n) in &t.samples {
-                    let mut s = vec![comm(tl, *pid, *tid)];
+                    let mut s = vec![comm(tl, t.pid, t.tid)];
                     s.extend(frames.chain(u, k));
                     add(s, n);
                 }
             }
         }
         FlameKind::OffCpu => {
-            for ((pid, tid), t) in &tl.threads {
+            for t in tl.all_threads() {
                 for (&(kind, u, k), &ns) in &t.off_stacks {
-                    let mut s = vec![comm(tl, *pid, *tid)];
+                    let mut s = vec![comm(tl, t.pid, t.tid)];
                     s.extend(frames.chain(u, k));
                     s.push(format!("[blocked: {}]", kind.name()));
                     add(s, ns);

@@ -336,18 +336,29 @@ pub fn build_with(
     let period_ns = 1_000_000_000 / header.sample_hz.max(1);
 
     let threads: Vec<ThreadReport> = tl
-        .threads
-        .values()
+        .all_threads()
+        .into_iter()
         .map(|t| build_thread(t, &stacks, period_ns))
         .collect();
 
-    let mut thread_counts: HashMap<u32, usize> = HashMap::new();
-    for t in &threads {
-        *thread_counts.entry(t.pid).or_default() += 1;
+    // Threads per process: each thread belongs to the latest process with
+    // its pid that had started by then (pids can be reused).
+    let all_processes = tl.all_processes();
+    let mut thread_counts: HashMap<(u32, u64), usize> = HashMap::new();
+    let starts: std::collections::BTreeSet<(u32, u64)> = all_processes
+        .iter()
+        .map(|p| (p.pid, p.start.unwrap_or(0)))
+        .collect();
+    for t in tl.all_threads() {
+        let owner = starts
+            .range(..=(t.pid, t.start))
+            .next_back()
+            .filter(|(pid, _)| *pid == t.pid)
+            .map_or(0, |(_, start)| *start);
+        *thread_counts.entry((t.pid, owner)).or_default() += 1;
     }
-    let processes = tl
-        .processes
-        .values()
+    let processes = all_processes
+        .into_iter()
         .map(|p| ProcessReport {
             pid: p.pid,
             ppid: p.ppid,
@@ -355,7 +366,10 @@ pub fn build_with(
             argv: p.argv.clone(),
             execs: p.execs.clone(),
             exit_code: p.exit_code,
-            threads: thread_counts.get(&p.pid).copied().unwrap_or(0),
+            threads: thread_counts
+                .get(&(p.pid, p.start.unwrap_or(0)))
+                .copied()
+                .unwrap_or(0),
         })
         .collect();
 
@@ -398,7 +412,7 @@ pub fn build_with(
             cpu_events: session.drops.cpu_events(),
             gpu_records: session.drops.gpu_records + gpu.gpu_records_dropped,
             cpu_by_kind: session.drops.cpu_by_kind.iter().cloned().collect(),
-            inferred_switches: tl.threads.values().map(|t| t.inferred_switches).sum(),
+            inferred_switches: tl.all_threads().iter().map(|t| t.inferred_switches).sum(),
             lossy_windows_ns: lossy
                 .iter()
                 .map(|&(start, end)| Window { start, end })
@@ -455,7 +469,7 @@ pub fn build_with(
 fn stack_depth_note(session: &Session, tl: &Timeline) -> Option<String> {
     let mut total = 0u64;
     let mut short_in_libc = 0u64;
-    for t in tl.threads.values() {
+    for t in tl.all_threads() {
         for (&(_, ustack, _), &ns) in &t.off_stacks {
             total += ns;
             let short = session.symbols.get(&ustack).is_some_and(|frames| {

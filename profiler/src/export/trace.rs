@@ -369,7 +369,8 @@ pub fn write_timeline(
     )?;
 
     // Host threads: states.
-    for ((pid, tid), t) in &tl.threads {
+    for t in tl.all_threads() {
+        let (pid, tid) = (&t.pid, &t.tid);
         for iv in t.intervals.iter().flatten() {
             let (name, args) = match &iv.state {
                 State::OnCpu => ("running".to_string(), String::new()),

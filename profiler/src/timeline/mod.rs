@@ -33,6 +33,31 @@ pub struct Timeline {
     pub processes: BTreeMap<u32, ProcessTimeline>,
     /// Paths of fds (pid, fd) as opened during recording or found at attach.
     pub fd_paths: HashMap<(u32, i32), String>,
+    /// Earlier threads and processes whose ids a later one reused (the
+    /// maps above hold the latest of each id).
+    pub retired: Vec<ThreadTimeline>,
+    pub retired_processes: Vec<ProcessTimeline>,
+}
+
+impl Timeline {
+    /// Every thread of the recording, reused ids included, in (pid, tid,
+    /// start) order.
+    pub fn all_threads(&self) -> Vec<&ThreadTimeline> {
+        let mut v: Vec<&ThreadTimeline> = self.threads.values().chain(&self.retired).collect();
+        v.sort_by_key(|t| (t.pid, t.tid, t.start));
+        v
+    }
+
+    /// Every process of the recording, reused pids included.
+    pub fn all_processes(&self) -> Vec<&ProcessTimeline> {
+        let mut v: Vec<&ProcessTimeline> = self
+            .processes
+            .values()
+            .chain(&self.retired_processes)
+            .collect();
+        v.sort_by_key(|p| (p.pid, p.start));
+        v
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -83,6 +108,8 @@ impl Timeline {
             threads: BTreeMap::new(),
             processes: BTreeMap::new(),
             fd_paths: HashMap::new(),
+            retired: Vec::new(),
+            retired_processes: Vec::new(),
         };
         for p in &session.processes {
             let e = tl.processes.entry(p.pid).or_default();
@@ -173,8 +200,20 @@ impl Timeline {
                 } => {
                     let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep);
                     t.comm = comm.clone();
-                    tl.threads.insert((*pid, *tid), t);
+                    // A new task with the id of one seen before: the kernel
+                    // reused it, the earlier one is over.
+                    if let Some(mut old) = tl.threads.insert((*pid, *tid), t) {
+                        old.finish(*ts);
+                        tl.retired.push(old);
+                    }
                     if !is_thread {
+                        // An entry that has started is an earlier process
+                        // with this pid; one filled from metadata only is
+                        // this one's.
+                        if tl.processes.get(pid).is_some_and(|p| p.start.is_some()) {
+                            let old = tl.processes.remove(pid).expect("checked above");
+                            tl.retired_processes.push(old);
+                        }
                         let p = tl.processes.entry(*pid).or_default();
                         p.pid = *pid;
                         p.ppid = *parent_pid;
@@ -227,7 +266,7 @@ impl Timeline {
             t.finish(end);
         }
         // Threads whose names came only from /proc or fork keep those.
-        for t in tl.threads.values_mut() {
+        for t in tl.threads.values_mut().chain(tl.retired.iter_mut()) {
             if t.comm.is_empty() {
                 if let Some(p) = tl.processes.get(&t.pid) {
                     t.comm = p.comm.clone();
