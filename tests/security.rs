@@ -99,22 +99,27 @@ fn nothing_is_left_pinned_in_the_kernel() {
             Err(_) => 0,
         }
     };
-    let (pinned, loaded) = (list(), ours());
+    // The kernel frees raw-tracepoint programs after a grace period: wait
+    // for an earlier recording's to go before taking the baseline.
+    let settle = || {
+        let mut n = ours();
+        for _ in 0..100 {
+            if n == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            n = ours();
+        }
+        n
+    };
+    let (pinned, loaded) = (list(), settle());
+    assert_eq!(loaded, 0, "gapscope programs loaded before the test");
     let dir = scratch("pins");
     let r = run(&dir.path().join("rec"), &["-q"], &["true"]);
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
     assert_eq!(list(), pinned, "bpffs changed");
-    // Unloaded when gapscope exits (bpftool, where installed, can tell);
-    // the kernel frees raw-tracepoint programs after a grace period.
-    let mut left = ours();
-    for _ in 0..100 {
-        if left == loaded {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        left = ours();
-    }
-    assert_eq!(left, loaded, "gapscope's programs outlived it");
+    // Unloaded when gapscope exits (bpftool, where installed, can tell).
+    assert_eq!(settle(), 0, "gapscope's programs outlived it");
 }
 
 #[test]
