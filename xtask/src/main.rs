@@ -276,9 +276,10 @@ fn test() -> Result<()> {
             "xtask: not root: recording tests will be skipped (sudo -E cargo xtask test runs them)"
         );
     }
-    run(cargo().args(["test", "--workspace"]))?;
-    // A bounded run of every fuzz target under libFuzzer, from the seeds.
-    fuzz(None, FUZZ_SMOKE_SECS)
+    // A bounded run of every fuzz target under libFuzzer, from the seeds;
+    // before the tests, so that their summary is what a run ends on.
+    fuzz(None, FUZZ_SMOKE_SECS)?;
+    run(cargo().args(["test", "--workspace"]))
 }
 
 /// Runs the fuzz targets with cargo-fuzz (installed from crates.io when
