@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::{cargo, describe, have, is_root, root, run, setup};
+use super::{build_release, describe, have, is_root, root, setup};
 
 /// Bare/profiled pairs per overhead case (GAPSCOPE_BENCH_ROUNDS overrides,
 /// for a quick look; the table says how many were run).
@@ -595,18 +595,8 @@ pub fn bench() -> Result<()> {
         bail!("the overhead and throughput cases record with eBPF: sudo -E cargo xtask bench");
     }
     setup(false)?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gapscope",
-        "-p",
-        "gapscope-cupti",
-        "-p",
-        "gapscope-examples",
-    ]))?;
     let b = Bench {
-        release: root().join("target/release"),
+        release: build_release()?,
         dir: root().join("target/bench"),
         rounds: std::env::var("GAPSCOPE_BENCH_ROUNDS")
             .ok()

@@ -212,7 +212,15 @@ fn setup(for_tests: bool) -> Result<()> {
 
 fn build() -> Result<()> {
     setup(false)?;
-    run(cargo().args(["build", "--release", "--workspace", "--bins"]))
+    build_release().map(|_| ())
+}
+
+/// Release build of everything, the cdylibs included (`--bins` alone
+/// leaves out the CUPTI shim gapscope looks for beside itself, without
+/// which a simulated or real GPU is not seen); returns target/release.
+fn build_release() -> Result<PathBuf> {
+    run(cargo().args(["build", "--release", "--workspace"]))?;
+    Ok(root().join("target/release"))
 }
 
 fn demo() -> Result<()> {
@@ -220,15 +228,7 @@ fn demo() -> Result<()> {
         bail!("the demo records with eBPF and needs root: sudo -E cargo xtask demo");
     }
     setup(false)?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gapscope",
-        "-p",
-        "gapscope-examples",
-    ]))?;
-    let release = root().join("target/release");
+    let release = build_release()?;
     let out = root().join("target/demo");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
@@ -320,15 +320,7 @@ fn fuzz(only: Option<&str>, secs: u64) -> Result<()> {
 /// `sudo ./run.sh` there.
 fn gpu_bundle() -> Result<()> {
     setup(false)?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gapscope",
-        "-p",
-        "gapscope-cupti",
-    ]))?;
-    let release = root().join("target/release");
+    let release = build_release()?;
     let out = root().join("target/gpu-bundle");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(out.join("workloads"))?;
