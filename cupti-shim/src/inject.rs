@@ -19,6 +19,7 @@ use std::time::Duration;
 use cudarc::cupti::sys;
 
 use crate::activity::{self, Decoded};
+use crate::clock::monotonic_ns as now_monotonic;
 use crate::loader::{self, Cupti, CUPTI_SUCCESS};
 use crate::protocol::{self, ClockMethod, Frame, Hello, RecordsFrame, VERSION};
 use crate::record::GpuRecord;
@@ -58,16 +59,6 @@ struct Shim {
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
-
-fn now_monotonic() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime fills the timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 extern "C" fn monotonic_timestamp() -> u64 {
     now_monotonic()

@@ -7,6 +7,7 @@
 //! runs inside the target, dormant until a profiler listens.
 
 pub mod activity;
+pub mod clock;
 mod inject;
 mod loader;
 pub mod protocol;

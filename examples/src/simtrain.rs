@@ -23,6 +23,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gapscope_cupti::clock::monotonic_ns as now;
+use gapscope_cupti::clock::thread_cpu_ns as thread_cpu;
 use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
 use gapscope_cupti::record::{copy_kind, memory_kind, sync_type};
 use gapscope_cupti::{ApiDomain, GpuRecord};
@@ -47,26 +49,6 @@ const BLOCK: usize = 1 << 20;
 fn die(msg: &str) -> ! {
     eprintln!("simtrain: {msg}");
     std::process::exit(2);
-}
-
-fn now() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn thread_cpu() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Real CPU work: `ns` of this thread's CPU time.

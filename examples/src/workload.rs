@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use gapscope_cupti::clock::monotonic_ns;
+use gapscope_cupti::clock::thread_cpu_ns;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
@@ -117,16 +119,6 @@ fn schedstat() -> (u64, u64) {
 
 fn schedstat_ns() -> u64 {
     schedstat().0
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Appends one line of ground truth; one write() so processes can share a file.
@@ -505,16 +497,6 @@ fn cmd_pipeline(a: &Args) {
     wait_children(&children);
     let _ = std::fs::remove_file(&data);
     println!("gs-workload pipeline: done");
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A simulated GPU: reports kernels it never ran, with exact timestamps, so

@@ -1,15 +1,8 @@
-//! The one place clocks are read and converted. The timeline is
-//! CLOCK_MONOTONIC nanoseconds, the clock bpf_ktime_get_ns() uses.
+//! Clocks as the profiler uses them. The timeline is CLOCK_MONOTONIC
+//! nanoseconds, the clock bpf_ktime_get_ns() uses; readings come from
+//! gapscope_cupti::clock, shared with the shim.
 
-fn read(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use gapscope_cupti::clock::read;
 
 /// CLOCK_MONOTONIC, ns: the timeline's clock.
 pub fn monotonic_ns() -> u64 {
