@@ -7,7 +7,6 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::time::Instant;
 
 const USAGE: &str = "\
@@ -31,29 +30,11 @@ commands:
 
 --time-file F gets one line: wall_ns cpu_ns (children included).";
 
+mod args;
+use args::Args;
+
 fn die(msg: &str) -> ! {
-    eprintln!("gs-bench: {msg}");
-    std::process::exit(2);
-}
-
-struct Args(Vec<(String, String)>);
-
-impl Args {
-    fn num(&self, key: &str, default: u64) -> u64 {
-        match self.get(key) {
-            Some(v) => v
-                .parse()
-                .unwrap_or_else(|_| die(&format!("--{key}: not a number: {v}"))),
-            None => default,
-        }
-    }
-
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
+    args::die("gs-bench", msg)
 }
 
 fn cpu_ns(who: i32) -> u64 {
@@ -89,7 +70,7 @@ fn cmd_input(a: &Args) {
     let reads = a.num("reads", 64);
     let read_len = (a.num("read-kib", 4) << 10) as usize;
     let passes = a.num("decode-passes", 8);
-    let dir = PathBuf::from(a.get("dir").unwrap_or("."));
+    let dir = a.dir();
     let path = dir.join(format!("gs-bench-input-{}.dat", std::process::id()));
     const FILE_LEN: u64 = 64 << 20;
     {
@@ -283,23 +264,8 @@ fn finish(a: &Args, wall_ns: u64) {
 }
 
 fn main() {
-    let mut argv = std::env::args().skip(1);
-    let cmd = argv.next().unwrap_or_default();
-    let rest: Vec<String> = argv.collect();
-    let mut opts = Vec::new();
-    let mut i = 0;
-    while i < rest.len() {
-        let Some(key) = rest[i].strip_prefix("--") else {
-            die(&format!("unexpected argument {:?}\n\n{USAGE}", rest[i]));
-        };
-        let value = rest
-            .get(i + 1)
-            .unwrap_or_else(|| die(&format!("--{key} needs a value")));
-        opts.push((key.to_string(), value.clone()));
-        i += 2;
-    }
-    let a = Args(opts);
-    match cmd.as_str() {
+    let a = Args::parse("gs-bench");
+    match a.cmd.as_str() {
         "input" => cmd_input(&a),
         "cpu" => cmd_cpu(&a),
         "events" => cmd_events(&a),

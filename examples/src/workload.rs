@@ -8,7 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,51 +52,11 @@ commands:
 
 Ground truth is appended to --truth FILE as one JSON object per line.";
 
-struct Args {
-    cmd: String,
-    opts: Vec<(String, String)>,
-}
-
-impl Args {
-    fn parse() -> Args {
-        let mut it = std::env::args().skip(1);
-        let cmd = it.next().unwrap_or_default();
-        let rest: Vec<String> = it.collect();
-        let mut opts = Vec::new();
-        let mut i = 0;
-        while i < rest.len() {
-            let key = rest[i].trim_start_matches("--").to_string();
-            let val = rest.get(i + 1).cloned().unwrap_or_default();
-            opts.push((key, val));
-            i += 2;
-        }
-        Args { cmd, opts }
-    }
-
-    fn get(&self, key: &str) -> Option<&str> {
-        self.opts
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn num(&self, key: &str, default: u64) -> u64 {
-        match self.get(key) {
-            Some(v) => v
-                .parse()
-                .unwrap_or_else(|_| die(&format!("--{key}: not a number: {v}"))),
-            None => default,
-        }
-    }
-
-    fn dir(&self) -> PathBuf {
-        PathBuf::from(self.get("dir").unwrap_or("."))
-    }
-}
+mod args;
+use args::Args;
 
 fn die(msg: &str) -> ! {
-    eprintln!("gs-workload: {msg}");
-    std::process::exit(2);
+    args::die("gs-workload", msg)
 }
 
 fn tid() -> u32 {
@@ -722,7 +682,7 @@ fn cmd_reuse(a: &Args) {
 }
 
 fn main() {
-    let args = Args::parse();
+    let args = Args::parse("gs-workload");
     match args.cmd.as_str() {
         "spin" => cmd_spin(&args),
         "oread" => cmd_oread(&args),
