@@ -364,6 +364,17 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
+/// gapscope, pinned to CPU 0 when taskset is there to do it.
+fn gapscope_on_cpu0(b: &Bench, pin: bool) -> Command {
+    if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(b.bin("gapscope"));
+        c
+    } else {
+        Command::new(b.bin("gapscope"))
+    }
+}
+
 fn throughput(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     eprintln!("xtask: bench: throughput");
     let pin = have("taskset");
@@ -371,13 +382,7 @@ fn throughput(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     let mut lines = Vec::new();
     for rate in [250_000u64, 500_000, 1_000_000, 2_000_000, 0] {
         let out = b.dir.join(format!("tp-{rate}"));
-        let mut cmd = if pin {
-            let mut c = Command::new("taskset");
-            c.args(["-c", "0"]).arg(b.bin("gapscope"));
-            c
-        } else {
-            Command::new(b.bin("gapscope"))
-        };
+        let mut cmd = gapscope_on_cpu0(b, pin);
         cmd.args(["run", "-q", "--no-exports", "-o"])
             .arg(&out)
             .arg("--")
@@ -434,13 +439,7 @@ fn throughput(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     // Drops must be counted, the run must end normally and the session
     // must read back.
     let out = b.dir.join("tp-overload");
-    let mut cmd = if pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(b.bin("gapscope"));
-        c
-    } else {
-        Command::new(b.bin("gapscope"))
-    };
+    let mut cmd = gapscope_on_cpu0(b, pin);
     quiet(
         cmd.args(["run", "-q", "--no-exports", "--buffer-mb", "1", "-o"])
             .arg(&out)
