@@ -18,6 +18,8 @@ pub struct GpuDiagnosis {
 
 pub struct Diagnosis {
     pub gpus: Vec<GpuDiagnosis>,
+    /// Where CPU events were lost: idle inside is charged to unattributed.
+    pub lossy_windows: Vec<(u64, u64)>,
     /// Each thread's CUDA API calls, sorted.
     pub api: HashMap<Tid, Vec<ApiSpan>>,
 }
@@ -108,7 +110,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
         .into_iter()
         .map(|(t, v)| (t, attribute::flatten_ops(v)))
         .collect();
-    let lossy = super::loss::lossy_windows(session);
+    let lossy_windows = super::loss::lossy_windows(session);
     let gpus = gpu_timelines(session, tl.start, tl.end)
         .into_iter()
         .map(|gpu| {
@@ -121,9 +123,13 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
                 api: &api,
                 ops: &ops,
             });
-            super::loss::mark(&mut attribution, &lossy);
+            super::loss::mark(&mut attribution, &lossy_windows);
             GpuDiagnosis { gpu, attribution }
         })
         .collect();
-    Diagnosis { gpus, api }
+    Diagnosis {
+        gpus,
+        api,
+        lossy_windows,
+    }
 }

@@ -383,7 +383,7 @@ pub fn build_with(
     let advice = super::recommend::build(session, tl, diagnosis, &gpu.gpus);
     let mut notes = session.notes.clone();
     notes.extend(stack_depth_note(session, tl));
-    let lossy = crate::analyze::loss::lossy_windows(session);
+    let lossy = &diagnosis.lossy_windows;
     if !lossy.is_empty() {
         let lost: u64 = lossy.iter().map(|(s, e)| e - s).sum();
         notes.push(format!(
