@@ -312,7 +312,7 @@ pub fn write_svg(
     // inferno sums weights in a usize; keep the total well inside it (only
     // a damaged session gets near: real totals are nanoseconds of a run).
     let total: u128 = lines.iter().map(|(_, w)| *w as u128).sum();
-    let scale = (total >> 52).max(1) as u64 + u64::from(total >> 52 > 0);
+    let scale = (total >> 52) as u64 + 1;
     let text: Vec<String> = lines
         .iter()
         .filter(|(_, w)| w / scale > 0)
