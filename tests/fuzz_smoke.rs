@@ -121,6 +121,31 @@ fn kineto_trace_smoke() {
 }
 
 #[test]
+fn past_fuzzer_findings_stay_fixed() {
+    // fuzz/regressions/<target>/: inputs that once crashed a target, kept
+    // (named after what they broke) so that the bug stays fixed.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
+    let mut replayed = 0;
+    for target in fuzzing::TARGETS {
+        let Ok(dir) = std::fs::read_dir(root.join(target)) else {
+            continue;
+        };
+        for entry in dir {
+            let path = entry.unwrap().path();
+            let input = std::fs::read(&path).unwrap();
+            let outcome = std::panic::catch_unwind(|| fuzzing::run(target, &input));
+            assert!(outcome.is_ok(), "{} panics again", path.display());
+            replayed += 1;
+        }
+    }
+    assert!(
+        replayed > 0,
+        "no regression inputs found under {}",
+        root.display()
+    );
+}
+
+#[test]
 fn the_committed_seed_corpora_are_the_seeds() {
     // fuzz/seeds/<target>/ is what `cargo xtask fuzz` starts from;
     // GAPSCOPE_BLESS=1 rewrites it from the library's seeds.

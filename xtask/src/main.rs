@@ -20,15 +20,28 @@ mod bench;
 const USAGE: &str =
     "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench|fuzz [TARGET] [SECS]>";
 
-/// The fuzz targets (fuzz/fuzz_targets/) and their seeds (fuzz/seeds/).
-const FUZZ_TARGETS: [&str; 4] = [
-    "session_file",
-    "session_records",
-    "wire_protocol",
-    "kineto_trace",
+/// The fuzz targets (fuzz/fuzz_targets/), and how many executions each gets
+/// in the gate (about 10–15 s apiece here: the targets differ in speed by
+/// more than 10×).
+const FUZZ_TARGETS: [(&str, u64); 4] = [
+    ("session_file", 400_000),
+    ("session_records", 250_000),
+    ("wire_protocol", 3_000_000),
+    ("kineto_trace", 300_000),
 ];
-/// Seconds per target of the smoke run in `test`.
-const FUZZ_SMOKE_SECS: u64 = 20;
+/// How hard each target is fuzzed.
+#[derive(Clone, Copy)]
+enum Fuzz {
+    /// The gate in `test`: a fixed number of runs from a fixed random seed
+    /// and a fresh corpus, so that a clean checkout passes or fails the
+    /// same way every time; finding new bugs is what `Explore` is for.
+    Gate,
+    /// `cargo xtask fuzz`: this many seconds per target, a random seed, and
+    /// the corpus grown by earlier runs.
+    Explore(u64),
+}
+/// The gate's time cap per target, for slow machines.
+const FUZZ_GATE_MAX_SECS: u64 = 60;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -278,15 +291,14 @@ fn test() -> Result<()> {
     }
     // A bounded run of every fuzz target under libFuzzer, from the seeds;
     // before the tests, so that their summary is what a run ends on.
-    fuzz(None, FUZZ_SMOKE_SECS)?;
+    fuzz(None, Fuzz::Gate)?;
     run(cargo().args(["test", "--workspace"]))
 }
 
 /// Runs the fuzz targets with cargo-fuzz (installed from crates.io when
-/// missing) for `secs` each, from fuzz/seeds/, keeping the grown corpus in
-/// target/fuzz-corpus/. Stable Rust: no sanitizer, coverage instrumentation
-/// only.
-fn fuzz(only: Option<&str>, secs: u64) -> Result<()> {
+/// missing), from fuzz/seeds/ and fuzz/regressions/ (past findings).
+/// Stable Rust: no sanitizer, coverage instrumentation only.
+fn fuzz(only: Option<&str>, how: Fuzz) -> Result<()> {
     let have_fuzz = cargo()
         .args(["fuzz", "--version"])
         .stdout(std::process::Stdio::null())
@@ -296,21 +308,51 @@ fn fuzz(only: Option<&str>, secs: u64) -> Result<()> {
     if !have_fuzz {
         run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
     }
-    let targets: Vec<&str> = match only {
-        Some(t) if FUZZ_TARGETS.contains(&t) => vec![t],
-        Some(t) => bail!("no fuzz target {t}; targets: {}", FUZZ_TARGETS.join(", ")),
+    let targets: Vec<(&str, u64)> = match only {
+        Some(t) => match FUZZ_TARGETS.iter().find(|(name, _)| *name == t) {
+            Some(&target) => vec![target],
+            None => {
+                let names: Vec<&str> = FUZZ_TARGETS.iter().map(|(name, _)| *name).collect();
+                bail!("no fuzz target {t}; targets: {}", names.join(", "))
+            }
+        },
         None => FUZZ_TARGETS.to_vec(),
     };
-    for t in targets {
-        let corpus = root().join("target/fuzz-corpus").join(t);
+    for (t, gate_runs) in targets {
+        let (corpus, limits) = match how {
+            Fuzz::Gate => (
+                root().join("target/fuzz-gate").join(t),
+                vec![
+                    "-seed=1".to_string(),
+                    format!("-runs={gate_runs}"),
+                    format!("-max_total_time={FUZZ_GATE_MAX_SECS}"),
+                ],
+            ),
+            Fuzz::Explore(secs) => (
+                root().join("target/fuzz-corpus").join(t),
+                vec![format!("-max_total_time={secs}")],
+            ),
+        };
+        if matches!(how, Fuzz::Gate) {
+            let _ = std::fs::remove_dir_all(&corpus);
+        }
         std::fs::create_dir_all(&corpus)?;
-        run(cargo()
-            .current_dir(root().join("fuzz"))
+        let mut cmd = cargo();
+        cmd.current_dir(root().join("fuzz"))
             .args(["fuzz", "run", "--sanitizer", "none", t])
             .arg(&corpus)
-            .arg(root().join("fuzz/seeds").join(t))
-            .args(["--", "-max_len=65536"])
-            .arg(format!("-max_total_time={secs}")))?;
+            .arg(root().join("fuzz/seeds").join(t));
+        let regressions = root().join("fuzz/regressions").join(t);
+        if regressions.is_dir() {
+            cmd.arg(regressions);
+        }
+        cmd.args(["--", "-max_len=65536"]).args(limits);
+        run(&mut cmd).with_context(|| {
+            format!(
+                "fuzz target {t} found an input that breaks it (fuzz/artifacts/{t}/); \
+                 once fixed, keep it in fuzz/regressions/{t}/"
+            )
+        })?;
     }
     Ok(())
 }
@@ -391,7 +433,7 @@ fn dispatch() -> Result<()> {
             let args: Vec<String> = std::env::args().skip(2).collect();
             let target = args.iter().find(|a| a.parse::<u64>().is_err());
             let secs = args.iter().find_map(|a| a.parse().ok()).unwrap_or(60);
-            fuzz(target.map(String::as_str), secs)
+            fuzz(target.map(String::as_str), Fuzz::Explore(secs))
         }
         "" | "-h" | "--help" | "help" => {
             println!("{USAGE}");

@@ -23,8 +23,10 @@ const REAL_ID_LIMIT: u32 = 1 << 22;
 const KIND_STRIDE: u32 = 1 << 24;
 /// Synthetic ids (tracks of large tids; GPUs as processes) start here.
 const SYNTHETIC_BASE: u32 = 1 << 28;
-/// GPUs as processes, and each one's idle track.
+/// GPUs as processes, and each one's idle track. Device numbers at or above
+/// GPU_ID_LIMIT (only in damaged or foreign sessions) get synthetic pids.
 const GPU_PID_BASE: u32 = 1 << 30;
+const GPU_ID_LIMIT: u32 = 1 << 20;
 const IDLE_TID: u32 = 1 << 30;
 /// Syscalls shorter than this are left out (they are in the report).
 const MIN_SYSCALL_NS: u64 = 10_000;
@@ -60,6 +62,7 @@ struct Writer<'a, W: Write> {
     tracks: HashMap<Track, (u32, u32)>,
     /// Host pids as drawn (large ones get synthetic ids).
     pids: HashMap<u32, u32>,
+    gpu_pids: HashMap<u32, u32>,
     named_pids: HashSet<u32>,
     next_synthetic: u32,
     tl: &'a Timeline,
@@ -122,6 +125,18 @@ impl<W: Write> Writer<'_, W> {
             .filter(|c| !c.is_empty())
     }
 
+    fn gpu_pid(&mut self, dev: u32) -> u32 {
+        if dev < GPU_ID_LIMIT {
+            return GPU_PID_BASE + dev;
+        }
+        if let Some(&pid) = self.gpu_pids.get(&dev) {
+            return pid;
+        }
+        let pid = self.synthetic();
+        self.gpu_pids.insert(dev, pid);
+        pid
+    }
+
     fn synthetic(&mut self) -> u32 {
         self.next_synthetic += 1;
         SYNTHETIC_BASE + self.next_synthetic
@@ -174,14 +189,14 @@ impl<W: Write> Writer<'_, W> {
                     self.synthetic()
                 };
                 (
-                    GPU_PID_BASE + dev,
+                    self.gpu_pid(dev),
                     id,
                     self.gpu_name(dev),
                     format!("stream {stream}"),
                 )
             }
             Track::Idle(dev) => (
-                GPU_PID_BASE + dev,
+                self.gpu_pid(dev),
                 IDLE_TID,
                 self.gpu_name(dev),
                 "idle (cause)".to_string(),
@@ -343,6 +358,7 @@ pub fn write_timeline(
         window,
         tracks: HashMap::new(),
         pids: HashMap::new(),
+        gpu_pids: HashMap::new(),
         named_pids: HashSet::new(),
         next_synthetic: 0,
         tl,
