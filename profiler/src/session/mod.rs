@@ -115,6 +115,43 @@ mod tests {
     }
 
     #[test]
+    fn events_come_back_in_time_order_stably() {
+        // Ring-buffer order: each CPU's events in order, CPUs interleaved a
+        // little late or early. Ties keep their written order (the waker
+        // tid tells them apart); a reversed file takes the general sort.
+        let ev = |ts: u64, n: u32| Event::Wakeup {
+            ts,
+            pid: 1,
+            tid: 1,
+            waker_pid: 1,
+            waker_tid: n,
+            new_task: false,
+        };
+        let key = |e: &Event| match e {
+            Event::Wakeup { ts, waker_tid, .. } => (*ts, *waker_tid),
+            _ => unreachable!(),
+        };
+        for reversed in [false, true] {
+            let mut events: Vec<Event> = (0..5000u32)
+                .map(|i| {
+                    let jitter = [0, 7, 3, 0, 5][i as usize % 5];
+                    let ts = if reversed {
+                        10_000 - u64::from(i)
+                    } else {
+                        u64::from(i) + jitter
+                    };
+                    ev(ts, i)
+                })
+                .collect();
+            let mut expected: Vec<(u64, u32)> = events.iter().map(key).collect();
+            expected.sort_by_key(|&(ts, _)| ts);
+            reader::into_time_order(&mut events);
+            let got: Vec<(u64, u32)> = events.iter().map(key).collect();
+            assert_eq!(got, expected, "reversed: {reversed}");
+        }
+    }
+
+    #[test]
     fn roundtrip() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE_NAME);

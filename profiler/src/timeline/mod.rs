@@ -84,15 +84,24 @@ impl Timeline {
     pub fn build(session: &Session, opts: BuildOptions) -> Timeline {
         let header = session.header();
         let start = header.start_ns;
-        let mut events: Vec<&Event> = session.events.iter().collect();
         // Records are written in ring-buffer order, which differs from time
-        // order by at most a few microseconds across CPUs.
-        events.sort_by_key(|e| e.ts());
+        // order by at most a few microseconds across CPUs; the reader puts
+        // them in time order, and a session built another way is sorted
+        // here (by reference, leaving it as it is).
+        let by_time: Vec<&Event> = if session.events.is_sorted_by_key(Event::ts) {
+            Vec::new()
+        } else {
+            let mut v: Vec<&Event> = session.events.iter().collect();
+            v.sort_by_key(|e| e.ts());
+            v
+        };
         // A session cut short ends at the last moment it is known to have
         // been recording: its last event or its last periodic drops record.
-        let last_seen = events
-            .last()
-            .map(|e| e.ts())
+        let last_seen = session
+            .events
+            .iter()
+            .map(Event::ts)
+            .max()
             .unwrap_or(start)
             .max(session.drops.ts);
         let end = session
@@ -131,135 +140,13 @@ impl Timeline {
         }
 
         let keep = opts.intervals;
-        for e in events {
-            match e {
-                Event::Switch { ts, out, in_, .. } => {
-                    if let Some(o) = out {
-                        thread_mut(&mut tl.threads, o.pid, o.tid, *ts, keep).switch_out(*ts, o);
-                    }
-                    if let Some((pid, tid)) = in_ {
-                        thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).switch_in(*ts);
-                    }
-                }
-                Event::Wakeup {
-                    ts,
-                    pid,
-                    tid,
-                    waker_pid,
-                    waker_tid,
-                    new_task,
-                } => {
-                    if !new_task {
-                        thread_mut(&mut tl.threads, *pid, *tid, *ts, keep)
-                            .wakeup(*ts, (*waker_pid, *waker_tid));
-                    }
-                    // Waking a thread is done on a CPU.
-                    if let Some(w) = tl.threads.get_mut(&(*waker_pid, *waker_tid)) {
-                        w.evidence_of_running(*ts);
-                    }
-                }
-                Event::Syscall {
-                    ts,
-                    pid,
-                    tid,
-                    dur,
-                    nr,
-                    fd_kind,
-                    ret,
-                    ..
-                } => {
-                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
-                    t.evidence_of_running(*ts);
-                    t.syscall(*ts, *nr, *dur, *fd_kind, *ret);
-                }
-                Event::Sample {
-                    ts,
-                    pid,
-                    tid,
-                    ustack,
-                    kstack,
-                    ..
-                } => {
-                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
-                    t.evidence_of_running(*ts);
-                    t.sample(*ustack, *kstack);
-                }
-                Event::Fault { ts, pid, tid, .. } => {
-                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
-                    t.evidence_of_running(*ts);
-                    t.page_faults += 1;
-                }
-                Event::Fork {
-                    ts,
-                    pid,
-                    tid,
-                    parent_pid,
-                    thread: is_thread,
-                    comm,
-                    ..
-                } => {
-                    let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep);
-                    t.comm = comm.clone();
-                    // A new task with the id of one seen before: the kernel
-                    // reused it, the earlier one is over.
-                    if let Some(mut old) = tl.threads.insert((*pid, *tid), t) {
-                        old.finish(*ts);
-                        tl.retired.push(old);
-                    }
-                    if !is_thread {
-                        // An entry that has started is an earlier process
-                        // with this pid; one filled from metadata only is
-                        // this one's.
-                        if tl.processes.get(pid).is_some_and(|p| p.start.is_some()) {
-                            let old = tl.processes.remove(pid).expect("checked above");
-                            tl.retired_processes.push(old);
-                        }
-                        let p = tl.processes.entry(*pid).or_default();
-                        p.pid = *pid;
-                        p.ppid = *parent_pid;
-                        p.comm = comm.clone();
-                        p.start = Some(*ts);
-                    }
-                }
-                Event::Exec {
-                    pid,
-                    tid,
-                    comm,
-                    filename,
-                    ..
-                } => {
-                    let p = tl.processes.entry(*pid).or_default();
-                    p.pid = *pid;
-                    p.comm = comm.clone();
-                    p.execs.push(filename.clone());
-                    if let Some(t) = tl.threads.get_mut(&(*pid, *tid)) {
-                        t.comm = comm.clone();
-                    }
-                }
-                Event::Exit {
-                    ts,
-                    pid,
-                    tid,
-                    status,
-                    group_dead,
-                    comm,
-                } => {
-                    let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
-                    t.exit(*ts);
-                    t.comm = comm.clone();
-                    if *group_dead {
-                        let p = tl.processes.entry(*pid).or_default();
-                        p.pid = *pid;
-                        p.end = Some(*ts);
-                        p.exit_code = Some(crate::collect::launch::exit_code_of(*status));
-                    }
-                }
-                Event::Open { pid, fd, path, .. } => {
-                    tl.fd_paths.insert((*pid, *fd), path.clone());
-                }
-                Event::CudaCall { ts, pid, tid, .. } => {
-                    thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
-                }
+        if by_time.is_empty() {
+            for e in &session.events {
+                tl.apply(e, keep);
+            }
+        } else {
+            for e in by_time {
+                tl.apply(e, keep);
             }
         }
         for t in tl.threads.values_mut() {
@@ -274,5 +161,139 @@ impl Timeline {
             }
         }
         tl
+    }
+
+    /// One event into the thread and process accounts.
+    fn apply(&mut self, e: &Event, keep: bool) {
+        let tl = self;
+        match e {
+            Event::Switch { ts, out, in_, .. } => {
+                if let Some(o) = out {
+                    thread_mut(&mut tl.threads, o.pid, o.tid, *ts, keep).switch_out(*ts, o);
+                }
+                if let Some((pid, tid)) = in_ {
+                    thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).switch_in(*ts);
+                }
+            }
+            Event::Wakeup {
+                ts,
+                pid,
+                tid,
+                waker_pid,
+                waker_tid,
+                new_task,
+            } => {
+                if !new_task {
+                    thread_mut(&mut tl.threads, *pid, *tid, *ts, keep)
+                        .wakeup(*ts, (*waker_pid, *waker_tid));
+                }
+                // Waking a thread is done on a CPU.
+                if let Some(w) = tl.threads.get_mut(&(*waker_pid, *waker_tid)) {
+                    w.evidence_of_running(*ts);
+                }
+            }
+            Event::Syscall {
+                ts,
+                pid,
+                tid,
+                dur,
+                nr,
+                fd_kind,
+                ret,
+                ..
+            } => {
+                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                t.evidence_of_running(*ts);
+                t.syscall(*ts, *nr, *dur, *fd_kind, *ret);
+            }
+            Event::Sample {
+                ts,
+                pid,
+                tid,
+                ustack,
+                kstack,
+                ..
+            } => {
+                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                t.evidence_of_running(*ts);
+                t.sample(*ustack, *kstack);
+            }
+            Event::Fault { ts, pid, tid, .. } => {
+                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                t.evidence_of_running(*ts);
+                t.page_faults += 1;
+            }
+            Event::Fork {
+                ts,
+                pid,
+                tid,
+                parent_pid,
+                thread: is_thread,
+                comm,
+                ..
+            } => {
+                let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep);
+                t.comm = comm.clone();
+                // A new task with the id of one seen before: the kernel
+                // reused it, the earlier one is over.
+                if let Some(mut old) = tl.threads.insert((*pid, *tid), t) {
+                    old.finish(*ts);
+                    tl.retired.push(old);
+                }
+                if !is_thread {
+                    // An entry that has started is an earlier process
+                    // with this pid; one filled from metadata only is
+                    // this one's.
+                    if tl.processes.get(pid).is_some_and(|p| p.start.is_some()) {
+                        let old = tl.processes.remove(pid).expect("checked above");
+                        tl.retired_processes.push(old);
+                    }
+                    let p = tl.processes.entry(*pid).or_default();
+                    p.pid = *pid;
+                    p.ppid = *parent_pid;
+                    p.comm = comm.clone();
+                    p.start = Some(*ts);
+                }
+            }
+            Event::Exec {
+                pid,
+                tid,
+                comm,
+                filename,
+                ..
+            } => {
+                let p = tl.processes.entry(*pid).or_default();
+                p.pid = *pid;
+                p.comm = comm.clone();
+                p.execs.push(filename.clone());
+                if let Some(t) = tl.threads.get_mut(&(*pid, *tid)) {
+                    t.comm = comm.clone();
+                }
+            }
+            Event::Exit {
+                ts,
+                pid,
+                tid,
+                status,
+                group_dead,
+                comm,
+            } => {
+                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                t.exit(*ts);
+                t.comm = comm.clone();
+                if *group_dead {
+                    let p = tl.processes.entry(*pid).or_default();
+                    p.pid = *pid;
+                    p.end = Some(*ts);
+                    p.exit_code = Some(crate::collect::launch::exit_code_of(*status));
+                }
+            }
+            Event::Open { pid, fd, path, .. } => {
+                tl.fd_paths.insert((*pid, *fd), path.clone());
+            }
+            Event::CudaCall { ts, pid, tid, .. } => {
+                thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
+            }
+        }
     }
 }
