@@ -200,3 +200,138 @@ fn a_stranger_cannot_switch_a_dormant_shim_on() {
         "1: the shim spoke to a stranger; 2: no answer; 3: never connected"
     );
 }
+
+/// Every /proc/PID/cmdline or /proc/PID/environ (PID a number, thread
+/// paths included) that process `pid` opened, as the session at `dir`
+/// recorded it.
+fn proc_identity_reads(dir: &std::path::Path, pid: u32) -> Vec<(u32, String)> {
+    let s = gapscope::session::read_session(dir).unwrap();
+    s.events
+        .iter()
+        .filter_map(|e| match e {
+            gapscope::session::Event::Open { pid: p, path, .. } if *p == pid => {
+                let parts: Vec<&str> = path.split('/').collect();
+                match parts.as_slice() {
+                    ["", "proc", n, .., last] if *last == "cmdline" || *last == "environ" => {
+                        Some((n.parse().ok()?, path.clone()))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The processes a session saw: its target, those it described, those
+/// forked while it recorded.
+fn session_pids(dir: &std::path::Path) -> std::collections::HashSet<u32> {
+    let s = gapscope::session::read_session(dir).unwrap();
+    let mut pids: std::collections::HashSet<u32> = s.processes.iter().map(|p| p.pid).collect();
+    pids.insert(s.header().target_pid);
+    for e in &s.events {
+        if let gapscope::session::Event::Fork { pid, .. } = e {
+            pids.insert(*pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn other_processes_command_lines_and_environments_are_never_read() {
+    // gapscope recording gapscope: the outer recording holds every file the
+    // inner one opened, so it shows which processes' command lines and
+    // environments the inner one read — in run and in attach mode, with a
+    // stranger process alive beside the target the whole time.
+    if !bpf_ready("other_processes_command_lines_and_environments_are_never_read") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("proc-reads");
+    let mut stranger = Command::new("sleep").arg("30").spawn().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut tree = Command::new("sh")
+        .args(["-c", "sleep 20 & sleep 20; wait"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let g = gapscope();
+    let g = g.to_str().unwrap();
+    let wl = workload();
+    let w = work.to_str().unwrap();
+    let tree_pid = tree.id().to_string();
+    for (mode, inner_cmd) in [
+        (
+            "run",
+            vec![
+                g,
+                "run",
+                "-q",
+                "--no-exports",
+                "-o",
+                "INNER",
+                "--",
+                "sh",
+                "-c",
+                &format!("{} forks --children 4 --dir {w}", wl.display()),
+            ],
+        ),
+        (
+            "attach",
+            vec![
+                g,
+                "attach",
+                "-q",
+                "--no-exports",
+                "--duration",
+                "1",
+                "-o",
+                "INNER",
+                "-p",
+                &tree_pid,
+            ],
+        ),
+    ] {
+        let inner = dir.path().join(format!("{mode}-inner"));
+        let inner_cmd: Vec<&str> = inner_cmd
+            .iter()
+            .map(|a| {
+                if *a == "INNER" {
+                    inner.to_str().unwrap()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let outer = run(
+            &dir.path().join(format!("{mode}-outer")),
+            &["-q", "--no-exports", "--freq", "0"],
+            &inner_cmd,
+        );
+        assert_eq!(outer.code(), Some(0), "{mode}: {}", outer.stderr());
+        let inner_gapscope = gapscope::session::read_session(&outer.dir)
+            .unwrap()
+            .header()
+            .target_pid;
+        let reads = proc_identity_reads(&outer.dir, inner_gapscope);
+        let allowed = session_pids(&inner);
+        // The outer recording does see such reads: those of the target's own.
+        assert!(
+            reads.iter().any(|(p, _)| allowed.contains(p)),
+            "{mode}: no read of the target tree's command lines recorded: {reads:?}"
+        );
+        for (p, path) in &reads {
+            assert!(
+                allowed.contains(p) || *p == inner_gapscope,
+                "{mode}: gapscope read {path}, of a process outside its target tree \
+                 (stranger {}, tree {allowed:?})",
+                stranger.id()
+            );
+        }
+    }
+    for c in [&mut stranger, &mut tree] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
