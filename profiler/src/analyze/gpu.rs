@@ -33,6 +33,26 @@ impl OpStats {
     }
 }
 
+/// Busy time split by what ran, each instant counted once: compute kernels
+/// first, then communication kernels (NCCL collectives and send/recv) that
+/// no compute overlapped, then copies and memsets that neither overlapped.
+/// Exposed communication is busy only in name: the GPU was moving data or
+/// waiting on its peers with nothing else to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BusyByKind {
+    pub compute: u64,
+    pub communication: u64,
+    pub memory: u64,
+}
+
+/// A kernel of a collective-communication library (NCCL names all of its
+/// kernels `nccl...`: ncclKernel_AllReduce_..., ncclDevKernel_...).
+pub fn is_communication_kernel(name: &str) -> bool {
+    name.as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"nccl"))
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct GpuTimeline {
     pub device: u32,
@@ -43,6 +63,7 @@ pub struct GpuTimeline {
     pub pids: Vec<u32>,
     /// Disjoint busy spans inside the window.
     pub busy: Vec<(u64, u64)>,
+    pub busy_by_kind: BusyByKind,
     pub kernels: OpStats,
     /// Copies by direction name ("HtoD pageable", ...).
     pub copies: BTreeMap<String, OpStats>,
@@ -93,7 +114,15 @@ impl GpuTimeline {
 /// Builds one timeline per GPU (device ordinal) from a session's GPU records,
 /// clipped to the window `[start, end)`.
 pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline> {
-    let mut by_dev: BTreeMap<u32, (GpuTimeline, Vec<(u64, u64)>)> = BTreeMap::new();
+    /// A device's activity: all of it, its compute kernels, its
+    /// communication kernels.
+    #[derive(Default)]
+    struct Spans {
+        all: Vec<(u64, u64)>,
+        compute: Vec<(u64, u64)>,
+        communication: Vec<(u64, u64)>,
+    }
+    let mut by_dev: BTreeMap<u32, (GpuTimeline, Spans)> = BTreeMap::new();
     let source_of = |pid: u32| {
         session
             .gpu_sources
@@ -130,15 +159,22 @@ pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline
                     source: source_of(*pid),
                     ..Default::default()
                 },
-                Vec::new(),
+                Spans::default(),
             )
         });
         if !tl.pids.contains(pid) {
             tl.pids.push(*pid);
         }
-        spans.push((s, e));
+        spans.all.push((s, e));
         match r {
-            GpuRecord::Kernel { .. } => tl.kernels.add(s, e, 0),
+            GpuRecord::Kernel { name, .. } => {
+                tl.kernels.add(s, e, 0);
+                if is_communication_kernel(name) {
+                    spans.communication.push((s, e));
+                } else {
+                    spans.compute.push((s, e));
+                }
+            }
             GpuRecord::Memcpy {
                 bytes,
                 copy_kind,
@@ -165,7 +201,17 @@ pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline
     by_dev
         .into_values()
         .map(|(mut tl, spans)| {
-            tl.busy = clip(&union(spans), start, end);
+            let busy_of = |v: Vec<(u64, u64)>| total(&clip(&union(v), start, end));
+            let compute = busy_of(spans.compute.clone());
+            let mut kernels = spans.compute;
+            kernels.extend(spans.communication);
+            let kernels = busy_of(kernels);
+            tl.busy = clip(&union(spans.all), start, end);
+            tl.busy_by_kind = BusyByKind {
+                compute,
+                communication: kernels - compute,
+                memory: total(&tl.busy) - kernels,
+            };
             tl.name = names
                 .get(&tl.device)
                 .cloned()
@@ -264,6 +310,53 @@ mod tests {
         assert_eq!(g.kernels.count, 6);
         assert_eq!(g.copies["HtoD pageable"].bytes, 1 << 20);
         assert_eq!(tls[1].busy_ns(), 10);
+    }
+
+    #[test]
+    fn busy_splits_into_compute_then_exposed_communication_then_copies() {
+        let named = |name: &str, stream, start, end| {
+            let (pid, mut r) = kernel(0, stream, start, end);
+            if let GpuRecord::Kernel { name: n, .. } = &mut r {
+                *n = name.into();
+            }
+            (pid, r)
+        };
+        let s = Session {
+            gpu: vec![
+                named("sm90_xmma_gemm", 7, 1_000, 2_000),
+                // Half hidden under the gemm, half exposed.
+                named("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 9, 1_500, 2_500),
+                // Exposed entirely.
+                named("ncclKernel_SendRecv_RING_SIMPLE", 9, 5_000, 5_400),
+                (
+                    1,
+                    GpuRecord::Memset {
+                        start: 2_400,
+                        end: 2_700, // 100 under the collective, 200 alone
+                        device: 0,
+                        context: 1,
+                        stream: 8,
+                        correlation: 0,
+                        bytes: 64,
+                        value: 0,
+                        memory_kind: 0,
+                    },
+                ),
+            ],
+            ..Default::default()
+        };
+        let g = &gpu_timelines(&s, 0, 10_000)[0];
+        assert_eq!(
+            g.busy_by_kind,
+            BusyByKind {
+                compute: 1_000,
+                communication: 500 + 400,
+                memory: 200
+            }
+        );
+        let k = g.busy_by_kind;
+        assert_eq!(k.compute + k.communication + k.memory, g.busy_ns());
+        assert!(!is_communication_kernel("elementwise_kernel"));
     }
 
     #[test]

@@ -167,6 +167,8 @@ pub struct GpuReport {
     /// Mean NVML utilization.gpu over the window, as dashboards show it.
     pub nvml_util_pct: Option<f64>,
     pub busy_ns: u64,
+    /// busy_ns split by what ran, each instant once (compute first).
+    pub busy_by_kind_ns: BusyByKindReport,
     pub idle_ns: u64,
     /// First GPU activity start to last GPU activity end.
     pub span_ns: u64,
@@ -183,6 +185,16 @@ pub struct GpuReport {
     pub pids: Vec<u32>,
     /// Integrity of the merged clock (see [`ClockCheck`]).
     pub clock_check: ClockCheck,
+}
+
+/// Busy time by what ran: compute kernels; communication kernels (NCCL)
+/// no compute overlapped, waiting on other ranks included; copies and
+/// memsets that neither overlapped. They sum to busy_ns exactly.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct BusyByKindReport {
+    pub compute: u64,
+    pub communication: u64,
+    pub memory: u64,
 }
 
 /// Does the GPU timeline sit on the CPU clock? A kernel must start after the
@@ -255,6 +267,11 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                 allocated_ns: allocated,
                 nvml_util_pct: util,
                 busy_ns: busy,
+                busy_by_kind_ns: BusyByKindReport {
+                    compute: g.busy_by_kind.compute,
+                    communication: g.busy_by_kind.communication,
+                    memory: g.busy_by_kind.memory,
+                },
                 idle_ns: idle,
                 span_ns: g.span_ns(),
                 gaps: Gaps {

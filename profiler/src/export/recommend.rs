@@ -21,6 +21,8 @@ const MIN_SHARE: f64 = 0.03;
 /// Below this much removable idle, the GPUs are doing useful work.
 const BUSY_ENOUGH: f64 = 0.10;
 const TOP: usize = 3;
+/// The one recommendation about busy time rather than idle time.
+const COMMUNICATION: &str = "communication";
 
 pub struct Advice {
     pub recommendations: Vec<Recommendation>,
@@ -78,6 +80,15 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
             est_speedup: (est_speedup * 100.0).round() / 100.0,
         });
     }
+    // Busy time that was only communication: not idle, but no work either.
+    let exposed: u64 = gpus
+        .iter()
+        .map(|g| g.busy_by_kind_ns.communication)
+        .sum::<u64>()
+        / n_gpus;
+    if exposed as f64 >= MIN_SHARE * wall as f64 {
+        recs.push(communication_advice(session, exposed, wall));
+    }
     recs.sort_by(|a, b| b.est_speedup.total_cmp(&a.est_speedup));
 
     let removable: u64 = idle
@@ -87,7 +98,8 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         .sum::<u64>()
         / n_gpus;
     let busy: u64 = gpus.iter().map(|g| g.busy_ns).sum::<u64>() / n_gpus;
-    let verdict = match recs.first() {
+    let top_idle = recs.iter().find(|r| r.cause != COMMUNICATION);
+    let verdict = match top_idle {
         Some(top) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: up to {:.2}x faster).",
             top.cause,
@@ -99,6 +111,11 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
             top.cause,
             top.est_speedup
         ),
+        _ if exposed as f64 >= BUSY_ENOUGH * wall as f64 => format!(
+            "More GPUs would add to the problem: the GPUs were busy {} of the time they were held, but {} of it ran only collectives with no compute beside them; hide communication behind compute, or find the slow rank, before scaling out.",
+            units::percent(busy, wall),
+            units::duration(exposed)
+        ),
         // Nothing removable, or spread over causes too small to name.
         _ => format!(
             "The GPUs are doing useful work (busy {} of the time they were held; {} idle that a fix could remove): scale out.",
@@ -109,6 +126,43 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
     Advice {
         recommendations: recs,
         verdict: Some(verdict),
+    }
+}
+
+/// Collectives the GPUs waited in with nothing else running: the overlap of
+/// communication with compute is what to fix, or the slowest rank.
+fn communication_advice(session: &Session, exposed: u64, wall: u64) -> Recommendation {
+    let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (_, r) in &session.gpu {
+        if let GpuRecord::Kernel {
+            name, start, end, ..
+        } = r
+        {
+            if crate::analyze::gpu::is_communication_kernel(name) {
+                let e = by_name.entry(name).or_default();
+                e.0 += 1;
+                e.1 += end.saturating_sub(*start);
+            }
+        }
+    }
+    let mut top: Vec<(&str, (u64, u64))> = by_name.into_iter().collect();
+    top.sort_by_key(|(name, (_, ns))| (std::cmp::Reverse(*ns), *name));
+    let mut evidence = vec![format!(
+        "{} of GPU time ran only communication kernels ({} of the {} each GPU was held), waiting on other ranks included",
+        units::duration(exposed),
+        units::percent(exposed, wall),
+        units::duration(wall)
+    )];
+    for (name, (count, ns)) in top.into_iter().take(TOP) {
+        let short: String = name.chars().take(80).collect();
+        evidence.push(format!("{short} ×{count} ({})", units::duration(ns)));
+    }
+    let est_speedup = wall as f64 / (wall - exposed.min(wall - 1)) as f64;
+    Recommendation {
+        cause: COMMUNICATION.into(),
+        title: "Communication not hidden behind compute: the GPU ran only collectives (NCCL), which includes waiting for the slowest rank. Overlap them with compute (DDP: bucket_cap_mb, gradient_as_bucket_view; FSDP: forward and backward prefetch), and compare ranks for a straggler (`gapscope report` over every rank's trace lines them up).".into(),
+        evidence,
+        est_speedup: (est_speedup * 100.0).round() / 100.0,
     }
 }
 

@@ -318,6 +318,24 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
             gap(&g.gaps.gt_100us),
             gap(&g.gaps.gt_1ms)
         )];
+        let k = &g.busy_by_kind_ns;
+        // Said only when something other than compute kept the GPU busy.
+        if k.communication + k.memory > 0 {
+            let mut parts = vec![format!("compute {}", units::duration(k.compute))];
+            if k.communication > 0 {
+                parts.push(format!(
+                    "communication alone {} (NCCL, waits on other ranks included)",
+                    units::duration(k.communication)
+                ));
+            }
+            if k.memory > 0 {
+                parts.push(format!(
+                    "copies/memsets alone {}",
+                    units::duration(k.memory)
+                ));
+            }
+            lines.push(format!("busy: {}", parts.join(" · ")));
+        }
         let causes: Vec<String> = g
             .idle_by_cause_ns
             .entries()
