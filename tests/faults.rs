@@ -312,3 +312,58 @@ fn a_reused_pid_is_two_processes_not_one() {
         .iter()
         .all(|p| p["exit_code"] == 0 && p["threads"] == 1));
 }
+
+#[test]
+fn gpu_records_the_shim_drops_mark_their_span_instead_of_reading_as_idle() {
+    // The simulated device drops one step's records the way the shim's
+    // transport does when its queue is full, and says which span they
+    // covered. Without that, the step would read as GPU idle with a cause.
+    if !bpf_ready("gpu_records_the_shim_drops_mark_their_span_instead_of_reading_as_idle") {
+        return;
+    }
+    let data = simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("gpu-lost");
+    let truth_path = dir.path().join("truth.json");
+    let run = run(
+        &dir.path().join("rec"),
+        &["-q", "--no-exports"],
+        &[
+            bin("simtrain").to_str().unwrap(),
+            "--bottleneck",
+            "sync",
+            "--steps",
+            "12",
+            "--lose-gpu-step",
+            "5",
+            "--data",
+            data.to_str().unwrap(),
+            "--ground-truth",
+            truth_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    let lost = &truth["lost_gpu"];
+    let (start, end) = (u64_of(lost, "start"), u64_of(lost, "end"));
+    assert!(end - start > 5_000_000, "a step is several ms: {lost}");
+    let report = run.report();
+    let drops = &report["drops"];
+    assert_eq!(drops["gpu_records"], lost["records"], "{drops}");
+    let windows = drops["lossy_windows_ns"].as_array().unwrap();
+    assert!(
+        windows
+            .iter()
+            .any(|w| u64_of(w, "start") <= start && end <= u64_of(w, "end")),
+        "no lossy window covers {lost}: {drops}"
+    );
+    // Every step syncs, so no delivered kernel runs inside the lost step:
+    // all of its span reads as idle, and all of that is unattributed.
+    let g = &report["gpus"][0];
+    assert!(
+        u64_of(&g["idle_by_cause_ns"], "unattributed") >= end - start,
+        "{g}"
+    );
+    assert!(u64_of(g, "busy_ns") < u64_of(&truth, "busy_ns"));
+}

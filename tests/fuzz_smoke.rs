@@ -81,6 +81,7 @@ fn the_seeds_are_real_inputs() {
     assert_eq!(s.events.len(), 3);
     assert_eq!(s.gpu.len(), 2);
     assert!(s.truncated.is_none());
+    assert_eq!(s.gpu_lost.len(), 1);
     let trace = dir.path().join("t.json");
     std::fs::write(&trace, &fuzzing::seeds("kineto_trace")[0]).unwrap();
     let s = gapscope::kineto::import(&trace).unwrap();
@@ -97,7 +98,7 @@ fn the_seeds_are_real_inputs() {
     while d.next_frame().unwrap().is_some() {
         frames += 1;
     }
-    assert_eq!(frames, 4);
+    assert_eq!(frames, 5);
 }
 
 #[test]

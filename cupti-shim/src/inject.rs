@@ -187,7 +187,7 @@ fn send(frame: &Frame, records: u64) {
     let mut bytes = Vec::new();
     protocol::encode(frame, &mut bytes);
     if let Some(link) = s.link.lock().ok().as_ref().and_then(|l| l.as_ref()) {
-        link.send(bytes, records);
+        link.send(bytes, records, None);
     }
 }
 
@@ -211,7 +211,7 @@ fn attach_profiler(link: Transport) {
     for note in s.notes.lock().map(|n| n.clone()).unwrap_or_default() {
         protocol::encode(&Frame::Info(note), &mut bytes);
     }
-    link.send(bytes, 0);
+    link.send(bytes, 0, None);
     if let Ok(mut l) = s.link.lock() {
         *l = Some(link);
     }
@@ -416,8 +416,8 @@ extern "C" fn buffer_completed(
                     cur: std::ptr::null_mut(),
                 };
                 let offset = s.clock_offset.load(Ordering::Relaxed);
-                let skipped = encode_records(records, offset, s.pid, &mut |frame, n| {
-                    send_raw(s, frame, n)
+                let skipped = encode_records(records, offset, s.pid, &mut |frame, n, span| {
+                    send_raw(s, frame, n, span)
                 });
                 s.skipped.fetch_add(skipped, Ordering::Relaxed);
                 let mut dropped = 0usize;
@@ -435,9 +435,9 @@ extern "C" fn buffer_completed(
     }));
 }
 
-fn send_raw(s: &Shim, frame: Vec<u8>, records: u64) {
+fn send_raw(s: &Shim, frame: Vec<u8>, records: u64, span: Option<(u64, u64)>) {
     if let Some(link) = s.link.lock().ok().as_ref().and_then(|l| l.as_ref()) {
-        link.send(frame, records);
+        link.send(frame, records, span);
     }
 }
 
@@ -468,7 +468,7 @@ pub fn encode_records(
     records: impl Iterator<Item = *const u8>,
     clock_offset: i64,
     pid: u32,
-    emit: &mut dyn FnMut(Vec<u8>, u64),
+    emit: &mut dyn FnMut(Vec<u8>, u64, Option<(u64, u64)>),
 ) -> u64 {
     let mut skipped = 0;
     let mut out = Vec::with_capacity(FRAME_TARGET + 4096);
@@ -480,16 +480,16 @@ pub fn encode_records(
             Decoded::Skipped(_) => skipped += 1,
         }
         if frame.len(&out) >= FRAME_TARGET {
-            let n = frame.count() as u64;
+            let (n, span) = (frame.count() as u64, frame.span());
             frame.finish(&mut out);
-            emit(std::mem::take(&mut out), n);
+            emit(std::mem::take(&mut out), n, span);
             frame = RecordsFrame::begin(&mut out);
         }
     }
     if !frame.is_empty() {
-        let n = frame.count() as u64;
+        let (n, span) = (frame.count() as u64, frame.span());
         frame.finish(&mut out);
-        emit(out, n);
+        emit(out, n, span);
     }
     skipped
 }
@@ -519,12 +519,15 @@ mod tests {
         buf.push(&ov);
 
         let mut frames = Vec::new();
-        let skipped = encode_records(buf.records().into_iter(), 0, 1, &mut |f, n| {
-            frames.push((f, n))
+        let skipped = encode_records(buf.records().into_iter(), 0, 1, &mut |f, n, span| {
+            frames.push((f, n, span))
         });
         assert_eq!(skipped, 1);
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].1, 11);
+        // What the frame covers, should it be dropped: first kernel start
+        // to the copy's end.
+        assert_eq!(frames[0].2, Some((0, 6_000)));
         let mut d = Decoder::new();
         d.push(&frames[0].0);
         let Some(Frame::Records(recs)) = d.next_frame().unwrap() else {

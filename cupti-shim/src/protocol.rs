@@ -6,6 +6,8 @@
 //! Hello   = magic "GSCU"  version:u16  pid:u32  driver:u32  cupti:u32  clock:u8  shim:str
 //! Records = count:u32  record*            record = tag:u8  fields (see `put_record`)
 //! Dropped = cupti:u64  shim:u64          (cumulative counts)
+//! Lost    = start:u64  end:u64  records:u64  (records the shim dropped, and
+//!                                            the time they covered)
 //! Info    = str                           (a line for the session's notes)
 //! Goodbye = (empty)                       (the process is flushing and leaving)
 //! str     = len:u32  utf8[len]
@@ -70,7 +72,17 @@ pub struct Hello {
 pub enum Frame {
     Hello(Hello),
     Records(Vec<GpuRecord>),
-    Dropped { cupti: u64, shim: u64 },
+    Dropped {
+        cupti: u64,
+        shim: u64,
+    },
+    /// `records` records covering `[start, end]` (CLOCK_MONOTONIC ns) that
+    /// the shim had to drop: the profiler's view of that span is partial.
+    Lost {
+        start: u64,
+        end: u64,
+        records: u64,
+    },
     Info(String),
     Goodbye,
 }
@@ -80,6 +92,7 @@ const T_RECORDS: u8 = 2;
 const T_DROPPED: u8 = 3;
 const T_INFO: u8 = 4;
 const T_GOODBYE: u8 = 5;
+const T_LOST: u8 = 6;
 
 const R_KERNEL: u8 = 1;
 const R_MEMCPY: u8 = 2;
@@ -317,6 +330,17 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             put_u64(out, *shim);
             end(out, at);
         }
+        Frame::Lost {
+            start,
+            end: stop,
+            records,
+        } => {
+            let at = begin(out, T_LOST);
+            put_u64(out, *start);
+            put_u64(out, *stop);
+            put_u64(out, *records);
+            end(out, at);
+        }
         Frame::Info(s) => {
             let at = begin(out, T_INFO);
             put_str(out, s);
@@ -334,18 +358,35 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
 pub struct RecordsFrame {
     at: usize,
     count: u32,
+    span: Option<(u64, u64)>,
 }
 
 impl RecordsFrame {
     pub fn begin(out: &mut Vec<u8>) -> RecordsFrame {
         let at = begin(out, T_RECORDS);
         put_u32(out, 0);
-        RecordsFrame { at, count: 0 }
+        RecordsFrame {
+            at,
+            count: 0,
+            span: None,
+        }
     }
 
     pub fn push(&mut self, out: &mut Vec<u8>, r: &GpuRecord) {
         put_record(out, r);
         self.count += 1;
+        if let Some((s, e)) = r.span() {
+            self.span = Some(match self.span {
+                Some((a, b)) => (a.min(s), b.max(e)),
+                None => (s, e),
+            });
+        }
+    }
+
+    /// The time the records so far cover, for accounting a frame that is
+    /// dropped.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        self.span
     }
 
     pub fn count(&self) -> u32 {
@@ -527,6 +568,11 @@ pub fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame, ProtocolError> {
         T_DROPPED => Frame::Dropped {
             cupti: r.u64()?,
             shim: r.u64()?,
+        },
+        T_LOST => Frame::Lost {
+            start: r.u64()?,
+            end: r.u64()?,
+            records: r.u64()?,
         },
         T_INFO => Frame::Info(r.str()?),
         T_GOODBYE => Frame::Goodbye,
@@ -733,6 +779,7 @@ mod tests {
                 hello(),
                 Frame::Records(records),
                 Frame::Dropped { cupti, shim },
+                Frame::Lost { start: shim, end: cupti, records: cupti ^ shim },
                 Frame::Info(info),
                 Frame::Goodbye,
             ];

@@ -166,4 +166,18 @@ impl GpuRecord {
             GpuRecord::Device { .. } => 0,
         }
     }
+
+    /// The time the record covers, `(start, end)`; None for a device
+    /// description, which happens at no time.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        match self {
+            GpuRecord::Kernel { start, end, .. }
+            | GpuRecord::Memcpy { start, end, .. }
+            | GpuRecord::Memset { start, end, .. }
+            | GpuRecord::Sync { start, end, .. }
+            | GpuRecord::Api { start, end, .. } => Some((*start, *end)),
+            GpuRecord::Marker { ts, .. } => Some((*ts, *ts)),
+            GpuRecord::Device { .. } => None,
+        }
+    }
 }

@@ -1,14 +1,18 @@
 //! The shim's side of the socket: a bounded queue of encoded frames and one
 //! writer thread. Application threads and CUPTI's callbacks only ever
 //! `try_send`: when the profiler is slow or gone, frames are dropped and
-//! counted, never waited for.
+//! counted, never waited for. What a dropped frame covered is remembered,
+//! and the writer tells the profiler before the next frame it delivers, so
+//! that the analysis knows which span of time its GPU view is missing.
 
 use std::io::Write;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::protocol::{encode, Frame};
 use std::time::{Duration, Instant};
 
 /// Frames queued at most; beyond this the shim drops (and counts).
@@ -60,10 +64,49 @@ pub fn peer_uid(s: &UnixStream) -> Option<u32> {
     (rc == 0).then_some(cred.uid)
 }
 
+/// Records dropped since the profiler was last told, and the time they
+/// covered.
+#[derive(Default)]
+struct Loss {
+    records: u64,
+    span: Option<(u64, u64)>,
+}
+
+impl Loss {
+    fn add(&mut self, records: u64, span: Option<(u64, u64)>) {
+        self.records += records;
+        if let Some((s, e)) = span {
+            self.span = Some(match self.span {
+                Some((a, b)) => (a.min(s), b.max(e)),
+                None => (s, e),
+            });
+        }
+    }
+
+    /// The Lost frame to send, if there is something to say.
+    fn take_frame(&mut self) -> Option<Vec<u8>> {
+        let (start, end) = self.span?;
+        let frame = Frame::Lost {
+            start,
+            end,
+            records: self.records,
+        };
+        *self = Loss::default();
+        let mut out = Vec::new();
+        encode(&frame, &mut out);
+        Some(out)
+    }
+}
+
+/// What is queued: an encoded frame, how many records it holds, and the
+/// time they cover.
+type Queued = (Vec<u8>, u64, Option<(u64, u64)>);
+
 pub struct Transport {
-    tx: Option<SyncSender<(Vec<u8>, u64)>>,
+    tx: Option<SyncSender<Queued>>,
     connected: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
+    loss: Arc<Mutex<Loss>>,
     done: Receiver<()>,
 }
 
@@ -72,23 +115,34 @@ impl Transport {
         // A profiler that stops reading must not hold the writer forever; a
         // timed-out write leaves a torn frame, so the link is dropped then.
         let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-        let (tx, rx) = sync_channel::<(Vec<u8>, u64)>(QUEUE_FRAMES);
+        let (tx, rx) = sync_channel::<Queued>(QUEUE_FRAMES);
         let (done_tx, done) = sync_channel(1);
         let connected = Arc::new(AtomicBool::new(true));
         let dropped = Arc::new(AtomicU64::new(0));
-        let (c, d) = (connected.clone(), dropped.clone());
+        let loss = Arc::new(Mutex::new(Loss::default()));
+        let (c, d, l) = (connected.clone(), dropped.clone(), loss.clone());
         let spawned = std::thread::Builder::new()
             .name("gapscope-cupti".into())
             .spawn(move || {
-                for (frame, records) in rx {
+                let report_loss = |stream: &mut UnixStream| {
+                    let pending = l.lock().ok().and_then(|mut l| l.take_frame());
+                    match pending {
+                        Some(frame) => stream.write_all(&frame).is_ok(),
+                        None => true,
+                    }
+                };
+                for (frame, records, _) in rx {
                     if !c.load(Ordering::Relaxed) {
                         d.fetch_add(records, Ordering::Relaxed);
                         continue;
                     }
-                    if stream.write_all(&frame).is_err() {
+                    if !report_loss(&mut stream) || stream.write_all(&frame).is_err() {
                         c.store(false, Ordering::Relaxed);
                         d.fetch_add(records, Ordering::Relaxed);
                     }
+                }
+                if c.load(Ordering::Relaxed) {
+                    report_loss(&mut stream);
                 }
                 let _ = stream.flush();
                 let _ = done_tx.send(());
@@ -100,6 +154,7 @@ impl Transport {
             tx: Some(tx),
             connected,
             dropped,
+            loss,
             done,
         }
     }
@@ -113,17 +168,23 @@ impl Transport {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Queues a frame holding `records` records; never blocks.
-    pub fn send(&self, frame: Vec<u8>, records: u64) -> bool {
+    /// Queues a frame holding `records` records covering `span`; never
+    /// blocks.
+    pub fn send(&self, frame: Vec<u8>, records: u64, span: Option<(u64, u64)>) -> bool {
         let Some(tx) = &self.tx else { return false };
         if !self.is_connected() {
             self.dropped.fetch_add(records, Ordering::Relaxed);
             return false;
         }
-        match tx.try_send((frame, records)) {
+        match tx.try_send((frame, records, span)) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.dropped.fetch_add(records, Ordering::Relaxed);
+                if records > 0 {
+                    if let Ok(mut l) = self.loss.lock() {
+                        l.add(records, span);
+                    }
+                }
                 false
             }
         }
@@ -149,7 +210,7 @@ mod tests {
     fn frames_reach_the_peer_and_a_dead_peer_costs_nothing() {
         let (a, mut b) = UnixStream::pair().unwrap();
         let t = Transport::start(a);
-        assert!(t.send(b"hello".to_vec(), 1));
+        assert!(t.send(b"hello".to_vec(), 1, None));
         let mut buf = [0u8; 5];
         b.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"hello");
@@ -157,7 +218,7 @@ mod tests {
         // Writes now fail; sends return quickly and are counted as dropped.
         let start = Instant::now();
         for _ in 0..1000 {
-            t.send(vec![0u8; 1024], 10);
+            t.send(vec![0u8; 1024], 10, None);
         }
         assert!(start.elapsed() < Duration::from_secs(1));
         std::thread::sleep(Duration::from_millis(50));
@@ -173,7 +234,7 @@ mod tests {
         let start = Instant::now();
         let mut refused = 0;
         for _ in 0..10_000 {
-            if !t.send(vec![0u8; 64 << 10], 1) {
+            if !t.send(vec![0u8; 64 << 10], 1, None) {
                 refused += 1;
             }
         }
@@ -185,5 +246,65 @@ mod tests {
         assert!(refused > 0);
         assert_eq!(t.dropped(), refused);
         t.close(Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_profiler_learns_which_span_of_time_dropped_frames_covered() {
+        // Frame i stands for 3 records covering [1000 i, 1000 i + 500]. The
+        // peer reads nothing until the queue has overflowed, then all.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let t = Transport::start(a);
+        let n = 400u64;
+        let mut refused = Vec::new();
+        for i in 0..n {
+            let mut frame = Vec::new();
+            encode(
+                &Frame::Info(format!("{i:06}{}", "x".repeat(60_000))),
+                &mut frame,
+            );
+            if !t.send(frame, 3, Some((i * 1000, i * 1000 + 500))) {
+                refused.push(i);
+            }
+        }
+        assert!(!refused.is_empty(), "the queue never overflowed");
+        let dropped = t.dropped();
+        let reader = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            b.read_to_end(&mut bytes).unwrap();
+            bytes
+        });
+        t.close(Duration::from_secs(10));
+        let mut d = crate::protocol::Decoder::new();
+        d.push(&reader.join().unwrap());
+        let (mut delivered, mut lost) = (Vec::new(), Vec::new());
+        while let Some(f) = d.next_frame().unwrap() {
+            match f {
+                Frame::Info(s) => delivered.push(s[..6].parse::<u64>().unwrap()),
+                Frame::Lost {
+                    start,
+                    end,
+                    records,
+                } => lost.push((start, end, records)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let missing: Vec<u64> = (0..n).filter(|i| !delivered.contains(i)).collect();
+        assert_eq!(missing, refused);
+        assert_eq!(lost.iter().map(|l| l.2).sum::<u64>(), dropped);
+        assert_eq!(dropped, 3 * refused.len() as u64);
+        for i in &missing {
+            assert!(
+                lost.iter()
+                    .any(|&(s, e, _)| s <= i * 1000 && i * 1000 + 500 <= e),
+                "frame {i} was dropped and no Lost frame covers it: {lost:?}"
+            );
+        }
+        // Nothing delivered is claimed lost.
+        for i in &delivered {
+            assert!(
+                !lost.iter().any(|&(s, e, _)| s <= i * 1000 && i * 1000 <= e),
+                "frame {i} arrived but is inside {lost:?}"
+            );
+        }
     }
 }

@@ -33,11 +33,14 @@ const USAGE: &str = "\
 simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
 
 usage: simtrain --bottleneck KIND [--workers N] [--steps N] [--seed N]
-                [--data DIR] --ground-truth PATH
+                [--data DIR] [--lose-gpu-step N] --ground-truth PATH
        simtrain --prepare [--data DIR]
 
 KIND: none, input-io, input-cpu, input-network, host-cpu, launch, sync, memory, mixed
       (mixed = input-io and sync)
+
+--lose-gpu-step N: the device drops step N's records and reports the span they
+covered, as the CUPTI shim does when gapscope cannot keep up.
 
 Run it under `gapscope run` to see the diagnosis; the simulated device speaks to
 gapscope through GAPSCOPE_SOCKET.";
@@ -157,6 +160,9 @@ struct SimDevice {
     pending: Vec<GpuRecord>,
     /// Every span of device activity, for the ground truth.
     busy: Vec<(u64, u64)>,
+    /// Records dropped on purpose (`--lose-gpu-step`), and the span they
+    /// covered.
+    lost: Option<(u64, u64, u64)>,
 }
 
 impl SimDevice {
@@ -175,6 +181,7 @@ impl SimDevice {
             correlation: 0,
             pending: Vec::new(),
             busy: Vec::new(),
+            lost: None,
         };
         let mut bytes = Vec::new();
         encode(
@@ -214,6 +221,31 @@ impl SimDevice {
         let mut bytes = Vec::new();
         encode(
             &Frame::Records(std::mem::take(&mut self.pending)),
+            &mut bytes,
+        );
+        self.send(&bytes);
+    }
+
+    /// Drops the pending records the way the shim's transport does when
+    /// its queue is full: they never reach gapscope, the span they covered
+    /// does.
+    fn lose_pending(&mut self) {
+        let records = std::mem::take(&mut self.pending);
+        let Some((start, end)) = records
+            .iter()
+            .filter_map(GpuRecord::span)
+            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+        else {
+            return;
+        };
+        self.lost = Some((start, end, records.len() as u64));
+        let mut bytes = Vec::new();
+        encode(
+            &Frame::Lost {
+                start,
+                end,
+                records: records.len() as u64,
+            },
             &mut bytes,
         );
         self.send(&bytes);
@@ -313,6 +345,14 @@ impl SimDevice {
     fn goodbye(&mut self) {
         self.flush();
         let mut bytes = Vec::new();
+        // The shim's cumulative loss counts, as it sends them when leaving.
+        encode(
+            &Frame::Dropped {
+                cupti: 0,
+                shim: self.lost.map_or(0, |l| l.2),
+            },
+            &mut bytes,
+        );
         encode(&Frame::Goodbye, &mut bytes);
         self.send(&bytes);
     }
@@ -515,6 +555,7 @@ struct Opts {
     seed: u64,
     data: PathBuf,
     truth: PathBuf,
+    lose_gpu_step: Option<u64>,
 }
 
 fn parse() -> Option<Opts> {
@@ -550,6 +591,7 @@ fn parse() -> Option<Opts> {
         workers: num("--workers", 2).max(1),
         steps: num("--steps", 60).max(1),
         seed: num("--seed", 1),
+        lose_gpu_step: get("--lose-gpu-step").map(|_| num("--lose-gpu-step", 0)),
         data,
         truth: PathBuf::from(
             get("--ground-truth")
@@ -659,7 +701,11 @@ fn main() {
             }
             _ => {}
         }
-        dev.flush();
+        if o.lose_gpu_step == Some(step) {
+            dev.lose_pending();
+        } else {
+            dev.flush();
+        }
     }
     // Wait for the device, like a final cudaDeviceSynchronize.
     sleep_until(dev.free_at);
@@ -699,8 +745,12 @@ fn main() {
         .iter()
         .map(|(k, v)| format!("\"{k}\": {v}"))
         .collect();
+    let lost = match dev.lost {
+        Some((s, e, n)) => format!("{{\"start\": {s}, \"end\": {e}, \"records\": {n}}}"),
+        None => "null".into(),
+    };
     let json = format!(
-        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}}}\n",
+        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"lost_gpu\": {lost}}}\n",
         b,
         t_end - t_start,
         causes.join(", ")

@@ -205,6 +205,12 @@ fn seed_records() -> Vec<u8> {
             }),
             in_: None,
         }),
+        Record::GpuLost(crate::session::GpuLost {
+            pid: 10,
+            start: t + 650,
+            end: t + 700,
+            records: 2,
+        }),
         Record::End(Footer {
             end_ns: t + 1_000,
             reason: StopReason::TargetExited,
@@ -246,6 +252,14 @@ fn seed_frames() -> Vec<u8> {
             block: [1; 3],
             name: "k".into(),
         }]),
+        &mut out,
+    );
+    encode(
+        &Frame::Lost {
+            start: 2,
+            end: 5,
+            records: 3,
+        },
         &mut out,
     );
     encode(&Frame::Info("seed".into()), &mut out);

@@ -1,17 +1,31 @@
 //! Where the recording lost events. The kernel's drop counters are read
 //! about once a second; a window between two readings in which they grew
-//! lost events somewhere inside it. Conclusions drawn from inside such a
+//! lost events somewhere inside it. A shim that drops GPU records says
+//! which span of time they covered. Conclusions drawn from inside such a
 //! window are uncertain: thread states may miss a switch, idle may miss its
-//! feeder's activity. The report lists the windows and charges the GPU idle
-//! inside them to `unattributed` rather than to a cause it cannot prove.
+//! feeder's activity or be a kernel that was never reported. The report
+//! lists the windows and charges the GPU idle inside them to `unattributed`
+//! rather than to a cause it cannot prove.
 
 use crate::session::Session;
 
 use super::attribute::{Attribution, Cause, Piece};
 
-/// Windows `[start, end)` (CLOCK_MONOTONIC ns) in which CPU events were
-/// dropped, merged and sorted.
+/// Windows `[start, end)` (CLOCK_MONOTONIC ns) in which CPU events or GPU
+/// records were dropped, merged and sorted.
 pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
+    let mut windows = cpu_windows(session);
+    windows.extend(
+        session
+            .gpu_lost
+            .iter()
+            // A span of one instant (a lone marker) still lost something.
+            .map(|l| (l.start, l.end.max(l.start.saturating_add(1)))),
+    );
+    super::intervals::union(windows)
+}
+
+fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut prev = (session.header.as_ref().map_or(0, |h| h.start_ns), 0u64);
     for d in &session.drop_readings {
@@ -100,6 +114,25 @@ mod tests {
         assert_eq!(lossy_windows(&s), vec![(1_000, 3_000), (4_000, 5_000)]);
         s.drop_readings.truncate(1);
         assert!(lossy_windows(&s).is_empty());
+    }
+
+    #[test]
+    fn spans_of_dropped_gpu_records_join_the_cpu_windows() {
+        let lost = |start, end| crate::session::GpuLost {
+            pid: 7,
+            start,
+            end,
+            records: 3,
+        };
+        let s = Session {
+            drop_readings: vec![reading(1_000, 0), reading(2_000, 5)],
+            gpu_lost: vec![lost(1_500, 2_500), lost(4_000, 4_200), lost(9_000, 9_000)],
+            ..Session::default()
+        };
+        assert_eq!(
+            lossy_windows(&s),
+            vec![(1_000, 2_500), (4_000, 4_200), (9_000, 9_001)]
+        );
     }
 
     #[test]

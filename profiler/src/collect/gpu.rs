@@ -115,6 +115,16 @@ async fn serve(
                         }),
                         Frame::Records(records) => Record::Gpu(GpuBatch { pid, records }),
                         Frame::Dropped { cupti, shim } => Record::GpuDrops { pid, cupti, shim },
+                        Frame::Lost {
+                            start,
+                            end,
+                            records,
+                        } => Record::GpuLost(crate::session::GpuLost {
+                            pid,
+                            start,
+                            end,
+                            records,
+                        }),
                         Frame::Info(s) => Record::Note(format!("pid {pid}: {s}")),
                         Frame::Goodbye => continue,
                     };

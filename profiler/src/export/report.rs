@@ -55,7 +55,8 @@ pub struct DropsInfo {
     /// Context switches the kernel never reported, inferred from what the
     /// threads did (not losses, but places where a boundary is estimated).
     pub inferred_switches: u64,
-    /// Where CPU events were lost (between two readings of the counters):
+    /// Where CPU events were lost (between two readings of the counters)
+    /// or GPU records were (the span a shim's dropped records covered):
     /// GPU idle inside these windows is charged to `unattributed`.
     pub lossy_windows_ns: Vec<Window>,
 }
@@ -388,8 +389,8 @@ pub fn build_with(
         let lost: u64 = lossy.iter().map(|(s, e)| e - s).sum();
         notes.push(format!(
             "events were lost in {} window(s), {} of the recording ({} to {} after the start): \
-             thread states there may miss switches, and GPU idle inside them is counted as \
-             unattributed rather than guessed",
+             thread states or GPU activity there may be incomplete, and GPU idle inside them \
+             is counted as unattributed rather than guessed",
             lossy.len(),
             super::units::duration(lost),
             super::units::duration(lossy[0].0.saturating_sub(tl.start)),

@@ -39,6 +39,18 @@ pub enum Record {
     HostOp(HostOp),
     /// What recording cost gapscope's own process (written at the end).
     Cost(CollectorCost),
+    /// GPU records a process's shim had to drop, and the span they covered.
+    GpuLost(GpuLost),
+}
+
+/// `records` GPU records of process `pid` covering `[start, end]` never
+/// reached the session: what the GPU did in that span is partly unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuLost {
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub records: u64,
 }
 
 /// gapscope's own resource use: its process only (the target's CPU time,

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use gapscope_cupti::GpuRecord;
 
 use super::{
-    Drops, Event, FdPath, Footer, Frame, GpuSource, HostOp, NvmlDevice, NvmlSample, ProcMaps,
-    ProcessInfo, Record, SessionError, SessionHeader, Stack, ThreadSeed, CHUNK_HEADER_LEN,
-    FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
+    Drops, Event, FdPath, Footer, Frame, GpuLost, GpuSource, HostOp, NvmlDevice, NvmlSample,
+    ProcMaps, ProcessInfo, Record, SessionError, SessionHeader, Stack, ThreadSeed,
+    CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
 };
 
 /// Streams records out of a session file. A damaged or cut-off tail ends the
@@ -206,6 +206,8 @@ pub struct Session {
     pub gpu: Vec<(u32, GpuRecord)>,
     /// Last cumulative (cupti, shim) losses per process.
     pub gpu_drops: HashMap<u32, (u64, u64)>,
+    /// Spans whose GPU records were (partly) dropped by a shim.
+    pub gpu_lost: Vec<GpuLost>,
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
     pub host_ops: Vec<HostOp>,
@@ -270,6 +272,7 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             Record::NvmlDevice(d) => s.nvml_devices.push(d),
             Record::HostOp(o) => s.host_ops.push(o),
             Record::Cost(c) => s.collector = Some(c),
+            Record::GpuLost(l) => s.gpu_lost.push(l),
         }
     }
     if first {
@@ -354,6 +357,7 @@ pub(crate) fn sanitize(s: &mut Session) {
     });
     s.host_ops.retain(|o| span(o.start, o.end));
     s.nvml.retain(|n| ok(n.ts));
+    s.gpu_lost.retain(|l| span(l.start, l.end));
     s.drop_readings.retain(|d| ok(d.ts));
     let dropped = before - (s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len());
     if dropped > 0 {
