@@ -26,8 +26,13 @@ pub struct Diagnosis {
 
 /// `tl` must have been built with intervals.
 pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
-    let mut api: HashMap<Tid, Vec<ApiSpan>> = HashMap::new();
-    let mut issuer: HashMap<(u32, u32), Tid> = HashMap::new();
+    // Keyed lookups once per GPU record, millions of them: a fast hasher
+    // (still seeded at random, so a crafted file cannot make it quadratic).
+    let mut api: ahash::AHashMap<Tid, Vec<ApiSpan>> = ahash::AHashMap::new();
+    let mut issuer: ahash::AHashMap<(u32, u32), Tid> = ahash::AHashMap::new();
+    // A role per API id, decided once: the names repeat millions of times.
+    let mut roles: ahash::AHashMap<(gapscope_cupti::ApiDomain, u32), attribute::ApiRole> =
+        ahash::AHashMap::new();
     for (pid, r) in &session.gpu {
         if let GpuRecord::Api {
             domain,
@@ -39,7 +44,9 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
             ..
         } = r
         {
-            let role = api_role(&api_name(*domain, *cbid));
+            let role = *roles
+                .entry((*domain, *cbid))
+                .or_insert_with(|| api_role(&api_name(*domain, *cbid)));
             api.entry((*pid, *tid)).or_default().push(ApiSpan {
                 start: *start,
                 end: *end,
@@ -68,8 +75,9 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
     for spans in api.values_mut() {
         spans.sort_by_key(|s| s.start);
     }
+    let api: HashMap<Tid, Vec<ApiSpan>> = api.into_iter().collect();
 
-    let mut work: HashMap<u32, Vec<(u64, Option<Tid>)>> = HashMap::new();
+    let mut work: ahash::AHashMap<u32, Vec<(u64, Option<Tid>)>> = ahash::AHashMap::new();
     for (pid, r) in &session.gpu {
         let (device, start, correlation) = match r {
             GpuRecord::Kernel {

@@ -2,9 +2,9 @@
 //! side by side, idle split by cause, gaps, what ran; and CUDA API time per
 //! thread. Field names are the `gapscope.report/1` contract.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use gapscope_cupti::GpuRecord;
+use gapscope_cupti::{ApiDomain, GpuRecord};
 use serde::Serialize;
 
 use crate::analyze::attribute::Cause;
@@ -308,8 +308,12 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
         })
         .collect();
 
-    let mut api: BTreeMap<(u32, u32), BTreeMap<String, ApiCall>> = BTreeMap::new();
-    let mut syncs: BTreeMap<String, SyncReport> = BTreeMap::new();
+    // Counted by id first and named once per id: millions of calls share a
+    // handful of names.
+    // (pid, tid, domain, cbid) → (count, total, max).
+    type ById = HashMap<(u32, u32, ApiDomain, u32), (u64, u64, u64)>;
+    let mut by_id = ById::new();
+    let mut sync_by_type: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
     for (pid, r) in &session.gpu {
         match r {
             GpuRecord::Api {
@@ -320,21 +324,11 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                 tid,
                 ..
             } => {
-                let name = api_name(*domain, *cbid).into_owned();
                 let dur = e.saturating_sub(*s);
-                let c = api
-                    .entry((*pid, *tid))
-                    .or_default()
-                    .entry(name.clone())
-                    .or_insert(ApiCall {
-                        name,
-                        count: 0,
-                        total_ns: 0,
-                        max_ns: 0,
-                    });
-                c.count += 1;
-                c.total_ns += dur;
-                c.max_ns = c.max_ns.max(dur);
+                let c = by_id.entry((*pid, *tid, *domain, *cbid)).or_default();
+                c.0 += 1;
+                c.1 += dur;
+                c.2 = c.2.max(dur);
             }
             GpuRecord::Sync {
                 start: s,
@@ -342,17 +336,40 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                 sync_type,
                 ..
             } => {
-                let kind = gapscope_cupti::record::sync_type::name(*sync_type).to_string();
-                let sr = syncs.entry(kind.clone()).or_insert(SyncReport {
-                    kind,
-                    count: 0,
-                    total_ns: 0,
-                });
-                sr.count += 1;
-                sr.total_ns += e.saturating_sub(*s);
+                let c = sync_by_type.entry(*sync_type).or_default();
+                c.0 += 1;
+                c.1 += e.saturating_sub(*s);
             }
             _ => {}
         }
+    }
+    let mut api: BTreeMap<(u32, u32), BTreeMap<String, ApiCall>> = BTreeMap::new();
+    for ((pid, tid, domain, cbid), (count, total_ns, max_ns)) in by_id {
+        let name = api_name(domain, cbid).into_owned();
+        let c = api
+            .entry((pid, tid))
+            .or_default()
+            .entry(name.clone())
+            .or_insert(ApiCall {
+                name,
+                count: 0,
+                total_ns: 0,
+                max_ns: 0,
+            });
+        c.count += count;
+        c.total_ns += total_ns;
+        c.max_ns = c.max_ns.max(max_ns);
+    }
+    let mut syncs: BTreeMap<String, SyncReport> = BTreeMap::new();
+    for (sync_type, (count, total_ns)) in sync_by_type {
+        let kind = gapscope_cupti::record::sync_type::name(sync_type).to_string();
+        let sr = syncs.entry(kind.clone()).or_insert(SyncReport {
+            kind,
+            count: 0,
+            total_ns: 0,
+        });
+        sr.count += count;
+        sr.total_ns += total_ns;
     }
     // Calls seen by the libcuda uprobes (real thread ids).
     for e in &session.events {
