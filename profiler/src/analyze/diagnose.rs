@@ -18,7 +18,8 @@ pub struct GpuDiagnosis {
 
 pub struct Diagnosis {
     pub gpus: Vec<GpuDiagnosis>,
-    /// Where CPU events were lost: idle inside is charged to unattributed.
+    /// Where CPU events or GPU records were lost: idle inside is charged to
+    /// unattributed.
     pub lossy_windows: Vec<(u64, u64)>,
     /// Each thread's CUDA API calls, sorted.
     pub api: HashMap<Tid, Vec<ApiSpan>>,
