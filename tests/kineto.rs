@@ -297,3 +297,54 @@ fn busy_splits_into_compute_exposed_communication_and_copies_as_the_trace_says()
         assert_eq!(advised, expect_communication, "{name}");
     }
 }
+
+#[test]
+fn the_rank_the_others_wait_for_is_the_one_least_in_collectives() {
+    // Rank 3 of the A100 job as recorded, and a rank 4 made from it whose
+    // collectives take a tenth of the time: rank 4 arrived last at each one,
+    // the others waited. Rank 3 is the busier one (its waits count as
+    // busy), so "most busy" would name the wrong rank.
+    let Some(dir) = kineto_traces() else { return };
+    let out = Command::new("gzip")
+        .arg("-dc")
+        .arg(dir.join("a100_8rank_rank3.json.gz"))
+        .output()
+        .unwrap();
+    let mut trace: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ranks = scratch("ranks");
+    std::fs::write(ranks.path().join("rank3.json"), &out.stdout).unwrap();
+    trace["distributedInfo"]["rank"] = 4.into();
+    for e in trace["traceEvents"].as_array_mut().unwrap() {
+        let nccl = e["cat"] == "kernel"
+            && e["name"]
+                .as_str()
+                .is_some_and(|n| n.to_ascii_lowercase().contains("nccl"));
+        if nccl {
+            let dur = e["dur"].as_u64().unwrap();
+            e["dur"] = (dur / 10).into();
+        }
+    }
+    std::fs::write(
+        ranks.path().join("rank4.json"),
+        serde_json::to_vec(&trace).unwrap(),
+    )
+    .unwrap();
+    let r = report(&[ranks.path().to_str().unwrap(), "--format", "json"]);
+    let rows = r["cross_rank"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    let row = |rank: &str| {
+        rows.iter()
+            .find(|x| x["rank"].as_str().is_some_and(|r| r.starts_with(rank)))
+            .unwrap_or_else(|| panic!("no rank {rank}: {rows:?}"))
+    };
+    let (r3, r4) = (row("3"), row("4"));
+    assert!(u64_of(r3, "busy_ns") > u64_of(r4, "busy_ns"), "{rows:?}");
+    assert!(
+        u64_of(r3, "communication_ns") > 5 * u64_of(r4, "communication_ns"),
+        "{rows:?}"
+    );
+    assert_eq!(
+        (r3["slowest"].as_bool(), r4["slowest"].as_bool()),
+        (Some(false), Some(true))
+    );
+}

@@ -17,9 +17,13 @@ pub struct RankRow {
     pub span_ns: u64,
     pub busy_ns: u64,
     pub busy_pct: f64,
+    /// Busy running only collectives (NCCL), waiting for peers included.
+    pub communication_ns: u64,
     pub idle_by_cause_ns: BTreeMap<String, u64>,
     pub top_cause: Option<String>,
-    /// Most GPU work: the rank the others wait for at collectives.
+    /// The rank the others wait for at collectives: the one that spent
+    /// least time in them (it arrives last, whatever made it late), or,
+    /// without collectives, the one with most GPU work.
     pub slowest: bool,
 }
 
@@ -30,6 +34,11 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
         .map(|(l, r)| {
             let span = r.gpus.iter().map(|g| g.span_ns).max().unwrap_or(0);
             let busy = r.gpus.iter().map(|g| g.busy_ns).sum::<u64>();
+            let communication = r
+                .gpus
+                .iter()
+                .map(|g| g.busy_by_kind_ns.communication)
+                .sum::<u64>();
             let mut idle: BTreeMap<String, u64> = BTreeMap::new();
             for g in &r.gpus {
                 for (k, v) in g.idle_by_cause_ns.entries() {
@@ -57,18 +66,27 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
                 } else {
                     0.0
                 },
+                communication_ns: communication,
                 idle_by_cause_ns: idle,
                 top_cause: top,
                 slowest: false,
             }
         })
         .collect();
-    if let Some(i) = rows
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, r)| r.busy_ns)
-        .map(|(i, _)| i)
-    {
+    // Most busy is the wrong test where ranks meet in collectives: waiting
+    // in one is busy time, so the ranks that wait most look busiest.
+    let slowest = if rows.iter().all(|r| r.communication_ns > 0) {
+        rows.iter()
+            .enumerate()
+            .min_by_key(|(_, r)| r.communication_ns)
+            .map(|(i, _)| i)
+    } else {
+        rows.iter()
+            .enumerate()
+            .max_by_key(|(_, r)| r.busy_ns)
+            .map(|(i, _)| i)
+    };
+    if let Some(i) = slowest {
         rows[i].slowest = true;
     }
     rows
@@ -76,18 +94,28 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
 
 pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "\nAcross ranks")?;
-    for r in rows(loaded, reports) {
+    let rows = rows(loaded, reports);
+    let collectives = rows.iter().all(|r| r.communication_ns > 0);
+    for r in rows {
+        let comm = if collectives {
+            format!(
+                " · in collectives {:>9}",
+                units::duration(r.communication_ns)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "  {:<32} {:>10} span · busy {:>5.1}% · top idle cause {}{}",
+            "  {:<32} {:>10} span · busy {:>5.1}%{comm} · top idle cause {}{}",
             r.label,
             units::duration(r.span_ns),
             r.busy_pct,
             r.top_cause.as_deref().unwrap_or("-"),
-            if r.slowest {
-                "  ← slowest (most GPU work: the others wait for it)"
-            } else {
-                ""
+            match (r.slowest, collectives) {
+                (true, true) => "  ← the others wait for it (least time in collectives)",
+                (true, false) => "  ← slowest (most GPU work)",
+                _ => "",
             }
         )?;
     }
