@@ -295,6 +295,19 @@ fn busy_splits_into_compute_exposed_communication_and_copies_as_the_trace_says()
             .any(|rec| rec["cause"] == "communication");
         assert_eq!(m > 0, expect_communication, "{name}");
         assert_eq!(advised, expect_communication, "{name}");
+        // The HTML report's allocated-time bar draws the same split.
+        let html = String::from_utf8(gapscope_stdout(&[
+            "report",
+            path.to_str().unwrap(),
+            "--format",
+            "html",
+        ]))
+        .unwrap();
+        assert_eq!(
+            html.contains("<title>busy: communication alone: "),
+            expect_communication,
+            "{name}"
+        );
     }
 }
 

@@ -17,6 +17,9 @@ use crate::analyze::diagnose::Diagnosis;
 /// Columns of the busy/idle strip.
 const STRIP_BINS: usize = 400;
 const BUSY_COLOR: &str = "#2e9e44";
+/// Busy but not computing: lighter greens.
+const COMMUNICATION_COLOR: &str = "#8fd19e";
+const COPIES_COLOR: &str = "#5fb573";
 
 /// One colour per cause, stable across reports so people learn them.
 pub fn cause_color(cause: &str) -> &'static str {
@@ -137,15 +140,29 @@ fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Re
         r#"<svg class="bar" viewBox="0 0 1000 28" preserveAspectRatio="none" role="img" aria-label="allocated time: busy and idle by cause">"#
     )?;
     let mut x = 0.0;
-    let entries = std::iter::once(("busy", g.busy_ns))
+    // Busy split by what ran, when something other than compute kept the
+    // GPU busy (exposed collectives, copies alone).
+    let k = &g.busy_by_kind_ns;
+    let busy: Vec<(&str, u64)> = if k.communication + k.memory > 0 {
+        vec![
+            ("busy: compute", k.compute),
+            ("busy: communication alone", k.communication),
+            ("busy: copies alone", k.memory),
+        ]
+    } else {
+        vec![("busy", g.busy_ns)]
+    };
+    let entries = busy
+        .into_iter()
         .chain(g.idle_by_cause_ns.entries())
         .filter(|(_, ns)| *ns > 0);
     for (name, ns) in entries {
         let w = 1000.0 * ns as f64 / whole;
-        let color = if name == "busy" {
-            BUSY_COLOR
-        } else {
-            cause_color(name)
+        let color = match name {
+            "busy" | "busy: compute" => BUSY_COLOR,
+            "busy: communication alone" => COMMUNICATION_COLOR,
+            "busy: copies alone" => COPIES_COLOR,
+            _ => cause_color(name),
         };
         writeln!(
             out,
