@@ -165,14 +165,13 @@ impl Timeline {
 
     /// One event into the thread and process accounts.
     fn apply(&mut self, e: &Event, keep: bool) {
-        let tl = self;
         match e {
             Event::Switch { ts, out, in_, .. } => {
                 if let Some(o) = out {
-                    thread_mut(&mut tl.threads, o.pid, o.tid, *ts, keep).switch_out(*ts, o);
+                    thread_mut(&mut self.threads, o.pid, o.tid, *ts, keep).switch_out(*ts, o);
                 }
                 if let Some((pid, tid)) = in_ {
-                    thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).switch_in(*ts);
+                    thread_mut(&mut self.threads, *pid, *tid, *ts, keep).switch_in(*ts);
                 }
             }
             Event::Wakeup {
@@ -184,11 +183,11 @@ impl Timeline {
                 new_task,
             } => {
                 if !new_task {
-                    thread_mut(&mut tl.threads, *pid, *tid, *ts, keep)
+                    thread_mut(&mut self.threads, *pid, *tid, *ts, keep)
                         .wakeup(*ts, (*waker_pid, *waker_tid));
                 }
                 // Waking a thread is done on a CPU.
-                if let Some(w) = tl.threads.get_mut(&(*waker_pid, *waker_tid)) {
+                if let Some(w) = self.threads.get_mut(&(*waker_pid, *waker_tid)) {
                     w.evidence_of_running(*ts);
                 }
             }
@@ -202,7 +201,7 @@ impl Timeline {
                 ret,
                 ..
             } => {
-                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.evidence_of_running(*ts);
                 t.syscall(*ts, *nr, *dur, *fd_kind, *ret);
             }
@@ -214,12 +213,12 @@ impl Timeline {
                 kstack,
                 ..
             } => {
-                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.evidence_of_running(*ts);
                 t.sample(*ustack, *kstack);
             }
             Event::Fault { ts, pid, tid, .. } => {
-                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.evidence_of_running(*ts);
                 t.page_faults += 1;
             }
@@ -236,19 +235,19 @@ impl Timeline {
                 t.comm = comm.clone();
                 // A new task with the id of one seen before: the kernel
                 // reused it, the earlier one is over.
-                if let Some(mut old) = tl.threads.insert((*pid, *tid), t) {
+                if let Some(mut old) = self.threads.insert((*pid, *tid), t) {
                     old.finish(*ts);
-                    tl.retired.push(old);
+                    self.retired.push(old);
                 }
                 if !is_thread {
                     // An entry that has started is an earlier process
                     // with this pid; one filled from metadata only is
                     // this one's.
-                    if tl.processes.get(pid).is_some_and(|p| p.start.is_some()) {
-                        let old = tl.processes.remove(pid).expect("checked above");
-                        tl.retired_processes.push(old);
+                    if self.processes.get(pid).is_some_and(|p| p.start.is_some()) {
+                        let old = self.processes.remove(pid).expect("checked above");
+                        self.retired_processes.push(old);
                     }
-                    let p = tl.processes.entry(*pid).or_default();
+                    let p = self.processes.entry(*pid).or_default();
                     p.pid = *pid;
                     p.ppid = *parent_pid;
                     p.comm = comm.clone();
@@ -262,11 +261,11 @@ impl Timeline {
                 filename,
                 ..
             } => {
-                let p = tl.processes.entry(*pid).or_default();
+                let p = self.processes.entry(*pid).or_default();
                 p.pid = *pid;
                 p.comm = comm.clone();
                 p.execs.push(filename.clone());
-                if let Some(t) = tl.threads.get_mut(&(*pid, *tid)) {
+                if let Some(t) = self.threads.get_mut(&(*pid, *tid)) {
                     t.comm = comm.clone();
                 }
             }
@@ -278,21 +277,21 @@ impl Timeline {
                 group_dead,
                 comm,
             } => {
-                let t = thread_mut(&mut tl.threads, *pid, *tid, *ts, keep);
+                let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.exit(*ts);
                 t.comm = comm.clone();
                 if *group_dead {
-                    let p = tl.processes.entry(*pid).or_default();
+                    let p = self.processes.entry(*pid).or_default();
                     p.pid = *pid;
                     p.end = Some(*ts);
                     p.exit_code = Some(crate::collect::launch::exit_code_of(*status));
                 }
             }
             Event::Open { pid, fd, path, .. } => {
-                tl.fd_paths.insert((*pid, *fd), path.clone());
+                self.fd_paths.insert((*pid, *fd), path.clone());
             }
             Event::CudaCall { ts, pid, tid, .. } => {
-                thread_mut(&mut tl.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
+                thread_mut(&mut self.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
             }
         }
     }
