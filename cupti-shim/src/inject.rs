@@ -416,7 +416,11 @@ extern "C" fn buffer_completed(
                     cur: std::ptr::null_mut(),
                 };
                 let offset = s.clock_offset.load(Ordering::Relaxed);
+                let mut last_end: Option<u64> = None;
                 let skipped = encode_records(records, offset, s.pid, &mut |frame, n, span| {
+                    if let Some((_, e)) = span {
+                        last_end = Some(last_end.map_or(e, |l| l.max(e)));
+                    }
                     send_raw(s, frame, n, span)
                 });
                 s.skipped.fetch_add(skipped, Ordering::Relaxed);
@@ -426,6 +430,9 @@ extern "C" fn buffer_completed(
                     == CUPTI_SUCCESS
                 {
                     s.cupti_dropped.fetch_add(dropped as u64, Ordering::Relaxed);
+                    if let Some(lost) = cupti_loss(last_end, now_monotonic(), dropped as u64) {
+                        send(&lost, 0);
+                    }
                 }
             }
         }
@@ -433,6 +440,20 @@ extern "C" fn buffer_completed(
             pool.push(buffer as usize);
         }
     }));
+}
+
+/// What CUPTI's drops in a buffer cover: it drops records once the buffer
+/// is full, so they happened after its last record and before it came back
+/// to us (`now`); with no record to go by, only `now` is known.
+fn cupti_loss(last_end: Option<u64>, now: u64, dropped: u64) -> Option<Frame> {
+    (dropped > 0).then(|| {
+        let start = last_end.unwrap_or(now).min(now);
+        Frame::Lost {
+            start,
+            end: now,
+            records: dropped,
+        }
+    })
 }
 
 fn send_raw(s: &Shim, frame: Vec<u8>, records: u64, span: Option<(u64, u64)>) {
@@ -499,6 +520,37 @@ mod tests {
     use super::*;
     use crate::activity::tests::{kernel, memcpy, SyntheticBuffer};
     use crate::protocol::Decoder;
+
+    #[test]
+    fn cupti_drops_cover_the_end_of_the_buffer_to_its_return() {
+        assert_eq!(cupti_loss(Some(100), 500, 0), None);
+        assert_eq!(
+            cupti_loss(Some(100), 500, 7),
+            Some(Frame::Lost {
+                start: 100,
+                end: 500,
+                records: 7
+            })
+        );
+        // A record timed after `now` (an offset clock) never makes a
+        // reversed span.
+        assert_eq!(
+            cupti_loss(Some(900), 500, 1),
+            Some(Frame::Lost {
+                start: 500,
+                end: 500,
+                records: 1
+            })
+        );
+        assert_eq!(
+            cupti_loss(None, 500, 2),
+            Some(Frame::Lost {
+                start: 500,
+                end: 500,
+                records: 2
+            })
+        );
+    }
 
     #[test]
     fn buffer_handling_turns_records_into_frames_and_counts_unknown_kinds() {
