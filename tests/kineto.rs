@@ -295,6 +295,13 @@ fn busy_splits_into_compute_exposed_communication_and_copies_as_the_trace_says()
             .any(|rec| rec["cause"] == "communication");
         assert_eq!(m > 0, expect_communication, "{name}");
         assert_eq!(advised, expect_communication, "{name}");
+        // The verdict still names the top idle cause, and says the rest.
+        let verdict = r["verdict"].as_str().unwrap();
+        assert_eq!(
+            verdict.contains("collectives with no compute"),
+            expect_communication,
+            "{verdict}"
+        );
         // The HTML report's allocated-time bar draws the same split.
         let html = String::from_utf8(gapscope_stdout(&[
             "report",

@@ -99,6 +99,19 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         / n_gpus;
     let busy: u64 = gpus.iter().map(|g| g.busy_ns).sum::<u64>() / n_gpus;
     let top_idle = recs.iter().find(|r| r.cause != COMMUNICATION);
+    // Exposed collectives are busy time, so they are said beside the idle
+    // verdict rather than instead of it.
+    let also_communication = recs
+        .iter()
+        .find(|r| r.cause == COMMUNICATION)
+        .map(|r| {
+            format!(
+                " Also, collectives with no compute beside them took {} of the held time (hiding them: up to {:.2}x faster).",
+                units::percent(exposed, wall),
+                r.est_speedup
+            )
+        })
+        .unwrap_or_default();
     let verdict = match top_idle {
         Some(top) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: up to {:.2}x faster).",
@@ -110,7 +123,7 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
             ),
             top.cause,
             top.est_speedup
-        ),
+        ) + &also_communication,
         _ if exposed as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would add to the problem: the GPUs were busy {} of the time they were held, but {} of it ran only collectives with no compute beside them; hide communication behind compute, or find the slow rank, before scaling out.",
             units::percent(busy, wall),
