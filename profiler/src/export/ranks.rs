@@ -99,7 +99,7 @@ pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) 
     for r in rows {
         let comm = if collectives {
             format!(
-                " · in collectives {:>9}",
+                " · collectives alone {:>9}",
                 units::duration(r.communication_ns)
             )
         } else {
