@@ -64,37 +64,48 @@ pub fn peer_uid(s: &UnixStream) -> Option<u32> {
     (rc == 0).then_some(cred.uid)
 }
 
-/// Records dropped since the profiler was last told, and the time they
-/// covered.
+/// Runs of consecutive dropped frames since the profiler was last told:
+/// each run's time span and record count. A frame that gets into the queue
+/// ends a run, so no span claims the time of a frame that was delivered.
 #[derive(Default)]
 struct Loss {
-    records: u64,
-    span: Option<(u64, u64)>,
+    /// (start, end, records).
+    runs: Vec<(u64, u64, u64)>,
 }
 
+/// Runs kept at most between two writes; beyond, the last one grows (wider
+/// than the truth, never narrower).
+const MAX_RUNS: usize = 64;
+
 impl Loss {
-    fn add(&mut self, records: u64, span: Option<(u64, u64)>) {
-        self.records += records;
-        if let Some((s, e)) = span {
-            self.span = Some(match self.span {
-                Some((a, b)) => (a.min(s), b.max(e)),
-                None => (s, e),
-            });
+    /// A frame of `records` records covering `span` was dropped; `run`
+    /// says whether the previous frame was dropped too.
+    fn add(&mut self, records: u64, span: Option<(u64, u64)>, run: bool) {
+        // Records with no time (device descriptions) cannot mark a window.
+        let Some((s, e)) = span else { return };
+        let full = self.runs.len() >= MAX_RUNS;
+        match self.runs.last_mut() {
+            Some(last) if run || full => {
+                *last = (last.0.min(s), last.1.max(e), last.2 + records);
+            }
+            _ => self.runs.push((s, e, records)),
         }
     }
 
-    /// The Lost frame to send, if there is something to say.
-    fn take_frame(&mut self) -> Option<Vec<u8>> {
-        let (start, end) = self.span?;
-        let frame = Frame::Lost {
-            start,
-            end,
-            records: self.records,
-        };
-        *self = Loss::default();
+    /// The Lost frames to send, encoded; empty when there is nothing to say.
+    fn take_frames(&mut self) -> Vec<u8> {
         let mut out = Vec::new();
-        encode(&frame, &mut out);
-        Some(out)
+        for (start, end, records) in self.runs.drain(..) {
+            encode(
+                &Frame::Lost {
+                    start,
+                    end,
+                    records,
+                },
+                &mut out,
+            );
+        }
+        out
     }
 }
 
@@ -107,6 +118,8 @@ pub struct Transport {
     connected: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
     loss: Arc<Mutex<Loss>>,
+    /// The last frame offered was dropped: a drop now continues its run.
+    dropping: AtomicBool,
     done: Receiver<()>,
 }
 
@@ -125,11 +138,8 @@ impl Transport {
             .name("gapscope-cupti".into())
             .spawn(move || {
                 let report_loss = |stream: &mut UnixStream| {
-                    let pending = l.lock().ok().and_then(|mut l| l.take_frame());
-                    match pending {
-                        Some(frame) => stream.write_all(&frame).is_ok(),
-                        None => true,
-                    }
+                    let pending = l.lock().map(|mut l| l.take_frames()).unwrap_or_default();
+                    pending.is_empty() || stream.write_all(&pending).is_ok()
                 };
                 for (frame, records, _) in rx {
                     if !c.load(Ordering::Relaxed) {
@@ -155,6 +165,7 @@ impl Transport {
             connected,
             dropped,
             loss,
+            dropping: AtomicBool::new(false),
             done,
         }
     }
@@ -177,12 +188,18 @@ impl Transport {
             return false;
         }
         match tx.try_send((frame, records, span)) {
-            Ok(()) => true,
+            Ok(()) => {
+                if records > 0 {
+                    self.dropping.store(false, Ordering::Relaxed);
+                }
+                true
+            }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.dropped.fetch_add(records, Ordering::Relaxed);
                 if records > 0 {
+                    let run = self.dropping.swap(true, Ordering::Relaxed);
                     if let Ok(mut l) = self.loss.lock() {
-                        l.add(records, span);
+                        l.add(records, span, run);
                     }
                 }
                 false
@@ -246,6 +263,44 @@ mod tests {
         assert!(refused > 0);
         assert_eq!(t.dropped(), refused);
         t.close(Duration::from_millis(100));
+    }
+
+    fn lost_frames(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
+        let mut d = crate::protocol::Decoder::new();
+        d.push(bytes);
+        let mut out = Vec::new();
+        while let Some(f) = d.next_frame().unwrap() {
+            match f {
+                Frame::Lost {
+                    start,
+                    end,
+                    records,
+                } => out.push((start, end, records)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_delivered_frame_splits_the_runs_of_dropped_ones() {
+        let mut l = Loss::default();
+        l.add(2, Some((0, 10)), false);
+        l.add(3, Some((10, 20)), true);
+        // Here a frame covering 30..40 got through: the next drop starts a
+        // new run, so no span claims 30..40.
+        l.add(1, Some((50, 60)), false);
+        l.add(4, None, true); // no time to place
+        assert_eq!(lost_frames(&l.take_frames()), vec![(0, 20, 5), (50, 60, 1)]);
+        assert!(l.take_frames().is_empty(), "told once");
+        // Bounded: past MAX_RUNS separate runs, the last one widens.
+        for i in 0..100u64 {
+            l.add(1, Some((i * 100, i * 100 + 10)), false);
+        }
+        let runs = lost_frames(&l.take_frames());
+        assert_eq!(runs.len(), MAX_RUNS);
+        assert_eq!(runs[MAX_RUNS - 1], (6300, 9910, 37));
+        assert_eq!(runs.iter().map(|r| r.2).sum::<u64>(), 100);
     }
 
     #[test]
