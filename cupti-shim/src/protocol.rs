@@ -19,7 +19,10 @@
 use crate::record::{ApiDomain, GpuRecord};
 
 pub const MAGIC: &[u8; 4] = b"GSCU";
-pub const VERSION: u16 = 1;
+/// 2 added the Lost frame. A profiler reads every version up to its own
+/// and refuses a newer shim at its hello, rather than at a frame it does not
+/// know halfway through a run.
+pub const VERSION: u16 = 2;
 /// Largest payload accepted. Batches are cut well below it.
 pub const MAX_FRAME: usize = 16 << 20;
 /// Longest string accepted in a frame (kernel names can be long).
