@@ -201,12 +201,12 @@ pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline
     by_dev
         .into_values()
         .map(|(mut tl, spans)| {
-            let busy_of = |v: Vec<(u64, u64)>| total(&clip(&union(v), start, end));
-            let compute = busy_of(spans.compute.clone());
-            let mut kernels = spans.compute;
-            kernels.extend(spans.communication);
-            let kernels = busy_of(kernels);
-            tl.busy = clip(&union(spans.all), start, end);
+            let busy_of = |v: Vec<(u64, u64)>| clip(&union(v), start, end);
+            let mut kernels = busy_of(spans.compute);
+            let compute = total(&kernels);
+            kernels.extend(busy_of(spans.communication));
+            let kernels = total(&union(kernels));
+            tl.busy = busy_of(spans.all);
             tl.busy_by_kind = BusyByKind {
                 compute,
                 communication: kernels - compute,
