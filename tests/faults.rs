@@ -256,6 +256,45 @@ fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
         "{text}"
     );
     assert!(text.contains("syscall"), "{text}");
+    // The timeline shows the same windows on the recording's own track, so
+    // that nobody reads a gap inside one as the job's.
+    let trace_path = dir.path().join("trace.json");
+    let st = Command::new(gapscope())
+        .arg("export")
+        .arg(&rec)
+        .arg("--timeline")
+        .arg("-o")
+        .arg(&trace_path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let trace: Value = serde_json::from_slice(&std::fs::read(&trace_path).unwrap()).unwrap();
+    let lost: Vec<(f64, f64)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "lossy")
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            (ts, ts + e["dur"].as_f64().unwrap())
+        })
+        .collect();
+    let t0 = u64_of(window, "start");
+    let t1 = u64_of(window, "end");
+    let expected: Vec<(f64, f64)> = lossy
+        .iter()
+        .map(|w| (u64_of(w, "start").max(t0), u64_of(w, "end").min(t1)))
+        .filter(|(s, e)| e > s)
+        .map(|(s, e)| ((s - t0) as f64 / 1e3, (e - t0) as f64 / 1e3))
+        .collect();
+    assert!(!expected.is_empty(), "{lossy:?}");
+    assert_eq!(lost.len(), expected.len(), "{lost:?} vs {expected:?}");
+    for (a, b) in lost.iter().zip(&expected) {
+        assert!(
+            (a.0 - b.0).abs() < 0.01 && (a.1 - b.1).abs() < 0.01,
+            "{lost:?} vs {expected:?}"
+        );
+    }
 }
 
 #[test]

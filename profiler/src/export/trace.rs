@@ -28,6 +28,8 @@ const SYNTHETIC_BASE: u32 = 1 << 28;
 const GPU_PID_BASE: u32 = 1 << 30;
 const GPU_ID_LIMIT: u32 = 1 << 20;
 const IDLE_TID: u32 = 1 << 30;
+/// The recording itself, as a process: where it lost events.
+const RECORDING_PID: u32 = GPU_PID_BASE - 1;
 /// Syscalls shorter than this are left out (they are in the report).
 const MIN_SYSCALL_NS: u64 = 10_000;
 
@@ -40,6 +42,8 @@ enum Track {
     Ops(u32, u32),
     Stream(u32, u32),
     Idle(u32),
+    /// Windows in which the recording lost events.
+    Lossy,
 }
 
 impl Track {
@@ -49,7 +53,7 @@ impl Track {
             Track::Syscalls(..) => (1, " syscalls"),
             Track::Cuda(..) => (2, " CUDA API"),
             Track::Ops(..) => (3, " ops"),
-            Track::Stream(..) | Track::Idle(_) => (0, ""),
+            Track::Stream(..) | Track::Idle(_) | Track::Lossy => (0, ""),
         }
     }
 }
@@ -200,6 +204,12 @@ impl<W: Write> Writer<'_, W> {
                 IDLE_TID,
                 self.gpu_name(dev),
                 "idle (cause)".to_string(),
+            ),
+            Track::Lossy => (
+                RECORDING_PID,
+                1,
+                "gapscope (the recording)".to_string(),
+                "events lost".to_string(),
             ),
         };
         if self.named_pids.insert(pid) {
@@ -528,6 +538,11 @@ pub fn write_timeline(
         if let Some((s, e, c)) = run {
             w.slice(track, "idle", &format!("idle: {c}"), (s, e), "")?;
         }
+    }
+    // Where the recording is incomplete, so that nobody reads a gap there
+    // as the job's own (idle inside is unattributed in the report).
+    for &(s, e) in &d.lossy_windows {
+        w.slice(Track::Lossy, "lossy", "events lost", (s, e), "")?;
     }
     w.out.write_all(b"\n]}\n")?;
     w.out.flush()
