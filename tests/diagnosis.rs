@@ -32,26 +32,10 @@ fn dominant(causes: &Value) -> String {
 }
 
 fn scenario(bottleneck: &str) -> (Value, Value, Value) {
-    let data = simtrain_data();
+    simtrain_data(); // made before taking the lock
     let _lock = recording_lock();
     let dir = scratch(&format!("simtrain-{bottleneck}"));
-    let truth_path = dir.path().join("truth.json");
-    let run = run(
-        &dir.path().join("rec"),
-        &["-q"],
-        &[
-            bin("simtrain").to_str().unwrap(),
-            "--bottleneck",
-            bottleneck,
-            "--data",
-            data.to_str().unwrap(),
-            "--ground-truth",
-            truth_path.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let truth: Value =
-        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    let (run, truth) = run_simtrain(dir.path(), &["-q"], &["--bottleneck", bottleneck]);
     let report = run.report();
     assert_partitions(&report);
     let gpus = report["gpus"].as_array().unwrap();

@@ -535,27 +535,11 @@ fn run_writes_the_whole_bundle() {
     if !bpf_ready("run_writes_the_whole_bundle") {
         return;
     }
-    let data = simtrain_data();
+    simtrain_data(); // made before taking the lock
     let _lock = recording_lock();
     let dir = scratch("bundle");
     let out = dir.path().join("rec");
-    let truth = dir.path().join("truth.json");
-    let r = run(
-        &out,
-        &[],
-        &[
-            bin("simtrain").to_str().unwrap(),
-            "--bottleneck",
-            "mixed",
-            "--steps",
-            "10",
-            "--data",
-            data.to_str().unwrap(),
-            "--ground-truth",
-            truth.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let (r, _) = run_simtrain(dir.path(), &[], &["--bottleneck", "mixed", "--steps", "10"]);
     let files = file_names(&out);
     assert_eq!(
         files,

@@ -360,30 +360,21 @@ fn gpu_records_the_shim_drops_mark_their_span_instead_of_reading_as_idle() {
     if !bpf_ready("gpu_records_the_shim_drops_mark_their_span_instead_of_reading_as_idle") {
         return;
     }
-    let data = simtrain_data();
+    simtrain_data(); // made before taking the lock
     let _lock = recording_lock();
     let dir = scratch("gpu-lost");
-    let truth_path = dir.path().join("truth.json");
-    let run = run(
-        &dir.path().join("rec"),
+    let (run, truth) = run_simtrain(
+        dir.path(),
         &["-q", "--no-exports"],
         &[
-            bin("simtrain").to_str().unwrap(),
             "--bottleneck",
             "sync",
             "--steps",
             "12",
             "--lose-gpu-step",
             "5",
-            "--data",
-            data.to_str().unwrap(),
-            "--ground-truth",
-            truth_path.to_str().unwrap(),
         ],
     );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let truth: Value =
-        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
     let lost = &truth["lost_gpu"];
     let (start, end) = (u64_of(lost, "start"), u64_of(lost, "end"));
     assert!(end - start > 5_000_000, "a step is several ms: {lost}");

@@ -283,6 +283,27 @@ pub fn browser(test: &str) -> Option<PathBuf> {
     found
 }
 
+/// `gapscope run -o DIR/rec ARGS -- simtrain SIMTRAIN_ARGS` on the shared
+/// dataset, writing its ground truth to DIR/truth.json; checks that it
+/// exited 0 and returns the run and that ground truth.
+pub fn run_simtrain(dir: &Path, args: &[&str], simtrain_args: &[&str]) -> (Run, Value) {
+    let data = simtrain_data();
+    let truth_path = dir.join("truth.json");
+    let simtrain = bin("simtrain");
+    let mut cmd = vec![simtrain.to_str().unwrap()];
+    cmd.extend_from_slice(simtrain_args);
+    cmd.extend([
+        "--data",
+        data.to_str().unwrap(),
+        "--ground-truth",
+        truth_path.to_str().unwrap(),
+    ]);
+    let r = run(&dir.join("rec"), args, &cmd);
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let truth = serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    (r, truth)
+}
+
 /// simtrain's dataset, made once (outside any recording).
 pub fn simtrain_data() -> PathBuf {
     let d = target_dir().join("simtrain-data");
