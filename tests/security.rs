@@ -202,10 +202,9 @@ fn a_stranger_cannot_switch_a_dormant_shim_on() {
 }
 
 /// Every /proc/PID/cmdline or /proc/PID/environ (PID a number, thread
-/// paths included) that process `pid` opened, as the session at `dir`
-/// recorded it.
-fn proc_identity_reads(dir: &std::path::Path, pid: u32) -> Vec<(u32, String)> {
-    let s = gapscope::session::read_session(dir).unwrap();
+/// paths included) that the session's target opened, as it recorded it.
+fn proc_identity_reads(s: &gapscope::session::Session) -> Vec<(u32, String)> {
+    let pid = s.header().target_pid;
     s.events
         .iter()
         .filter_map(|e| match e {
@@ -310,11 +309,9 @@ fn other_processes_command_lines_and_environments_are_never_read() {
             &inner_cmd,
         );
         assert_eq!(outer.code(), Some(0), "{mode}: {}", outer.stderr());
-        let inner_gapscope = gapscope::session::read_session(&outer.dir)
-            .unwrap()
-            .header()
-            .target_pid;
-        let reads = proc_identity_reads(&outer.dir, inner_gapscope);
+        let recorded = gapscope::session::read_session(&outer.dir).unwrap();
+        let inner_gapscope = recorded.header().target_pid;
+        let reads = proc_identity_reads(&recorded);
         let allowed = session_pids(&inner);
         // The outer recording does see such reads: those of the target's own.
         assert!(

@@ -320,22 +320,25 @@ fn fuzz(only: Option<&str>, how: Fuzz) -> Result<()> {
     };
     for (t, gate_runs) in targets {
         let (corpus, limits) = match how {
-            Fuzz::Gate => (
-                root().join("target/fuzz-gate").join(t),
-                vec![
-                    "-seed=1".to_string(),
-                    format!("-runs={gate_runs}"),
-                    format!("-max_total_time={FUZZ_GATE_MAX_SECS}"),
-                ],
-            ),
+            Fuzz::Gate => {
+                // From the seeds alone every time: what earlier runs found
+                // would change what this one explores.
+                let corpus = root().join("target/fuzz-gate").join(t);
+                let _ = std::fs::remove_dir_all(&corpus);
+                (
+                    corpus,
+                    vec![
+                        "-seed=1".to_string(),
+                        format!("-runs={gate_runs}"),
+                        format!("-max_total_time={FUZZ_GATE_MAX_SECS}"),
+                    ],
+                )
+            }
             Fuzz::Explore(secs) => (
                 root().join("target/fuzz-corpus").join(t),
                 vec![format!("-max_total_time={secs}")],
             ),
         };
-        if matches!(how, Fuzz::Gate) {
-            let _ = std::fs::remove_dir_all(&corpus);
-        }
         std::fs::create_dir_all(&corpus)?;
         let mut cmd = cargo();
         cmd.current_dir(root().join("fuzz"))

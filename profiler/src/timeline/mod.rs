@@ -97,12 +97,11 @@ impl Timeline {
         };
         // A session cut short ends at the last moment it is known to have
         // been recording: its last event or its last periodic drops record.
-        let last_seen = session
-            .events
-            .iter()
-            .map(Event::ts)
-            .max()
-            .unwrap_or(start)
+        let last_seen = by_time
+            .last()
+            .copied()
+            .or_else(|| session.events.last())
+            .map_or(start, Event::ts)
             .max(session.drops.ts);
         let end = session
             .footer
