@@ -46,6 +46,13 @@ enum Track {
     Lossy,
 }
 
+/// What a trace process stands for.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum PidOf {
+    Host(u32),
+    Gpu(u32),
+}
+
 impl Track {
     fn kind(self) -> (u32, &'static str) {
         match self {
@@ -64,9 +71,8 @@ struct Writer<'a, W: Write> {
     base: u64,
     window: (u64, u64),
     tracks: HashMap<Track, (u32, u32)>,
-    /// Host pids as drawn (large ones get synthetic ids).
-    pids: HashMap<u32, u32>,
-    gpu_pids: HashMap<u32, u32>,
+    /// Processes and GPUs as drawn (large numbers get synthetic ids).
+    pids: HashMap<PidOf, u32>,
     named_pids: HashSet<u32>,
     next_synthetic: u32,
     tl: &'a Timeline,
@@ -129,15 +135,19 @@ impl<W: Write> Writer<'_, W> {
             .filter(|c| !c.is_empty())
     }
 
-    fn gpu_pid(&mut self, dev: u32) -> u32 {
-        if dev < GPU_ID_LIMIT {
-            return GPU_PID_BASE + dev;
-        }
-        if let Some(&pid) = self.gpu_pids.get(&dev) {
+    /// The pid a host process or a GPU is drawn as: its own number (GPUs
+    /// past every host pid) while that is below its limit, else a synthetic
+    /// one, the same for all of its tracks.
+    fn drawn_pid(&mut self, of: PidOf) -> u32 {
+        if let Some(&pid) = self.pids.get(&of) {
             return pid;
         }
-        let pid = self.synthetic();
-        self.gpu_pids.insert(dev, pid);
+        let pid = match of {
+            PidOf::Host(pid) if pid < REAL_ID_LIMIT => pid,
+            PidOf::Gpu(dev) if dev < GPU_ID_LIMIT => GPU_PID_BASE + dev,
+            _ => self.synthetic(),
+        };
+        self.pids.insert(of, pid);
         pid
     }
 
@@ -167,20 +177,8 @@ impl<W: Write> Writer<'_, W> {
                     Some(c) => format!("{c} (pid {pid})"),
                     None => format!("pid {pid}"),
                 };
-                let pid_id = match self.pids.get(&pid) {
-                    Some(&id) => id,
-                    None => {
-                        let id = if pid < REAL_ID_LIMIT {
-                            pid
-                        } else {
-                            self.synthetic()
-                        };
-                        self.pids.insert(pid, id);
-                        id
-                    }
-                };
                 (
-                    pid_id,
+                    self.drawn_pid(PidOf::Host(pid)),
                     id,
                     pname,
                     format!("{} {tid}{suffix}", self.comm(pid, tid)),
@@ -193,14 +191,14 @@ impl<W: Write> Writer<'_, W> {
                     self.synthetic()
                 };
                 (
-                    self.gpu_pid(dev),
+                    self.drawn_pid(PidOf::Gpu(dev)),
                     id,
                     self.gpu_name(dev),
                     format!("stream {stream}"),
                 )
             }
             Track::Idle(dev) => (
-                self.gpu_pid(dev),
+                self.drawn_pid(PidOf::Gpu(dev)),
                 IDLE_TID,
                 self.gpu_name(dev),
                 "idle (cause)".to_string(),
@@ -368,7 +366,6 @@ pub fn write_timeline(
         window,
         tracks: HashMap::new(),
         pids: HashMap::new(),
-        gpu_pids: HashMap::new(),
         named_pids: HashSet::new(),
         next_synthetic: 0,
         tl,
