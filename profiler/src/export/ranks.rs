@@ -75,7 +75,7 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
         .collect();
     // Most busy is the wrong test where ranks meet in collectives: waiting
     // in one is busy time, so the ranks that wait most look busiest.
-    let slowest = if rows.iter().all(|r| r.communication_ns > 0) {
+    let slowest = if meet_in_collectives(&rows) {
         rows.iter()
             .enumerate()
             .min_by_key(|(_, r)| r.communication_ns)
@@ -92,10 +92,15 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
     rows
 }
 
+/// Every rank ran collectives, so they waited for one another.
+fn meet_in_collectives(rows: &[RankRow]) -> bool {
+    rows.iter().all(|r| r.communication_ns > 0)
+}
+
 pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "\nAcross ranks")?;
     let rows = rows(loaded, reports);
-    let collectives = rows.iter().all(|r| r.communication_ns > 0);
+    let collectives = meet_in_collectives(&rows);
     for r in rows {
         let comm = if collectives {
             format!(
