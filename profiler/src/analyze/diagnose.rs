@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use gapscope_cupti::GpuRecord;
 
-use super::api_name;
 use super::attribute::{self, api_role, ApiSpan, Attribution, Cause, Inputs, Tid};
 use super::gpu::{gpu_timelines, GpuTimeline};
+use super::{api_name, RecordMap};
 use crate::session::{Event, Session};
 use crate::timeline::Timeline;
 
@@ -27,13 +27,11 @@ pub struct Diagnosis {
 
 /// `tl` must have been built with intervals.
 pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
-    // Keyed lookups once per GPU record, millions of them: a fast hasher
-    // (still seeded at random, so a crafted file cannot make it quadratic).
-    let mut api: ahash::AHashMap<Tid, Vec<ApiSpan>> = ahash::AHashMap::new();
-    let mut issuer: ahash::AHashMap<(u32, u32), Tid> = ahash::AHashMap::new();
+    let mut api: RecordMap<Tid, Vec<ApiSpan>> = RecordMap::new();
+    let mut issuer: RecordMap<(u32, u32), Tid> = RecordMap::new();
     // A role per API id, decided once: the names repeat millions of times.
-    let mut roles: ahash::AHashMap<(gapscope_cupti::ApiDomain, u32), attribute::ApiRole> =
-        ahash::AHashMap::new();
+    let mut roles: RecordMap<(gapscope_cupti::ApiDomain, u32), attribute::ApiRole> =
+        RecordMap::new();
     for (pid, r) in &session.gpu {
         if let GpuRecord::Api {
             domain,
@@ -78,7 +76,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
     }
     let api: HashMap<Tid, Vec<ApiSpan>> = api.into_iter().collect();
 
-    let mut work: ahash::AHashMap<u32, Vec<(u64, Option<Tid>)>> = ahash::AHashMap::new();
+    let mut work: RecordMap<u32, Vec<(u64, Option<Tid>)>> = RecordMap::new();
     for (pid, r) in &session.gpu {
         let (device, start, correlation) = match r {
             GpuRecord::Kernel {

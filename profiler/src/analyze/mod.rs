@@ -12,6 +12,10 @@ use std::borrow::Cow;
 
 use gapscope_cupti::ApiDomain;
 
+/// A map looked up once per GPU record, millions of times: a fast hasher,
+/// still seeded at random so that a crafted file cannot make it quadratic.
+pub type RecordMap<K, V> = ahash::AHashMap<K, V>;
+
 /// The CUDA API function a CUPTI callback id stands for.
 pub fn api_name(domain: ApiDomain, cbid: u32) -> Cow<'static, str> {
     let table = match domain {

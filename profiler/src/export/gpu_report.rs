@@ -2,14 +2,14 @@
 //! side by side, idle split by cause, gaps, what ran; and CUDA API time per
 //! thread. Field names are the `gapscope.report/1` contract.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use gapscope_cupti::{ApiDomain, GpuRecord};
 use serde::Serialize;
 
 use crate::analyze::attribute::Cause;
 use crate::analyze::diagnose::Diagnosis;
-use crate::analyze::{api_name, gpu};
+use crate::analyze::{api_name, gpu, RecordMap};
 use crate::session::Session;
 use crate::timeline::{State, Timeline};
 
@@ -311,7 +311,7 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
     // Counted by id first and named once per id: millions of calls share a
     // handful of names.
     // (pid, tid, domain, cbid) → (count, total, max).
-    type ById = HashMap<(u32, u32, ApiDomain, u32), (u64, u64, u64)>;
+    type ById = RecordMap<(u32, u32, ApiDomain, u32), (u64, u64, u64)>;
     let mut by_id = ById::new();
     let mut sync_by_type: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
     for (pid, r) in &session.gpu {
