@@ -59,26 +59,21 @@ fn two_hundred_short_lived_children_are_all_followed() {
     }
     let _lock = recording_lock();
     let dir = scratch("forks");
-    let truth = dir.path().join("truth.json");
-    let r = run(
-        &dir.path().join("rec"),
+    let (r, lines) = run_workload(
+        dir.path(),
         &["-q"],
         &[
-            workload().to_str().unwrap(),
             "forks",
             "--children",
             "200",
             "--dir",
             dir.path().to_str().unwrap(),
-            "--truth",
-            truth.to_str().unwrap(),
         ],
     );
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
     let report = r.report();
     assert_partitions(&report);
     assert_eq!(report["drops"]["cpu_events"], 0);
-    let children: Vec<u64> = truth_of_role(&truth, "parent")["children"]
+    let children: Vec<u64> = truth_of(&lines, "parent")[0]["children"]
         .as_array()
         .unwrap()
         .iter()
@@ -97,13 +92,6 @@ fn two_hundred_short_lived_children_are_all_followed() {
         let t = thread(&report, *c);
         assert_eq!(u64_of(&t["read_bytes"], "file"), 4096, "{t}");
     }
-}
-
-fn truth_of_role(path: &Path, role: &str) -> Value {
-    truth(path)
-        .into_iter()
-        .find(|v| v["role"] == role)
-        .unwrap_or_else(|| panic!("no {role} in {}", path.display()))
 }
 
 #[test]
@@ -304,20 +292,9 @@ fn a_reused_pid_is_two_processes_not_one() {
     }
     let _lock = recording_lock();
     let dir = scratch("reuse");
-    let truth = dir.path().join("truth.json");
-    let r = run(
-        &dir.path().join("rec"),
-        &["-q"],
-        &[
-            workload().to_str().unwrap(),
-            "reuse",
-            "--truth",
-            truth.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let t = truth_of_role(&truth, "parent");
-    let (first, second) = (u64_of(&t, "first"), u64_of(&t, "second"));
+    let (r, lines) = run_workload(dir.path(), &["-q"], &["reuse"]);
+    let t = truth_of(&lines, "parent")[0];
+    let (first, second) = (u64_of(t, "first"), u64_of(t, "second"));
     if first != second {
         // Another process took the pid first (ns_last_pid is a hint).
         eprintln!("skipping a_reused_pid_is_two_processes_not_one: the pid was not reused");

@@ -12,12 +12,10 @@ fn a_simulated_gpus_kernels_give_exact_busy_idle_and_gaps() {
     }
     let _lock = recording_lock();
     let dir = scratch("fakegpu");
-    let truth_path = dir.path().join("truth.jsonl");
-    let run = run(
-        &dir.path().join("rec"),
+    let (run, lines) = run_workload(
+        dir.path(),
         &["-q"],
         &[
-            workload().to_str().unwrap(),
             "fake-gpu",
             "--kernels",
             "40",
@@ -25,12 +23,9 @@ fn a_simulated_gpus_kernels_give_exact_busy_idle_and_gaps() {
             "500",
             "--gap-us",
             "150",
-            "--truth",
-            truth_path.to_str().unwrap(),
         ],
     );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let t = &truth(&truth_path)[0];
+    let t = &lines[0];
     let report = run.report();
     let gpus = report["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 1, "{report}");
@@ -135,13 +130,11 @@ fn libcuda_uprobes_time_driver_calls_within_10_percent() {
     }
     let _lock = recording_lock();
     let dir = scratch("uprobe");
-    let truth_path = dir.path().join("truth.jsonl");
     let lib = bin("libfakecuda.so");
-    let run = run(
-        &dir.path().join("rec"),
+    let (run, lines) = run_workload(
+        dir.path(),
         &["-q", "--libcuda", lib.to_str().unwrap()],
         &[
-            workload().to_str().unwrap(),
             "fake-cuda",
             "--lib",
             lib.to_str().unwrap(),
@@ -150,12 +143,9 @@ fn libcuda_uprobes_time_driver_calls_within_10_percent() {
             // before their first launch.
             "--delay-ms",
             "100",
-            "--truth",
-            truth_path.to_str().unwrap(),
         ],
     );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let t = &truth(&truth_path)[0];
+    let t = &lines[0];
     let report = run.report();
     let src = &report["gpu_sources"][0];
     assert_eq!(src["kind"], "uprobe");

@@ -10,10 +10,6 @@ use std::time::{Duration, Instant};
 use gapscope_tests::*;
 use serde_json::Value;
 
-fn truth_of<'a>(lines: &'a [Value], role: &str) -> Vec<&'a Value> {
-    lines.iter().filter(|l| l["role"] == role).collect()
-}
-
 #[test]
 fn o_direct_reads_are_file_time_with_exact_bytes() {
     if !bpf_ready("o_direct_reads_are_file_time_with_exact_bytes") {
@@ -21,23 +17,17 @@ fn o_direct_reads_are_file_time_with_exact_bytes() {
     }
     let _lock = recording_lock();
     let dir = scratch("oread");
-    let truth_path = dir.path().join("truth.jsonl");
-    let run = run(
-        &dir.path().join("rec"),
+    let (run, lines) = run_workload(
+        dir.path(),
         &["-q"],
         &[
-            workload().to_str().unwrap(),
             "oread",
             "--mib",
             "64",
             "--dir",
             dir.path().to_str().unwrap(),
-            "--truth",
-            truth_path.to_str().unwrap(),
         ],
     );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let lines = truth(&truth_path);
     let t = truth_of(&lines, "oread")[0];
     let report = run.report();
     assert_partitions(&report);
@@ -61,21 +51,7 @@ fn spinner_on_cpu_matches_schedstat() {
     }
     let _lock = recording_lock();
     let dir = scratch("spin");
-    let truth_path = dir.path().join("truth.jsonl");
-    let run = run(
-        &dir.path().join("rec"),
-        &["-q"],
-        &[
-            workload().to_str().unwrap(),
-            "spin",
-            "--ms",
-            "400",
-            "--truth",
-            truth_path.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let lines = truth(&truth_path);
+    let (run, lines) = run_workload(dir.path(), &["-q"], &["spin", "--ms", "400"]);
     let t = truth_of(&lines, "spin")[0];
     let report = run.report();
     assert_partitions(&report);
@@ -99,23 +75,9 @@ fn waits_are_classified_by_what_they_wait_on() {
     }
     let _lock = recording_lock();
     let dir = scratch("waits");
-    let truth_path = dir.path().join("truth.jsonl");
-    let run = run(
-        &dir.path().join("rec"),
-        &["-q"],
-        &[
-            workload().to_str().unwrap(),
-            "waits",
-            "--ms",
-            "300",
-            "--truth",
-            truth_path.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let (run, lines) = run_workload(dir.path(), &["-q"], &["waits", "--ms", "300"]);
     let report = run.report();
     assert_partitions(&report);
-    let lines = truth(&truth_path);
     let waits = truth_of(&lines, "wait");
     assert_eq!(waits.len(), 4);
     for w in waits {
@@ -143,12 +105,10 @@ fn forked_workers_and_an_execd_grandchild_are_followed() {
     }
     let _lock = recording_lock();
     let dir = scratch("tree");
-    let truth_path = dir.path().join("truth.jsonl");
-    let run = run(
-        &dir.path().join("rec"),
+    let (run, lines) = run_workload(
+        dir.path(),
         &["-q"],
         &[
-            workload().to_str().unwrap(),
             "tree",
             "--workers",
             "4",
@@ -158,14 +118,10 @@ fn forked_workers_and_an_execd_grandchild_are_followed() {
             "300",
             "--dir",
             dir.path().to_str().unwrap(),
-            "--truth",
-            truth_path.to_str().unwrap(),
         ],
     );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let report = run.report();
     assert_partitions(&report);
-    let lines = truth(&truth_path);
     let workers = truth_of(&lines, "worker");
     assert_eq!(workers.len(), 4);
     for w in workers {

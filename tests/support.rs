@@ -152,6 +152,26 @@ pub fn truth(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The ground-truth lines a workload process wrote in this role.
+pub fn truth_of<'a>(lines: &'a [Value], role: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|l| l["role"] == role).collect()
+}
+
+/// `gapscope run -o DIR/rec ARGS -- gs-workload WORKLOAD_ARGS --truth
+/// DIR/truth.jsonl`; checks that it exited 0 and returns the run and the
+/// ground truth its processes wrote, a line each.
+pub fn run_workload(dir: &Path, args: &[&str], workload_args: &[&str]) -> (Run, Vec<Value>) {
+    let truth_path = dir.join("truth.jsonl");
+    let workload = workload();
+    let mut cmd = vec![workload.to_str().unwrap()];
+    cmd.extend_from_slice(workload_args);
+    cmd.extend(["--truth", truth_path.to_str().unwrap()]);
+    let r = run(&dir.join("rec"), args, &cmd);
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let lines = truth(&truth_path);
+    (r, lines)
+}
+
 pub fn u64_of(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()
