@@ -43,17 +43,7 @@ fn scenario(bottleneck: &str) -> (Value, Value, Value) {
     let g = gpus[0].clone();
     // The JSON invariants, exactly.
     assert_eq!(g["source"], "simulated");
-    assert_eq!(
-        u64_of(&g, "busy_ns") + u64_of(&g, "idle_ns"),
-        u64_of(&g, "allocated_ns")
-    );
-    let sum: u64 = g["idle_by_cause_ns"]
-        .as_object()
-        .unwrap()
-        .values()
-        .map(|v| v.as_u64().unwrap())
-        .sum();
-    assert_eq!(sum, u64_of(&g, "idle_ns"));
+    assert_gpu_partitions(&g);
     assert_eq!(u64_of(&g, "busy_ns"), u64_of(&truth, "busy_ns"));
     (g, truth, report)
 }

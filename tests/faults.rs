@@ -4,9 +4,7 @@
 //! exit status is what it would have been without gapscope, the session
 //! reads back, and losses are counted rather than hidden.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use gapscope_tests::*;
 use serde_json::Value;
@@ -99,26 +97,7 @@ fn a_terminate_sent_to_gapscope_reaches_the_target_and_the_recording_completes()
     if !bpf_ready("a_terminate_sent_to_gapscope_reaches_the_target_and_the_recording_completes") {
         return;
     }
-    let _lock = recording_lock();
-    let dir = scratch("sigterm");
-    let rec = dir.path().join("rec");
-    let child = Command::new(gapscope())
-        .args(["run", "-q", "-o"])
-        .arg(&rec)
-        .args(["--", "sleep", "60"])
-        .spawn()
-        .unwrap();
-    let target = target_of(child.id(), "sleep");
-    std::thread::sleep(Duration::from_millis(200));
-    // SAFETY: signalling the gapscope we started.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM));
-    assert!(!Path::new(&format!("/proc/{target}")).exists());
-    let report = report_json(&rec);
-    assert_partitions(&report);
-    assert_eq!(report["target"]["exit_code"], 128 + libc::SIGTERM);
-    assert!(report["session"]["truncated"].is_null());
+    a_signal_to_gapscope_reaches_the_target(libc::SIGTERM);
 }
 
 #[test]

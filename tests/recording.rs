@@ -351,34 +351,7 @@ fn an_interrupt_sent_to_gapscope_reaches_the_target_and_the_recording_completes(
     if !bpf_ready("an_interrupt_sent_to_gapscope_reaches_the_target_and_the_recording_completes") {
         return;
     }
-    let _lock = recording_lock();
-    let dir = scratch("sigint");
-    let rec = dir.path().join("rec");
-    let child = Command::new(gapscope())
-        .args(["run", "-q", "-o"])
-        .arg(&rec)
-        .args(["--", "sleep", "60"])
-        .spawn()
-        .unwrap();
-    let target = target_of(child.id(), "sleep");
-    std::thread::sleep(Duration::from_millis(200));
-    signal(child.id(), libc::SIGINT);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(128 + libc::SIGINT));
-    assert!(
-        !Path::new(&format!("/proc/{target}")).exists(),
-        "target still alive"
-    );
-    let report = report_json(&rec);
-    assert_partitions(&report);
-    assert_eq!(report["target"]["exit_code"], 128 + libc::SIGINT);
-    assert!(
-        report["session"]["truncated"].is_null(),
-        "{}",
-        report["session"]
-    );
-    let th = thread(&report, target as u64);
-    assert!(u64_of(&th["off_cpu_ns"], "sleep") > 100_000_000, "{th}");
+    a_signal_to_gapscope_reaches_the_target(libc::SIGINT);
 }
 
 #[test]

@@ -218,6 +218,37 @@ pub fn assert_partitions(report: &Value) {
     }
 }
 
+/// A GPU's account partitions exactly (integer ns): busy + idle is the
+/// allocated time, the idle causes sum to idle and the kinds of busy to busy.
+#[track_caller]
+pub fn assert_gpu_partitions(g: &Value) {
+    let sum = |v: &Value| -> u64 {
+        v.as_object()
+            .expect("an object of ns")
+            .values()
+            .map(|x| x.as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        u64_of(g, "busy_ns") + u64_of(g, "idle_ns"),
+        u64_of(g, "allocated_ns"),
+        "GPU {}",
+        g["id"]
+    );
+    assert_eq!(
+        sum(&g["idle_by_cause_ns"]),
+        u64_of(g, "idle_ns"),
+        "GPU {}",
+        g["id"]
+    );
+    assert_eq!(
+        sum(&g["busy_by_kind_ns"]),
+        u64_of(g, "busy_ns"),
+        "GPU {}",
+        g["id"]
+    );
+}
+
 /// The injectable GPU shim as built in this target directory.
 pub fn shim() -> PathBuf {
     bin("libgapscope_cupti.so")
@@ -398,4 +429,38 @@ pub fn target_of(gapscope_pid: u32, comm: &str) -> u32 {
 pub fn signal(pid: u32, sig: i32) {
     // SAFETY: sending a signal to a process we started.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// `gapscope run -- sleep 60` sent `sig` (Ctrl-C or a terminate): the
+/// signal reaches the target, gapscope exits as the target did, and the
+/// recording is complete, the target's sleep in it.
+pub fn a_signal_to_gapscope_reaches_the_target(sig: i32) {
+    let _lock = recording_lock();
+    let dir = scratch(&format!("signal-{sig}"));
+    let rec = dir.path().join("rec");
+    let child = Command::new(gapscope())
+        .args(["run", "-q", "-o"])
+        .arg(&rec)
+        .args(["--", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let target = target_of(child.id(), "sleep");
+    std::thread::sleep(Duration::from_millis(200));
+    signal(child.id(), sig);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + sig));
+    assert!(
+        !Path::new(&format!("/proc/{target}")).exists(),
+        "target still alive"
+    );
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    assert_eq!(report["target"]["exit_code"], 128 + sig);
+    assert!(
+        report["session"]["truncated"].is_null(),
+        "{}",
+        report["session"]
+    );
+    let th = thread(&report, target as u64);
+    assert!(u64_of(&th["off_cpu_ns"], "sleep") > 100_000_000, "{th}");
 }
