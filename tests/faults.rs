@@ -225,17 +225,12 @@ fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
     assert!(text.contains("syscall"), "{text}");
     // The timeline shows the same windows on the recording's own track, so
     // that nobody reads a gap inside one as the job's.
-    let trace_path = dir.path().join("trace.json");
-    let st = Command::new(gapscope())
-        .arg("export")
-        .arg(&rec)
-        .arg("--timeline")
-        .arg("-o")
-        .arg(&trace_path)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let trace: Value = serde_json::from_slice(&std::fs::read(&trace_path).unwrap()).unwrap();
+    let trace: Value = serde_json::from_slice(&gapscope_stdout(&[
+        "export",
+        rec.to_str().unwrap(),
+        "--timeline",
+    ]))
+    .unwrap();
     let lost: Vec<(f64, f64)> = trace["traceEvents"]
         .as_array()
         .unwrap()
