@@ -194,9 +194,7 @@ fn a_dataloader_wait_in_a_trace_is_input_of_unknown_kind() {
 /// A trace's GPU activity as (category, kernel name, start µs, end µs),
 /// read straight from the file.
 fn raw_gpu_events(path: &std::path::Path) -> Vec<(String, String, f64, f64)> {
-    let out = Command::new("gzip").arg("-dc").arg(path).output().unwrap();
-    assert!(out.status.success());
-    let trace: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let trace: Value = serde_json::from_slice(&gunzip(path)).unwrap();
     trace["traceEvents"]
         .as_array()
         .unwrap()
@@ -216,6 +214,19 @@ fn raw_gpu_events(path: &std::path::Path) -> Vec<(String, String, f64, f64)> {
             ))
         })
         .collect()
+}
+
+/// A collective's kernel, by its name (the test's own reading, not
+/// gapscope's).
+fn nccl(kernel: &str) -> bool {
+    kernel.to_ascii_lowercase().contains("nccl")
+}
+
+/// A gzipped trace's text.
+fn gunzip(path: &std::path::Path) -> Vec<u8> {
+    let out = Command::new("gzip").arg("-dc").arg(path).output().unwrap();
+    assert!(out.status.success(), "gzip -dc {}", path.display());
+    out.stdout
 }
 
 /// Total length of the union of spans, µs.
@@ -257,7 +268,6 @@ fn busy_splits_into_compute_exposed_communication_and_copies_as_the_trace_says()
                 .map(|(_, _, s, e)| (*s, *e))
                 .collect()
         };
-        let nccl = |n: &str| n.to_ascii_lowercase().contains("nccl");
         let compute = union_us(spans(&|c, n| c == "kernel" && !nccl(n)));
         let kernels = union_us(spans(&|c, _| c == "kernel"));
         let all = union_us(spans(&|_, _| true));
@@ -315,20 +325,13 @@ fn the_rank_the_others_wait_for_is_the_one_least_in_collectives() {
     // the others waited. Rank 3 is the busier one (its waits count as
     // busy), so "most busy" would name the wrong rank.
     let Some(dir) = kineto_traces() else { return };
-    let out = Command::new("gzip")
-        .arg("-dc")
-        .arg(dir.join("a100_8rank_rank3.json.gz"))
-        .output()
-        .unwrap();
-    let mut trace: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = gunzip(&dir.join("a100_8rank_rank3.json.gz"));
+    let mut trace: Value = serde_json::from_slice(&text).unwrap();
     let ranks = scratch("ranks");
-    std::fs::write(ranks.path().join("rank3.json"), &out.stdout).unwrap();
+    std::fs::write(ranks.path().join("rank3.json"), &text).unwrap();
     trace["distributedInfo"]["rank"] = 4.into();
     for e in trace["traceEvents"].as_array_mut().unwrap() {
-        let nccl = e["cat"] == "kernel"
-            && e["name"]
-                .as_str()
-                .is_some_and(|n| n.to_ascii_lowercase().contains("nccl"));
+        let nccl = e["cat"] == "kernel" && e["name"].as_str().is_some_and(nccl);
         if nccl {
             let dur = e["dur"].as_u64().unwrap();
             e["dur"] = (dur / 10).into();
