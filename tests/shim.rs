@@ -126,7 +126,7 @@ fn attach_switches_a_dormant_shim_on_and_leaving_switches_it_off() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let name = gapscope_cupti::transport::control_socket_name(child.id());
+    let name = gapscope_cupti::transport::local_control_socket_name(child.id());
     let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
     let mut conn = None;
     for _ in 0..200 {

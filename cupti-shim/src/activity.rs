@@ -37,6 +37,33 @@ pub enum Decoded {
     Record(GpuRecord),
     /// A kind this module does not read (counted by the caller).
     Skipped(u32),
+    /// A record CUPTI handed over before it was complete (a forced flush
+    /// while the GPU still ran it): zero or reversed timestamps. Read as
+    /// it stands it would claim time from the epoch, so it is counted
+    /// instead.
+    Incomplete(u32),
+}
+
+/// The raw (start, end) of a timed record, before any clock offset.
+///
+/// # Safety
+/// As for [`decode`].
+unsafe fn raw_span(rec: *const u8, kind: u32) -> Option<(u64, u64)> {
+    let pair = |s: usize, e: usize| Some((at::<u64>(rec, s), at::<u64>(rec, e)));
+    match kind {
+        KIND_KERNEL | KIND_CONCURRENT_KERNEL => {
+            pair(offset_of!(Kernel, start), offset_of!(Kernel, end))
+        }
+        KIND_MEMCPY => pair(offset_of!(Memcpy, start), offset_of!(Memcpy, end)),
+        KIND_MEMSET => pair(offset_of!(Memset, start), offset_of!(Memset, end)),
+        KIND_SYNCHRONIZATION => pair(offset_of!(Sync, start), offset_of!(Sync, end)),
+        KIND_RUNTIME | KIND_DRIVER => pair(offset_of!(Api, start), offset_of!(Api, end)),
+        KIND_MARKER => {
+            let t = at::<u64>(rec, offset_of!(Marker, timestamp));
+            Some((t, t))
+        }
+        _ => None,
+    }
 }
 
 /// Reads a `T` at `offset` bytes into the record (records are packed).
@@ -67,6 +94,9 @@ unsafe fn c_string(p: *const std::ffi::c_char) -> String {
 pub unsafe fn decode(rec: *const u8, clock_offset: i64, pid: u32) -> Decoded {
     let ts = |t: u64| (t as i64).wrapping_add(clock_offset) as u64;
     let kind: u32 = at(rec, 0);
+    if raw_span(rec, kind).is_some_and(|(s, e)| s == 0 || e < s) {
+        return Decoded::Incomplete(kind);
+    }
     let record = match kind {
         KIND_KERNEL | KIND_CONCURRENT_KERNEL => GpuRecord::Kernel {
             start: ts(at(rec, offset_of!(Kernel, start))),
@@ -424,5 +454,27 @@ pub(crate) mod tests {
             })
         ));
         assert_eq!(decoded[7], Decoded::Skipped(17));
+    }
+
+    #[test]
+    fn records_with_missing_timestamps_are_incomplete_not_read() {
+        let mut buf = SyntheticBuffer::new();
+        let k = kernel(&mut buf, 0, 0, 1); // a forced flush's unfinished kernel
+        buf.push(&k);
+        let k = kernel(&mut buf, 5_000, 4_000, 2); // end before start
+        buf.push(&k);
+        let k = kernel(&mut buf, 5_000, 6_000, 3);
+        buf.push(&k);
+        let decoded: Vec<Decoded> = buf
+            .records()
+            .into_iter()
+            .map(|p| unsafe { decode(p, 0, 1) })
+            .collect();
+        assert_eq!(decoded[0], Decoded::Incomplete(KIND_CONCURRENT_KERNEL));
+        assert_eq!(decoded[1], Decoded::Incomplete(KIND_CONCURRENT_KERNEL));
+        assert!(matches!(
+            decoded[2],
+            Decoded::Record(GpuRecord::Kernel { start: 5_000, .. })
+        ));
     }
 }

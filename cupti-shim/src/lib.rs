@@ -10,11 +10,11 @@ pub mod activity;
 pub mod clock;
 mod inject;
 mod loader;
+mod nvtx;
 pub mod protocol;
 pub mod record;
 pub mod transport;
 
-pub use inject::encode_records;
 pub use protocol::{ClockMethod, Decoder, Frame, Hello};
 pub use record::{ApiDomain, GpuRecord};
 

@@ -3,10 +3,10 @@
 //!
 //! cudarc's own loader only tries the sonames of the CUDA version it was
 //! built for and panics when none loads; a PyTorch process usually carries
-//! libcupti in `site-packages/nvidia/cuda_cupti/lib`, already mapped, and a
-//! CUDA 13 driver needs `libcupti.so.13`. So the shim resolves the library
-//! itself and binds only the functions it calls, typed with cudarc's
-//! definitions.
+//! libcupti already mapped (cu12 wheels: `site-packages/nvidia/cuda_cupti/lib`,
+//! cu13 wheels: `site-packages/nvidia/cu13/lib`), and a CUDA 13 driver needs
+//! `libcupti.so.13`. So the shim resolves the library itself and binds only
+//! the functions it calls, typed with cudarc's definitions.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
@@ -39,6 +39,13 @@ pub struct Cupti {
         *mut c_void,
     ) -> u32,
     pub cuptiUnsubscribe: unsafe extern "C" fn(sys::CUpti_SubscriberHandle) -> u32,
+    /// Per-call switches for API records (CUDA 12.5+): the bookkeeping
+    /// calls PyTorch makes around every op are left out with them.
+    pub cuptiActivityEnableRuntimeApi: Option<unsafe extern "C" fn(u32, u8) -> u32>,
+    pub cuptiActivityEnableDriverApi: Option<unsafe extern "C" fn(u32, u8) -> u32>,
+    /// CUDA 12.x/13 record every event/stream query as a synchronization by
+    /// default; this turns that off (real waits are still recorded).
+    pub cuptiActivityEnableAllSyncRecords: Option<unsafe extern "C" fn(u8) -> u32>,
 }
 
 /// `CUpti_BuffersCallbackCompleteFunc` with the context as an opaque pointer
@@ -50,6 +57,11 @@ pub const CUPTI_SUCCESS: u32 = 0;
 pub const THREAD_ID_TYPE_SYSTEM: u32 = 1;
 pub const CUPTI_ERROR_NOT_INITIALIZED: u32 = 15;
 pub const CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: u32 = 39;
+/// `cuptiActivityGetNextRecord`: no more records in the buffer.
+pub const CUPTI_ERROR_MAX_LIMIT_REACHED: u32 = 12;
+/// The first CUPTI API version that survives a refused buffer (CUDA 12.9);
+/// older ones can crash when the buffer callback returns none.
+pub const API_VERSION_REFUSES_SAFELY: u32 = 27;
 
 fn dlerror() -> String {
     // SAFETY: dlerror returns NULL or a thread-local C string.
@@ -115,7 +127,8 @@ pub fn driver_version() -> u32 {
     v.max(0) as u32
 }
 
-/// Names of the GPUs the driver sees, by ordinal.
+/// Names of the GPUs the driver sees, by ordinal. Driver calls: never from
+/// inside `cuInit` (InitializeInjection runs there), only once CUDA works.
 pub fn device_names() -> Vec<(u32, String)> {
     let Some(h) = open("libcuda.so.1", libc::RTLD_NOW | libc::RTLD_NOLOAD) else {
         return Vec::new();
@@ -145,27 +158,67 @@ pub fn device_names() -> Vec<(u32, String)> {
     out
 }
 
-/// Where libcupti may be, best first: explicit, already mapped, beside the
-/// CUDA runtime a framework loaded, CUDA installs, then the linker's search.
-fn candidates(driver: u32) -> Vec<String> {
-    let mut c = Vec::new();
-    if let Ok(p) = std::env::var("GAPSCOPE_CUPTI") {
-        c.push(p);
+/// libcupti files in `dir`, newest soname first.
+fn cupti_in(dir: &std::path::Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("libcupti.so"))
+        .map(|e| e.path().to_string_lossy().into_owned())
+        .collect();
+    found.sort_unstable_by(|a, b| b.cmp(a));
+    found
+}
+
+/// Directories where the NVIDIA wheels beside a mapped CUDA runtime keep
+/// libcupti: the runtime's own directory (cu13 wheels put every library in
+/// `nvidia/cu13/lib`), `nvidia/cu*/lib`, and cu12's `nvidia/cuda_cupti/lib`.
+fn wheel_dirs(cudart: &str) -> Vec<std::path::PathBuf> {
+    let rt = std::path::Path::new(cudart);
+    let mut dirs: Vec<std::path::PathBuf> =
+        rt.parent().map(|d| d.to_path_buf()).into_iter().collect();
+    // .../site-packages/nvidia/<package>/lib/libcudart.so.N
+    if let Some(nvidia) = rt.ancestors().nth(3) {
+        if let Ok(rd) = std::fs::read_dir(nvidia) {
+            let mut cu: Vec<_> = rd
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("cu"))
+                .map(|e| e.path().join("lib"))
+                .collect();
+            cu.sort_unstable_by(|a, b| b.cmp(a));
+            dirs.extend(cu);
+        }
     }
-    c.extend(mapped("libcupti.so"));
+    dirs
+}
+
+/// Where libcupti may be, best first, and what the caller should be told.
+///
+/// A copy already mapped in the process wins over everything, `--cupti`
+/// (GAPSCOPE_CUPTI) included: two CUPTIs in one process are two tool
+/// clients on one driver, which is never right. Then the explicit path,
+/// the wheels beside the CUDA runtime a framework loaded, CUDA installs,
+/// and the linker's search.
+fn candidates(driver: u32) -> (Vec<String>, Option<String>) {
+    let mut c = Vec::new();
+    let mut note = None;
+    let already = mapped("libcupti.so");
+    let explicit = std::env::var("GAPSCOPE_CUPTI").ok();
+    if let (Some(first), Some(asked)) = (already.first(), &explicit) {
+        let same = std::fs::canonicalize(first).ok() == std::fs::canonicalize(asked).ok();
+        if !same {
+            note = Some(format!(
+                "the process already has {first} loaded; using it rather than {asked} \
+                 (two CUPTIs in one process cannot both work)"
+            ));
+        }
+    }
+    c.extend(already);
+    c.extend(explicit);
     for rt in mapped("libcudart.so") {
-        // site-packages/nvidia/cuda_runtime/lib/libcudart.so.12 ->
-        // site-packages/nvidia/cuda_cupti/lib/
-        if let Some(nvidia) = std::path::Path::new(&rt).ancestors().nth(3) {
-            let dir = nvidia.join("cuda_cupti/lib");
-            if let Ok(rd) = std::fs::read_dir(&dir) {
-                for e in rd.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    if name.starts_with("libcupti.so") {
-                        c.push(e.path().to_string_lossy().into_owned());
-                    }
-                }
-            }
+        for dir in wheel_dirs(&rt) {
+            c.extend(cupti_in(&dir));
         }
     }
     let major = driver / 1000;
@@ -183,14 +236,16 @@ fn candidates(driver: u32) -> Vec<String> {
         c.push(format!("libcupti.so.{major}"));
     }
     c.extend(["libcupti.so.13", "libcupti.so.12", "libcupti.so"].map(String::from));
-    c
+    (c, note)
 }
 
 impl Cupti {
-    /// Loads libcupti, or says why it could not.
-    pub fn load(driver: u32) -> Result<Cupti, String> {
+    /// Loads libcupti (with a note to pass on, if any), or says why it
+    /// could not.
+    pub fn load(driver: u32) -> Result<(Cupti, Option<String>), String> {
         let mut tried = Vec::new();
-        for path in candidates(driver) {
+        let (paths, note) = candidates(driver);
+        for path in paths {
             let Some(h) = open(&path, libc::RTLD_NOW | libc::RTLD_GLOBAL) else {
                 tried.push(format!("{path}: {}", dlerror()));
                 continue;
@@ -198,7 +253,7 @@ impl Cupti {
             // SAFETY: each symbol is bound to its documented signature.
             let bound = unsafe { Self::bind(h, path.clone()) };
             match bound {
-                Some(c) => return Ok(c),
+                Some(c) => return Ok((c, note)),
                 None => tried.push(format!("{path}: missing CUPTI entry points")),
             }
         }
@@ -231,6 +286,9 @@ impl Cupti {
             cuptiGetTimestamp: sym(h, "cuptiGetTimestamp")?,
             cuptiSubscribe: sym(h, "cuptiSubscribe")?,
             cuptiUnsubscribe: sym(h, "cuptiUnsubscribe")?,
+            cuptiActivityEnableRuntimeApi: sym(h, "cuptiActivityEnableRuntimeApi"),
+            cuptiActivityEnableDriverApi: sym(h, "cuptiActivityEnableDriverApi"),
+            cuptiActivityEnableAllSyncRecords: sym(h, "cuptiActivityEnableAllSyncRecords"),
         })
     }
 }

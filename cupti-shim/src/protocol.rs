@@ -10,6 +10,11 @@
 //!                                            the time they covered)
 //! Info    = str                           (a line for the session's notes)
 //! Goodbye = (empty)                       (the process is flushing and leaving)
+//! Blind   = start:u64  reason:str         (from start on, the shim sees nothing:
+//!                                          another CUPTI client took CUPTI)
+//! Sighted = at:u64                        (the shim sees again from `at`)
+//! Skipped = incomplete:u64  unknown:u64   (cumulative: records CUPTI delivered
+//!                                          incomplete, records of kinds not read)
 //! str     = len:u32  utf8[len]
 //! ```
 //!
@@ -19,10 +24,11 @@
 use crate::record::{ApiDomain, GpuRecord};
 
 pub const MAGIC: &[u8; 4] = b"GSCU";
-/// 2 added the Lost frame. A profiler reads every version up to its own
-/// and refuses a newer shim at its hello, rather than at a frame it does not
-/// know halfway through a run.
-pub const VERSION: u16 = 2;
+/// 2 added the Lost frame; 3 the Blind, Sighted and Skipped frames and the
+/// Range record. A profiler reads every version up to its own and refuses a
+/// newer shim at its hello, rather than at a frame it does not know halfway
+/// through a run.
+pub const VERSION: u16 = 3;
 /// Largest payload accepted. Batches are cut well below it.
 pub const MAX_FRAME: usize = 16 << 20;
 /// Longest string accepted in a frame (kernel names can be long).
@@ -88,6 +94,24 @@ pub enum Frame {
     },
     Info(String),
     Goodbye,
+    /// From `start` (CLOCK_MONOTONIC ns) on, the shim sees nothing, for
+    /// `reason` (another CUPTI client took CUPTI over): the span is lost,
+    /// never idle. Open until a `Sighted` frame or the end of the stream.
+    Blind {
+        start: u64,
+        reason: String,
+    },
+    /// The shim sees again from `at`: closes the open `Blind` span.
+    Sighted {
+        at: u64,
+    },
+    /// Cumulative counts of records the shim did not pass on: delivered
+    /// incomplete by CUPTI (zero timestamps, an error mid-buffer), or of
+    /// kinds it does not read.
+    Skipped {
+        incomplete: u64,
+        unknown: u64,
+    },
 }
 
 const T_HELLO: u8 = 1;
@@ -96,6 +120,9 @@ const T_DROPPED: u8 = 3;
 const T_INFO: u8 = 4;
 const T_GOODBYE: u8 = 5;
 const T_LOST: u8 = 6;
+const T_BLIND: u8 = 7;
+const T_SIGHTED: u8 = 8;
+const T_SKIPPED: u8 = 9;
 
 const R_KERNEL: u8 = 1;
 const R_MEMCPY: u8 = 2;
@@ -104,6 +131,7 @@ const R_SYNC: u8 = 4;
 const R_API: u8 = 5;
 const R_MARKER: u8 = 6;
 const R_DEVICE: u8 = 7;
+const R_RANGE: u8 = 8;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProtocolError {
@@ -290,6 +318,20 @@ pub fn put_record(out: &mut Vec<u8>, r: &GpuRecord) {
             put_u32(out, *id);
             put_str(out, name);
         }
+        GpuRecord::Range {
+            start,
+            end,
+            tid,
+            name,
+            domain,
+        } => {
+            put_u8(out, R_RANGE);
+            put_u64(out, *start);
+            put_u64(out, *end);
+            put_u32(out, *tid);
+            put_str(out, name);
+            put_str(out, domain);
+        }
     }
 }
 
@@ -351,6 +393,26 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         }
         Frame::Goodbye => {
             let at = begin(out, T_GOODBYE);
+            end(out, at);
+        }
+        Frame::Blind { start, reason } => {
+            let at = begin(out, T_BLIND);
+            put_u64(out, *start);
+            put_str(out, reason);
+            end(out, at);
+        }
+        Frame::Sighted { at: when } => {
+            let at = begin(out, T_SIGHTED);
+            put_u64(out, *when);
+            end(out, at);
+        }
+        Frame::Skipped {
+            incomplete,
+            unknown,
+        } => {
+            let at = begin(out, T_SKIPPED);
+            put_u64(out, *incomplete);
+            put_u64(out, *unknown);
             end(out, at);
         }
     }
@@ -529,6 +591,13 @@ fn get_record(r: &mut Reader) -> Result<GpuRecord, ProtocolError> {
             id: r.u32()?,
             name: r.str()?,
         },
+        R_RANGE => GpuRecord::Range {
+            start: r.u64()?,
+            end: r.u64()?,
+            tid: r.u32()?,
+            name: r.str()?,
+            domain: r.str()?,
+        },
         other => return Err(ProtocolError::UnknownRecord(other)),
     })
 }
@@ -579,6 +648,15 @@ pub fn decode_payload(ty: u8, payload: &[u8]) -> Result<Frame, ProtocolError> {
         },
         T_INFO => Frame::Info(r.str()?),
         T_GOODBYE => Frame::Goodbye,
+        T_BLIND => Frame::Blind {
+            start: r.u64()?,
+            reason: r.str()?,
+        },
+        T_SIGHTED => Frame::Sighted { at: r.u64()? },
+        T_SKIPPED => Frame::Skipped {
+            incomplete: r.u64()?,
+            unknown: r.u64()?,
+        },
         other => return Err(ProtocolError::UnknownFrame(other)),
     };
     r.done()?;
@@ -756,6 +834,15 @@ mod tests {
                 }
             ),
             (any::<u32>(), ".{0,30}").prop_map(|(id, name)| GpuRecord::Device { id, name }),
+            (any::<(u64, u64, u32)>(), ".{0,20}", ".{0,20}").prop_map(
+                |((start, end, tid), name, domain)| GpuRecord::Range {
+                    start,
+                    end,
+                    tid,
+                    name,
+                    domain,
+                }
+            ),
         ]
     }
 
@@ -783,6 +870,9 @@ mod tests {
                 Frame::Records(records),
                 Frame::Dropped { cupti, shim },
                 Frame::Lost { start: shim, end: cupti, records: cupti ^ shim },
+                Frame::Blind { start: cupti, reason: info.clone() },
+                Frame::Sighted { at: shim },
+                Frame::Skipped { incomplete: shim, unknown: cupti },
                 Frame::Info(info),
                 Frame::Goodbye,
             ];

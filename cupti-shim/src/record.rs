@@ -151,6 +151,16 @@ pub enum GpuRecord {
     },
     /// A GPU the process uses.
     Device { id: u32, name: String },
+    /// An NVTX range (push/pop or start/end) of host thread `tid`, or an
+    /// NVTX mark when `start == end`. Kept in the session: training steps
+    /// are often NVTX ranges.
+    Range {
+        start: u64,
+        end: u64,
+        tid: u32,
+        name: String,
+        domain: String,
+    },
 }
 
 impl GpuRecord {
@@ -161,7 +171,8 @@ impl GpuRecord {
             | GpuRecord::Memcpy { start, .. }
             | GpuRecord::Memset { start, .. }
             | GpuRecord::Sync { start, .. }
-            | GpuRecord::Api { start, .. } => *start,
+            | GpuRecord::Api { start, .. }
+            | GpuRecord::Range { start, .. } => *start,
             GpuRecord::Marker { ts, .. } => *ts,
             GpuRecord::Device { .. } => 0,
         }
@@ -175,7 +186,8 @@ impl GpuRecord {
             | GpuRecord::Memcpy { start, end, .. }
             | GpuRecord::Memset { start, end, .. }
             | GpuRecord::Sync { start, end, .. }
-            | GpuRecord::Api { start, end, .. } => Some((*start, *end)),
+            | GpuRecord::Api { start, end, .. }
+            | GpuRecord::Range { start, end, .. } => Some((*start, *end)),
             GpuRecord::Marker { ts, .. } => Some((*ts, *ts)),
             GpuRecord::Device { .. } => None,
         }

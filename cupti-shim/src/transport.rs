@@ -18,9 +18,37 @@ use std::time::{Duration, Instant};
 /// Frames queued at most; beyond this the shim drops (and counts).
 const QUEUE_FRAMES: usize = 64;
 
-/// The abstract socket a shim listens on for `gapscope attach`.
-pub fn control_socket_name(pid: u32) -> String {
-    format!("gapscope-cupti.{pid}")
+/// The abstract socket a shim listens on for `gapscope attach`: the
+/// process's pid as its own pid namespace numbers it, and that namespace's
+/// inode. Both sides can compute it (the shim from `/proc/self`, attach from
+/// `/proc/<pid>`), and it stays unique where several pid namespaces share a
+/// network namespace (two containers' pid 1 in one pod).
+pub fn control_socket_name(nspid: u32, pidns_inode: u64) -> String {
+    format!("gapscope-cupti.{nspid}.{pidns_inode}")
+}
+
+/// The control socket name of process `pid` of the caller's own pid
+/// namespace (the shim itself, or a child that shares it). Where that
+/// namespace cannot be read (no /proc), inode 0, which attach never
+/// computes: the shim is then not found rather than found under another
+/// process's name.
+pub fn local_control_socket_name(pid: u32) -> String {
+    control_socket_name(
+        pid,
+        namespace_inode(std::path::Path::new("/proc/self/ns/pid")).unwrap_or(0),
+    )
+}
+
+/// The inode of the namespace a `/proc/<pid>/ns/<kind>` link names: its
+/// target reads `kind:[inode]`.
+pub fn namespace_inode(link: &std::path::Path) -> Option<u64> {
+    parse_namespace_link(std::fs::read_link(link).ok()?.to_str()?)
+}
+
+/// `pid:[4026531836]` -> 4026531836.
+fn parse_namespace_link(target: &str) -> Option<u64> {
+    let (_, rest) = target.split_once(":[")?;
+    rest.strip_suffix(']')?.parse().ok()
 }
 
 /// A socket name from the environment: "@name" is abstract, anything else
@@ -32,8 +60,62 @@ fn address(name: &str) -> std::io::Result<SocketAddr> {
     }
 }
 
+/// How long the shim waits to get into a busy profiler's backlog. It runs
+/// inside `cuInit`: a stopped or swamped profiler must not hold the job's
+/// first CUDA call for longer than this.
+const CONNECT_PATIENCE: Duration = Duration::from_millis(100);
+
+/// Connects without ever blocking longer than [`CONNECT_PATIENCE`]: a
+/// non-blocking Unix connect fails at once (EAGAIN) while the listener's
+/// backlog is full, so it is retried briefly rather than waited on.
 pub fn connect(name: &str) -> std::io::Result<UnixStream> {
-    let s = UnixStream::connect_addr(&address(name)?)?;
+    use std::os::fd::FromRawFd;
+    let addr = address(name)?;
+    let path: Vec<u8> = match addr.as_abstract_name() {
+        Some(n) => std::iter::once(0u8).chain(n.iter().copied()).collect(),
+        None => addr
+            .as_pathname()
+            .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
+            .unwrap_or_default(),
+    };
+    // SAFETY: a zeroed sockaddr_un is valid; the path fits or is refused.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if path.is_empty() || path.len() >= sa.sun_path.len() {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path.iter_mut().zip(&path) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::offset_of!(libc::sockaddr_un, sun_path) + path.len()) as libc::socklen_t;
+    // SAFETY: plain socket call; the fd is owned by the stream below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket we own.
+    let s = unsafe { UnixStream::from_raw_fd(fd) };
+    let deadline = Instant::now() + CONNECT_PATIENCE;
+    loop {
+        // SAFETY: connect with a sockaddr_un of the length computed above.
+        let rc = unsafe { libc::connect(fd, &sa as *const _ as *const libc::sockaddr, len) };
+        if rc == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        let again = e.raw_os_error() == Some(libc::EAGAIN);
+        if !again || Instant::now() >= deadline {
+            return Err(e);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s.set_nonblocking(false)?;
     s.set_write_timeout(Some(Duration::from_secs(5)))?;
     Ok(s)
 }
@@ -222,6 +304,17 @@ impl Transport {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn namespace_links_give_their_inode() {
+        assert_eq!(parse_namespace_link("pid:[4026531836]"), Some(4026531836));
+        assert_eq!(parse_namespace_link("net:[1]"), Some(1));
+        assert_eq!(parse_namespace_link("pid:[]"), None);
+        assert_eq!(parse_namespace_link("pid:[12"), None);
+        assert_eq!(parse_namespace_link("/dev/null"), None);
+        // The name holds both parts, so two namespaces' pid 1 differ.
+        assert_ne!(control_socket_name(1, 10), control_socket_name(1, 11));
+    }
 
     #[test]
     fn frames_reach_the_peer_and_a_dead_peer_costs_nothing() {

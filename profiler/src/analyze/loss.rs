@@ -22,6 +22,7 @@ pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
             // A span of one instant (a lone marker) still lost something.
             .map(|l| (l.start, l.end.max(l.start.saturating_add(1)))),
     );
+    windows.extend(session.gpu_blind.iter().map(|b| (b.start, b.end)));
     super::intervals::union(windows)
 }
 
@@ -43,8 +44,10 @@ fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {
     out
 }
 
-/// Re-charges the idle inside lossy windows to `unattributed`. Start-up
-/// and tear-down are left alone: they follow from the GPU records only.
+/// Re-charges the idle inside lossy windows to `unattributed`. Start-up is
+/// left alone: it follows from the GPU records only. Tear-down is not: a
+/// process killed mid-run leaves a lossy window from its last record on,
+/// and the GPU may well have been busy then.
 pub fn mark(attribution: &mut Attribution, windows: &[(u64, u64)]) {
     if windows.is_empty() {
         return;
@@ -52,10 +55,7 @@ pub fn mark(attribution: &mut Attribution, windows: &[(u64, u64)]) {
     let pieces = std::mem::take(&mut attribution.pieces);
     let mut out = Attribution::default();
     for p in pieces {
-        if matches!(
-            p.cause,
-            Cause::Startup | Cause::Teardown | Cause::Unattributed
-        ) {
+        if matches!(p.cause, Cause::Startup | Cause::Unattributed) {
             out.add(p);
             continue;
         }

@@ -8,12 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gapscope_cupti::protocol::{Decoder, Frame};
-use gapscope_cupti::transport::control_socket_name;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinSet;
 
-use super::procfs;
+use super::{pidns, procfs};
 use crate::session::{GpuBatch, GpuSource, Record};
 
 /// Where `gapscope run` finds the shim: installed beside the binary.
@@ -88,7 +87,16 @@ async fn serve(
     tx: UnboundedSender<Record>,
 ) {
     let mut dec = Decoder::new();
+    let mut host_ids = pidns::HostIds::new(pid);
     let mut buf = vec![0u8; 256 << 10];
+    let mut end = StreamEnd {
+        pid,
+        tx: tx.clone(),
+        opened: gapscope_cupti::clock::monotonic_ns(),
+        last_record_end: 0,
+        goodbye: false,
+        blind: None,
+    };
     loop {
         let n = match stream.readable().await {
             Ok(()) => match stream.try_read(&mut buf) {
@@ -113,7 +121,11 @@ async fn serve(
                             },
                             hello,
                         }),
-                        Frame::Records(records) => Record::Gpu(GpuBatch { pid, records }),
+                        Frame::Records(mut records) => {
+                            host_ids.translate(&mut records);
+                            end.saw(&records);
+                            Record::Gpu(GpuBatch { pid, records })
+                        }
                         Frame::Dropped { cupti, shim } => Record::GpuDrops { pid, cupti, shim },
                         Frame::Lost {
                             start,
@@ -126,7 +138,29 @@ async fn serve(
                             records,
                         }),
                         Frame::Info(s) => Record::Note(format!("pid {pid}: {s}")),
-                        Frame::Goodbye => continue,
+                        Frame::Goodbye => {
+                            end.goodbye = true;
+                            continue;
+                        }
+                        Frame::Blind { start, reason } => {
+                            let note = format!(
+                                "pid {pid}: from {start} ns on, GPU activity could not be seen: {reason}"
+                            );
+                            end.blind.get_or_insert((start, reason));
+                            Record::Note(note)
+                        }
+                        Frame::Sighted { at } => match end.close_blind(at) {
+                            Some(r) => r,
+                            None => continue,
+                        },
+                        Frame::Skipped {
+                            incomplete,
+                            unknown,
+                        } => Record::GpuSkipped {
+                            pid,
+                            incomplete,
+                            unknown,
+                        },
                     };
                     if tx.send(record).is_err() {
                         return;
@@ -140,6 +174,64 @@ async fn serve(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// How a GPU stream ended, said when it does (also when its task is
+/// aborted at the end of a recording): a blind span still open is closed
+/// there, and a stream that ends without a goodbye — the process was killed,
+/// or left without its exit handlers — loses what ran after its last record.
+struct StreamEnd {
+    pid: u32,
+    tx: UnboundedSender<Record>,
+    opened: u64,
+    last_record_end: u64,
+    goodbye: bool,
+    blind: Option<(u64, String)>,
+}
+
+impl StreamEnd {
+    fn saw(&mut self, records: &[gapscope_cupti::GpuRecord]) {
+        for r in records {
+            if let Some((_, e)) = r.span() {
+                self.last_record_end = self.last_record_end.max(e);
+            }
+        }
+    }
+
+    fn close_blind(&mut self, at: u64) -> Option<Record> {
+        let (start, reason) = self.blind.take()?;
+        Some(Record::GpuBlind(crate::session::GpuBlind {
+            pid: self.pid,
+            start,
+            end: at.max(start),
+            reason,
+        }))
+    }
+}
+
+impl Drop for StreamEnd {
+    fn drop(&mut self) {
+        let now = gapscope_cupti::clock::monotonic_ns();
+        if let Some(r) = self.close_blind(now) {
+            let _ = self.tx.send(r);
+        }
+        if !self.goodbye {
+            let start = if self.last_record_end > 0 {
+                self.last_record_end
+            } else {
+                self.opened
+            };
+            let _ = self.tx.send(Record::GpuBlind(crate::session::GpuBlind {
+                pid: self.pid,
+                start: start.min(now),
+                end: now,
+                reason: "its GPU stream ended without a goodbye (the process was killed, or \
+                         left without running its exit handlers): what the GPU did after its \
+                         last record is unknown"
+                    .into(),
+            }));
         }
     }
 }
@@ -196,12 +288,9 @@ impl GpuStreams {
             if self.connected.contains(&pid) {
                 continue;
             }
-            let name = control_socket_name(pid);
-            let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-            else {
-                continue;
-            };
-            let Ok(std_stream) = std::os::unix::net::UnixStream::connect_addr(&addr) else {
+            // Possibly in a container: the shim's name and network
+            // namespace are its own.
+            let Ok(std_stream) = pidns::connect_control(pid) else {
                 continue;
             };
             let _ = std_stream.set_nonblocking(true);

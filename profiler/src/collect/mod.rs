@@ -6,6 +6,7 @@ pub mod bpf;
 pub mod gpu;
 pub mod launch;
 pub mod nvml;
+pub mod pidns;
 pub mod preflight;
 pub mod procfs;
 mod signals;
@@ -376,6 +377,12 @@ fn gpu_environment(env: &mut Vec<(OsString, OsString)>) -> Result<gpu::GpuListen
     let listener = gpu::GpuListener::bind()
         .map_err(|e| format!("cannot open the GPU socket ({e}): no CUPTI timeline"))?;
     env.retain(|(k, _)| k != "GAPSCOPE_SOCKET");
+    // NVTX ranges through NVTX's own injection, unless another tool already
+    // takes them: NVTX has one injection per process.
+    const NVTX: &str = "NVTX_INJECTION64_PATH";
+    if !env.iter().any(|(k, _)| k == NVTX) {
+        env.push((NVTX.into(), shim.clone().into_os_string()));
+    }
     env.push((INJECT.into(), shim.into_os_string()));
     env.push(("GAPSCOPE_SOCKET".into(), listener.env_value.clone().into()));
     Ok(listener)

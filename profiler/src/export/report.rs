@@ -59,6 +59,21 @@ pub struct DropsInfo {
     /// or GPU records were (the span a shim's dropped records covered):
     /// GPU idle inside these windows is charged to `unattributed`.
     pub lossy_windows_ns: Vec<Window>,
+    /// GPU records the shims did not pass on because CUPTI delivered them
+    /// incomplete (a forced flush while the GPU still ran them).
+    pub gpu_records_incomplete: u64,
+    /// Spans in which a process's GPU activity could not be seen at all,
+    /// and why (another CUPTI client held CUPTI; the process was killed).
+    /// They are lossy windows too: never counted as idle time of a cause.
+    pub gpu_blind: Vec<BlindSpan>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BlindSpan {
+    pub pid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -417,6 +432,17 @@ pub fn build_with(
             lossy_windows_ns: lossy
                 .iter()
                 .map(|&(start, end)| Window { start, end })
+                .collect(),
+            gpu_records_incomplete: session.gpu_skipped.values().map(|(i, _)| i).sum(),
+            gpu_blind: session
+                .gpu_blind
+                .iter()
+                .map(|b| BlindSpan {
+                    pid: b.pid,
+                    start_ns: b.start,
+                    end_ns: b.end,
+                    reason: b.reason.clone(),
+                })
                 .collect(),
         },
         threads,

@@ -148,6 +148,15 @@ fn blocks(r: &Report) -> Vec<Block> {
         )));
     }
     b.push(Block::Line(drops_line(r)));
+    for blind in &r.drops.gpu_blind {
+        b.push(Block::Line(format!(
+            "GPU not seen: pid {} for {} (+{} from the start): {}; counted as lost, not idle",
+            blind.pid,
+            units::duration(blind.end_ns.saturating_sub(blind.start_ns)),
+            units::duration(blind.start_ns.saturating_sub(r.window_ns.start)),
+            blind.reason
+        )));
+    }
     gpu_blocks(r, &mut b);
     advice_blocks(r, &mut b);
 

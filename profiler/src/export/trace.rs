@@ -40,6 +40,8 @@ enum Track {
     Syscalls(u32, u32),
     Cuda(u32, u32),
     Ops(u32, u32),
+    /// NVTX ranges a thread pushed (often the training steps).
+    Nvtx(u32, u32),
     Stream(u32, u32),
     Idle(u32),
     /// Windows in which the recording lost events.
@@ -60,6 +62,7 @@ impl Track {
             Track::Syscalls(..) => (1, " syscalls"),
             Track::Cuda(..) => (2, " CUDA API"),
             Track::Ops(..) => (3, " ops"),
+            Track::Nvtx(..) => (4, " NVTX"),
             Track::Stream(..) | Track::Idle(_) | Track::Lossy => (0, ""),
         }
     }
@@ -166,7 +169,8 @@ impl<W: Write> Writer<'_, W> {
             Track::Thread(pid, tid)
             | Track::Syscalls(pid, tid)
             | Track::Cuda(pid, tid)
-            | Track::Ops(pid, tid) => {
+            | Track::Ops(pid, tid)
+            | Track::Nvtx(pid, tid) => {
                 let (kind, suffix) = t.kind();
                 let id = if tid < REAL_ID_LIMIT && pid < REAL_ID_LIMIT {
                     tid + KIND_STRIDE * kind
@@ -489,6 +493,19 @@ pub fn write_timeline(
             if let Some((hpid, htid)) = drawn {
                 launched.insert((*pid, *correlation), (hpid, htid, *start));
             }
+        }
+    }
+    for (pid, r) in &session.gpu {
+        if let GpuRecord::Range {
+            start,
+            end,
+            tid,
+            name,
+            domain,
+        } = r
+        {
+            let args = format!(r#""domain":{}"#, esc(domain));
+            w.slice(Track::Nvtx(*pid, *tid), "nvtx", name, (*start, *end), &args)?;
         }
     }
     let mut flow_id = 0u64;

@@ -41,6 +41,28 @@ pub enum Record {
     Cost(CollectorCost),
     /// GPU records a process's shim had to drop, and the span they covered.
     GpuLost(GpuLost),
+    /// A span in which a process's shim could see nothing, and why.
+    GpuBlind(GpuBlind),
+    /// Cumulative counts of GPU records a process's shim did not pass on.
+    GpuSkipped {
+        pid: u32,
+        /// Delivered incomplete by CUPTI (zero timestamps, refused mid-buffer).
+        incomplete: u64,
+        /// Of kinds the shim does not read.
+        unknown: u64,
+    },
+}
+
+/// `[start, end]` in which process `pid`'s GPU view was missing entirely:
+/// another CUPTI client held CUPTI, or its stream ended without a goodbye
+/// (the process was killed) and what ran after its last record is unknown.
+/// The span is lost, never idle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuBlind {
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub reason: String,
 }
 
 /// `records` GPU records of process `pid` covering `[start, end]` never

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use gapscope_cupti::GpuRecord;
 
 use super::{
-    Drops, Event, FdPath, Footer, Frame, GpuLost, GpuSource, HostOp, NvmlDevice, NvmlSample,
-    ProcMaps, ProcessInfo, Record, SessionError, SessionHeader, Stack, ThreadSeed,
+    Drops, Event, FdPath, Footer, Frame, GpuBlind, GpuLost, GpuSource, HostOp, NvmlDevice,
+    NvmlSample, ProcMaps, ProcessInfo, Record, SessionError, SessionHeader, Stack, ThreadSeed,
     CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
 };
 
@@ -208,6 +208,10 @@ pub struct Session {
     pub gpu_drops: HashMap<u32, (u64, u64)>,
     /// Spans whose GPU records were (partly) dropped by a shim.
     pub gpu_lost: Vec<GpuLost>,
+    /// Spans a shim could not see at all, with the reason.
+    pub gpu_blind: Vec<GpuBlind>,
+    /// Last cumulative (incomplete, unknown kind) skipped records per process.
+    pub gpu_skipped: HashMap<u32, (u64, u64)>,
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
     pub host_ops: Vec<HostOp>,
@@ -273,6 +277,14 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             Record::HostOp(o) => s.host_ops.push(o),
             Record::Cost(c) => s.collector = Some(c),
             Record::GpuLost(l) => s.gpu_lost.push(l),
+            Record::GpuBlind(b) => s.gpu_blind.push(b),
+            Record::GpuSkipped {
+                pid,
+                incomplete,
+                unknown,
+            } => {
+                s.gpu_skipped.insert(pid, (incomplete, unknown));
+            }
         }
     }
     if first {
@@ -351,13 +363,15 @@ pub(crate) fn sanitize(s: &mut Session) {
         | GpuRecord::Memcpy { start, end, .. }
         | GpuRecord::Memset { start, end, .. }
         | GpuRecord::Sync { start, end, .. }
-        | GpuRecord::Api { start, end, .. } => span(*start, *end),
+        | GpuRecord::Api { start, end, .. }
+        | GpuRecord::Range { start, end, .. } => span(*start, *end),
         GpuRecord::Marker { ts, .. } => ok(*ts),
         GpuRecord::Device { .. } => true,
     });
     s.host_ops.retain(|o| span(o.start, o.end));
     s.nvml.retain(|n| ok(n.ts));
     s.gpu_lost.retain(|l| span(l.start, l.end));
+    s.gpu_blind.retain(|b| span(b.start, b.end));
     s.drop_readings.retain(|d| ok(d.ts));
     let dropped = before - (s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len());
     if dropped > 0 {
