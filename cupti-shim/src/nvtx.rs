@@ -148,6 +148,9 @@ pub extern "C" fn InitializeInjectionNvtx2(get_export_table: GetExportTable) -> 
     })
 }
 
+/// `get_export_table` must be the client library's `nvtxGetExportTable`
+/// (or None); its tables must stay where they are (they are the library's
+/// globals).
 unsafe fn install(get_export_table: GetExportTable) -> bool {
     let Some(get) = get_export_table else {
         return false;
@@ -219,6 +222,7 @@ struct ModuleTable {
     len: usize,
 }
 
+/// `get_table` must be the client library's `GetModuleFunctionTable`.
 unsafe fn module_table(
     get_table: unsafe extern "C" fn(c_int, *mut *mut Slot, *mut c_uint) -> c_int,
     module: c_int,
