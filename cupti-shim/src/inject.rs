@@ -120,6 +120,8 @@ struct Shim {
     /// started, until one ends).
     registered: AtomicBool,
     outstanding: AtomicUsize,
+    /// Buffers CUPTI holds (handed out, not yet completed).
+    in_cupti: AtomicI64,
     pool: Mutex<Vec<usize>>, // buffer addresses, kept as integers to be Send
     /// CUPTI < 27 needed more buffers than we give: stop at the next tick.
     overloaded: AtomicBool,
@@ -170,6 +172,7 @@ fn init() {
         state: AtomicU8::new(State::Dormant as u8),
         registered: AtomicBool::new(false),
         outstanding: AtomicUsize::new(0),
+        in_cupti: AtomicI64::new(0),
         pool: Mutex::new(Vec::new()),
         overloaded: AtomicBool::new(false),
         cupti_dropped: AtomicU64::new(0),
@@ -517,9 +520,11 @@ fn detach_profiler(wait: Duration, exiting: bool) {
     }
 }
 
-/// Lets the GPU finish what is queued: plain flushes until one quiet period
-/// delivers nothing (or the drain time is up), then a forced flush for what
-/// is still incomplete (its records arrive incomplete and are counted).
+/// Lets the GPU finish what is queued: plain flushes until CUPTI holds no
+/// buffer of ours and a quiet period delivered nothing (or the drain time
+/// is up), then a forced flush for what is still running. Its records come
+/// back incomplete: they are counted, and the span after the last record
+/// seen is reported lost rather than left to look idle.
 fn drain(s: &Shim, c: &Cupti) {
     let deadline = Instant::now() + EXIT_DRAIN;
     loop {
@@ -529,13 +534,28 @@ fn drain(s: &Shim, c: &Cupti) {
         std::thread::sleep(EXIT_QUIET);
         // SAFETY: as above.
         unsafe { (c.cuptiActivityFlushAll)(0) };
-        let delivered = s.completions.load(Ordering::SeqCst) != before;
-        if !delivered || Instant::now() >= deadline {
+        let quiet = s.completions.load(Ordering::SeqCst) == before;
+        let held = s.in_cupti.load(Ordering::SeqCst) > 0;
+        if (quiet && !held) || Instant::now() >= deadline {
             break;
         }
     }
+    let incomplete = s.incomplete.load(Ordering::SeqCst);
     // SAFETY: 1 = CUPTI_ACTIVITY_FLAG_FLUSH_FORCED.
     unsafe { (c.cuptiActivityFlushAll)(1) };
+    let cut = s.incomplete.load(Ordering::SeqCst) - incomplete;
+    if cut > 0 {
+        let now = now_monotonic();
+        let last = s.last_end.load(Ordering::SeqCst);
+        send(
+            &Frame::Lost {
+                start: if last > 0 { last.min(now) } else { now },
+                end: now,
+                records: cut,
+            },
+            0,
+        );
+    }
 }
 
 fn send_counts(s: &Shim) {
@@ -614,11 +634,13 @@ fn periodic() {
     let Some(c) = s.cupti() else { return };
     match state {
         State::Recording => {
+            // Probe before flushing: once another client holds CUPTI, a
+            // flush of ours would only hand it buffers it does not know.
             let flushed_at = now_monotonic();
-            // SAFETY: plain CUPTI call; 0 = flush completed buffers only.
-            unsafe { (c.cuptiActivityFlushAll)(0) };
-            let foreign = s.foreign_clock.swap(0, Ordering::SeqCst);
             let taken = other_client(c).or_else(|| {
+                // SAFETY: plain CUPTI call; 0 = flush completed buffers only.
+                unsafe { (c.cuptiActivityFlushAll)(0) };
+                let foreign = s.foreign_clock.swap(0, Ordering::SeqCst);
                 (foreign > 0).then(|| {
                     format!(
                         "{foreign} GPU records came timed on another clock: another CUPTI client \
@@ -753,7 +775,14 @@ extern "C" fn at_exit() {
 // ------------------------------------------------------------ CUPTI buffers
 
 extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max_records: *mut usize) {
-    let got = catch_unwind(|| shim().and_then(take_buffer)).ok().flatten();
+    let got = catch_unwind(|| {
+        let s = shim()?;
+        let b = take_buffer(s)?;
+        s.in_cupti.fetch_add(1, Ordering::SeqCst);
+        Some(b)
+    })
+    .ok()
+    .flatten();
     // SAFETY: CUPTI passes valid out-pointers.
     unsafe {
         *max_records = 0;
@@ -812,6 +841,7 @@ extern "C" fn buffer_completed(
         }
         if shim().is_some() {
             if let Some(c) = s.cupti() {
+                s.in_cupti.fetch_sub(1, Ordering::SeqCst);
                 s.completions.fetch_add(1, Ordering::SeqCst);
                 read_buffer(s, c, ctx, stream, buffer, valid);
             }

@@ -92,16 +92,19 @@ unsafe fn sym<T: Copy>(handle: *mut c_void, name: &str) -> Option<T> {
     }
 }
 
-/// Paths of libraries mapped into this process whose file name contains `needle`.
-fn mapped(needle: &str) -> Vec<String> {
+/// Paths of shared libraries mapped into this process whose file name
+/// starts with `prefix` ("libcupti" matches libcupti.so.13 and a
+/// differently named build of it alike).
+fn mapped(prefix: &str) -> Vec<String> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut out: Vec<String> = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
         .filter(|p| {
-            std::path::Path::new(p)
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().contains(needle))
+            std::path::Path::new(p).file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with(prefix) && n.contains(".so")
+            })
         })
         .map(str::to_string)
         .collect();
@@ -203,7 +206,7 @@ fn wheel_dirs(cudart: &str) -> Vec<std::path::PathBuf> {
 fn candidates(driver: u32) -> (Vec<String>, Option<String>) {
     let mut c = Vec::new();
     let mut note = None;
-    let already = mapped("libcupti.so");
+    let already = mapped("libcupti");
     let explicit = std::env::var("GAPSCOPE_CUPTI").ok();
     if let (Some(first), Some(asked)) = (already.first(), &explicit) {
         let same = std::fs::canonicalize(first).ok() == std::fs::canonicalize(asked).ok();
@@ -216,7 +219,7 @@ fn candidates(driver: u32) -> (Vec<String>, Option<String>) {
     }
     c.extend(already);
     c.extend(explicit);
-    for rt in mapped("libcudart.so") {
+    for rt in mapped("libcudart") {
         for dir in wheel_dirs(&rt) {
             c.extend(cupti_in(&dir));
         }

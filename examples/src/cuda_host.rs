@@ -1,6 +1,6 @@
 //! gs-cuda-host: a stand-in for "the CUDA driver plus a PyTorch-like
 //! application", for testing gapscope's CUPTI shim on machines without a
-//! GPU. It maps the stand-in libcupti (libcupti.so from gs-fakecupti) the
+//! GPU. It maps the stand-in libcupti (libcupti_standin.so from gs-fakecupti) the
 //! way torch maps its own, loads the library named by CUDA_INJECTION64_PATH
 //! and calls its InitializeInjection as cuInit does, then runs a training
 //! loop of simulated kernels through the stand-in's control API, and prints
@@ -38,7 +38,7 @@ usage: gs-cuda-host [options]
   --exit normal|abort|sigkill-self
                           how the process ends (normal: return from main)
 
-The stand-in libcupti is $GS_FAKE_CUPTI, else libcupti.so beside this program.
+The stand-in libcupti is $GS_FAKE_CUPTI, else libcupti_standin.so beside this program.
 One JSON line of ground truth goes to stdout (times on CLOCK_MONOTONIC).";
 
 fn die(msg: &str) -> ! {
@@ -187,9 +187,9 @@ fn load_fake() -> (String, Fake) {
     let path = std::env::var("GS_FAKE_CUPTI").unwrap_or_else(|_| {
         std::env::current_exe()
             .ok()
-            .and_then(|p| p.parent().map(|d| d.join("libcupti.so")))
+            .and_then(|p| p.parent().map(|d| d.join("libcupti_standin.so")))
             .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "libcupti.so".into())
+            .unwrap_or_else(|| "libcupti_standin.so".into())
     });
     // GLOBAL, like torch's libcupti: already mapped when the shim looks.
     let h = open(&path, libc::RTLD_NOW | libc::RTLD_GLOBAL);

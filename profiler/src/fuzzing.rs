@@ -211,6 +211,17 @@ fn seed_records() -> Vec<u8> {
             end: t + 700,
             records: 2,
         }),
+        Record::GpuBlind(crate::session::GpuBlind {
+            pid: 10,
+            start: t + 700,
+            end: t + 900,
+            reason: "seed".into(),
+        }),
+        Record::GpuSkipped {
+            pid: 10,
+            incomplete: 1,
+            unknown: 2,
+        },
         Record::End(Footer {
             end_ns: t + 1_000,
             reason: StopReason::TargetExited,
@@ -259,6 +270,31 @@ fn seed_frames() -> Vec<u8> {
             start: 2,
             end: 5,
             records: 3,
+        },
+        &mut out,
+    );
+    encode(
+        &Frame::Records(vec![GpuRecord::Range {
+            start: 2,
+            end: 4,
+            tid: 1,
+            name: "step 0".into(),
+            domain: String::new(),
+        }]),
+        &mut out,
+    );
+    encode(
+        &Frame::Blind {
+            start: 5,
+            reason: "seed".into(),
+        },
+        &mut out,
+    );
+    encode(&Frame::Sighted { at: 6 }, &mut out);
+    encode(
+        &Frame::Skipped {
+            incomplete: 1,
+            unknown: 2,
         },
         &mut out,
     );

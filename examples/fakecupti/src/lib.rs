@@ -1,4 +1,4 @@
-//! libcupti.so (stand-in): NOT NVIDIA's CUPTI. It exports the CUPTI entry
+//! libcupti_standin.so: NOT NVIDIA's CUPTI. It exports the CUPTI entry
 //! points gapscope's shim binds, with CUDA 13.0 CUPTI's activity semantics,
 //! and drives them from a simulated GPU stream, so the shim can be tested
 //! through its whole life (injection, attach, flushes, a torch.profiler

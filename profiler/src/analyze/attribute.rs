@@ -155,6 +155,9 @@ pub struct Inputs<'a> {
 pub struct Attribution {
     pub by_cause: BTreeMap<Cause, u64>,
     pub pieces: Vec<Piece>,
+    /// Time without GPU records that fell where the GPU could not be seen
+    /// at all (a blind span): taken out of the idle time, not charged.
+    pub unseen: u64,
 }
 
 impl Attribution {

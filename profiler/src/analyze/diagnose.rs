@@ -118,6 +118,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
         .map(|(t, v)| (t, attribute::flatten_ops(v)))
         .collect();
     let lossy_windows = super::loss::lossy_windows(session);
+    let blind_windows = super::loss::blind_windows(session);
     let gpus = gpu_timelines(session, tl.start, tl.end)
         .into_iter()
         .map(|gpu| {
@@ -130,6 +131,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
                 api: &api,
                 ops: &ops,
             });
+            super::loss::cut_unseen(&mut attribution, &blind_windows);
             super::loss::mark(&mut attribution, &lossy_windows);
             GpuDiagnosis { gpu, attribution }
         })

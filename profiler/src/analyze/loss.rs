@@ -26,6 +26,46 @@ pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
     super::intervals::union(windows)
 }
 
+/// Spans in which some process's GPU could not be seen at all (another
+/// CUPTI client held CUPTI; a killed process's tail), merged and sorted.
+pub fn blind_windows(session: &Session) -> Vec<(u64, u64)> {
+    super::intervals::union(session.gpu_blind.iter().map(|b| (b.start, b.end)).collect())
+}
+
+/// Takes the idle inside blind spans out of the attribution altogether:
+/// nothing was seen there, so it is neither idle of a cause nor idle at
+/// all. What was taken is kept as `unseen`.
+pub fn cut_unseen(attribution: &mut Attribution, blind: &[(u64, u64)]) {
+    if blind.is_empty() {
+        return;
+    }
+    let pieces = std::mem::take(&mut attribution.pieces);
+    let mut out = Attribution {
+        unseen: attribution.unseen,
+        ..Attribution::default()
+    };
+    for p in pieces {
+        let mut at = p.start;
+        let first = blind.partition_point(|w| w.1 <= p.start);
+        for &(ws, we) in blind[first..].iter().take_while(|w| w.0 < p.end) {
+            let (s, e) = (ws.max(p.start), we.min(p.end));
+            if s > at {
+                out.add(Piece {
+                    end: s,
+                    start: at,
+                    ..p
+                });
+            }
+            out.unseen += e.saturating_sub(s.max(at));
+            at = at.max(e);
+        }
+        if at < p.end {
+            out.add(Piece { start: at, ..p });
+        }
+    }
+    *attribution = out;
+}
+
 fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut prev = (session.header.as_ref().map_or(0, |h| h.start_ns), 0u64);
@@ -53,7 +93,10 @@ pub fn mark(attribution: &mut Attribution, windows: &[(u64, u64)]) {
         return;
     }
     let pieces = std::mem::take(&mut attribution.pieces);
-    let mut out = Attribution::default();
+    let mut out = Attribution {
+        unseen: attribution.unseen,
+        ..Attribution::default()
+    };
     for p in pieces {
         if matches!(p.cause, Cause::Startup | Cause::Unattributed) {
             out.add(p);
@@ -133,6 +176,30 @@ mod tests {
             lossy_windows(&s),
             vec![(1_000, 2_500), (4_000, 4_200), (9_000, 9_001)]
         );
+    }
+
+    #[test]
+    fn idle_inside_a_blind_span_is_unseen_not_idle() {
+        let mut a = Attribution::default();
+        for (s, e, c) in [
+            (0, 100, Cause::Startup),
+            (100, 400, Cause::InputIo),
+            (500, 900, Cause::Teardown),
+        ] {
+            a.add(Piece {
+                start: s,
+                end: e,
+                cause: c,
+                thread: Some((1, 1)),
+            });
+        }
+        let before = a.total();
+        cut_unseen(&mut a, &[(50, 150), (350, 450), (600, 2_000)]);
+        assert_eq!(a.get(Cause::Startup), 50);
+        assert_eq!(a.get(Cause::InputIo), 200); // 150..350
+        assert_eq!(a.get(Cause::Teardown), 100); // 500..600
+        assert_eq!(a.unseen, 50 + 50 + 50 + 300);
+        assert_eq!(a.total() + a.unseen, before);
     }
 
     #[test]

@@ -170,6 +170,10 @@ pub struct GpuReport {
     /// busy_ns split by what ran, each instant once (compute first).
     pub busy_by_kind_ns: BusyByKindReport,
     pub idle_ns: u64,
+    /// Time the GPU could not be seen (another CUPTI client held CUPTI, or
+    /// the process was killed): neither busy nor idle. busy + idle + unseen
+    /// = allocated.
+    pub unseen_ns: u64,
     /// First GPU activity start to last GPU activity end.
     pub span_ns: u64,
     pub gaps: Gaps,
@@ -252,7 +256,8 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
             let g = &d.gpu;
             let by = |c: Cause| d.attribution.get(c);
             let busy = g.busy_ns();
-            let idle = allocated - busy;
+            let unseen = d.attribution.unseen;
+            let idle = allocated - busy - unseen;
             let b = g.gap_buckets();
             let gap = |i: usize| GapReport {
                 count: b[i].count,
@@ -273,6 +278,7 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                     memory: g.busy_by_kind.memory,
                 },
                 idle_ns: idle,
+                unseen_ns: unseen,
                 span_ns: g.span_ns(),
                 gaps: Gaps {
                     gt_10us: gap(0),

@@ -4,8 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Bumped when a record changes meaning; readers refuse newer versions.
-pub const FORMAT_VERSION: u16 = 1;
+/// Bumped when a record changes meaning or a new one is added; readers
+/// refuse newer versions at the header rather than at an unknown record.
+/// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records).
+pub const FORMAT_VERSION: u16 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
