@@ -360,32 +360,131 @@ fn fuzz(only: Option<&str>, how: Fuzz) -> Result<()> {
     Ok(())
 }
 
-/// target/gpu-bundle/: release gapscope with its shim beside it, the GPU
-/// check script and its PyTorch workloads. Copy it to a GPU machine and run
-/// `sudo ./run.sh` there.
+/// target/gpu-bundle/: release gapscope with its shim beside it,
+/// gs-shim-listen (the shim's socket without eBPF), the GPU check script
+/// and its PyTorch workloads. Copy it to a GPU machine and run `./run.sh`
+/// there (as root for the eBPF half; see run.sh for --python).
 fn gpu_bundle() -> Result<()> {
     setup(false)?;
     let release = build_release()?;
     let out = root().join("target/gpu-bundle");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(out.join("workloads"))?;
-    for f in ["gapscope", "libgapscope_cupti.so"] {
-        std::fs::copy(release.join(f), out.join(f)).with_context(|| format!("copying {f}"))?;
+    let binaries = ["gapscope", "libgapscope_cupti.so", "gs-shim-listen"];
+    for f in binaries {
+        let dst = out.join(f);
+        std::fs::copy(release.join(f), &dst).with_context(|| format!("copying {f}"))?;
+        strip_debug(&dst)?;
     }
+    let glibc = glibc_floor(&binaries.map(|f| out.join(f)))?;
     let src = root().join("xtask/gpu-bundle");
     for f in ["run.sh", "checks.py"] {
-        std::fs::copy(src.join(f), out.join(f))?;
+        std::fs::copy(src.join(f), out.join(f)).with_context(|| format!("copying {f}"))?;
     }
     for e in std::fs::read_dir(src.join("workloads"))? {
         let e = e?;
-        std::fs::copy(e.path(), out.join("workloads").join(e.file_name()))?;
+        if e.path().extension().is_some_and(|x| x == "py") {
+            std::fs::copy(e.path(), out.join("workloads").join(e.file_name()))?;
+        }
+    }
+    let commit = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .current_dir(root())
+        .output()
+        .map(|o| !o.stdout.is_empty())
+        .unwrap_or(false);
+    std::fs::write(
+        out.join("bundle.json"),
+        format!(
+            "{{\"commit\": \"{commit}{}\", \"glibc_floor\": \"{glibc}\"}}\n",
+            if dirty { "+uncommitted" } else { "" }
+        ),
+    )?;
+    let size = dir_size(&out)?;
+    const MAX: u64 = 48 << 20;
+    if size > MAX {
+        bail!(
+            "the GPU bundle is {:.1} MiB, over the {} MiB that can be carried to a GPU machine",
+            size as f64 / (1 << 20) as f64,
+            MAX >> 20
+        );
     }
     eprintln!(
-        "xtask: GPU bundle in {}; on a machine with an NVIDIA GPU and PyTorch: sudo {}/run.sh",
+        "xtask: GPU bundle in {}: {:.1} MiB, needs glibc >= {glibc}\n\
+         xtask: on a machine with an NVIDIA GPU and PyTorch: ./run.sh as root \
+         (sudo loses venvs: sudo ./run.sh --python \"$(command -v python)\")",
         out.display(),
-        out.display()
+        size as f64 / (1 << 20) as f64,
     );
     Ok(())
+}
+
+/// Strips debug information from a copied binary (the symbol table stays,
+/// for backtraces): `strip`, or `objcopy` where only that is installed.
+fn strip_debug(path: &Path) -> Result<()> {
+    for tool in ["strip", "objcopy"] {
+        match Command::new(tool).arg("--strip-debug").arg(path).status() {
+            Ok(s) if s.success() => return Ok(()),
+            Ok(s) => bail!("{tool} --strip-debug {} failed ({s})", path.display()),
+            Err(_) => continue,
+        }
+    }
+    bail!("neither strip nor objcopy found: apt-get install binutils")
+}
+
+/// The newest GLIBC_x.y symbol version the binaries need (`objdump -T`):
+/// the oldest glibc they load on.
+fn glibc_floor(binaries: &[PathBuf]) -> Result<String> {
+    let mut newest: Vec<u32> = Vec::new();
+    for b in binaries {
+        let o = Command::new("objdump")
+            .arg("-T")
+            .arg(b)
+            .output()
+            .context("running objdump -T (apt-get install binutils)")?;
+        if !o.status.success() {
+            bail!("objdump -T {} failed", b.display());
+        }
+        for v in String::from_utf8_lossy(&o.stdout)
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .filter_map(|w| w.strip_prefix("GLIBC_"))
+        {
+            let parsed: Option<Vec<u32>> = v.split('.').map(|p| p.parse().ok()).collect();
+            if let Some(parsed) = parsed.filter(|p| !p.is_empty()) {
+                newest = newest.max(parsed);
+            }
+        }
+    }
+    if newest.is_empty() {
+        bail!("objdump -T found no GLIBC_ version in the bundle's binaries");
+    }
+    Ok(newest
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+fn dir_size(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let m = e.metadata()?;
+        n += if m.is_dir() {
+            dir_size(&e.path())?
+        } else {
+            m.len()
+        };
+    }
+    Ok(n)
 }
 
 fn vmlinux() -> Result<()> {
