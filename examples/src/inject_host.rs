@@ -3,7 +3,8 @@
 //! CUDA_INJECTION64_PATH (or the first argument) the way the driver does,
 //! calls its InitializeInjection, then does a fixed amount of CPU work and
 //! prints, as JSON, what it measured — so a test can check that the library
-//! neither failed the process nor slowed it down.
+//! neither failed the process nor slowed it down. With GS_HOLD_MS set it
+//! then stays alive that many milliseconds, for tests that attach to it.
 
 use std::ffi::CString;
 use std::time::Instant;
@@ -51,4 +52,11 @@ fn main() {
             .map(|r| r.to_string())
             .unwrap_or_else(|| "null".into())
     );
+    // GS_HOLD_MS: stay alive this long afterwards, so a test can attach.
+    if let Some(ms) = std::env::var("GS_HOLD_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
