@@ -1,14 +1,17 @@
 """torch.profiler (Kineto) inside a traced job: it takes CUPTI for a while.
 
-    torch_profiler.py TRACE.json [N]
+    torch_profiler.py TRACE.json [N] [PAUSE_S]
 
 Three phases of N adds each, synchronized between phases: before, during a
 torch.profiler session (CPU + CUDA activities) whose chrome trace is
 exported to TRACE.json, and after it. torch.profiler must still produce its
 full trace (N kernels, each after its launch call on its own clock); the
 shim must see the kernels before and after, and report the span it could
-not see rather than let it pass for idle."""
+not see rather than let it pass for idle. PAUSE_S (0.6) of host time
+before the profiler starts, as in a job that profiles a later step: the
+shim has delivered what ran before by then (it flushes every 250 ms)."""
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -17,6 +20,7 @@ from _common import emit, now, window
 
 trace = sys.argv[1]
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.6
 
 x = torch.empty(64 << 20, device="cuda")  # 256 MiB, no kernel
 t_warm = now()
@@ -33,6 +37,7 @@ def phase():
 
 
 b0, b1 = phase()
+time.sleep(pause)
 p0 = now()
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     d0, d1 = phase()
