@@ -630,7 +630,8 @@ def eval_report_drops(rep):
 
 def eval_exit_report(truth, rep):
     launched = truth["kernels"]
-    count = field(rep, "gpus.0.kernels.count")
+    # No GPU in the report: nothing at all arrived.
+    count = field(rep, "gpus.0.kernels.count") if field(rep, "gpus") else 0
     dropped = field(rep, "drops.gpu_records")
     lossy = rep.get("drops", {}).get("lossy_windows_ns", [])
     q0 = truth["windows"][-1]["start"]
