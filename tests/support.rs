@@ -218,8 +218,9 @@ pub fn assert_partitions(report: &Value) {
     }
 }
 
-/// A GPU's account partitions exactly (integer ns): busy + idle is the
-/// allocated time, the idle causes sum to idle and the kinds of busy to busy.
+/// A GPU's account partitions exactly (integer ns): busy + idle + unseen
+/// (where the GPU could not be seen) is the allocated time, the idle causes
+/// sum to idle and the kinds of busy to busy.
 #[track_caller]
 pub fn assert_gpu_partitions(g: &Value) {
     let sum = |v: &Value| -> u64 {
@@ -230,7 +231,7 @@ pub fn assert_gpu_partitions(g: &Value) {
             .sum()
     };
     assert_eq!(
-        u64_of(g, "busy_ns") + u64_of(g, "idle_ns"),
+        u64_of(g, "busy_ns") + u64_of(g, "idle_ns") + g["unseen_ns"].as_u64().unwrap_or(0),
         u64_of(g, "allocated_ns"),
         "GPU {}",
         g["id"]

@@ -75,12 +75,20 @@ const QUIET_DRIVER: &[u32] = &[
     795, // cuCtxGetDevice (v2)
 ];
 
-const BUFFER_SIZE: usize = 2 << 20;
-/// Buffers handed to CUPTI at once; past this CUPTI drops and counts.
-const MAX_BUFFERS: usize = 16;
+/// Records CUPTI puts in one buffer of ours before handing it back. Small
+/// on purpose: when torch.profiler takes CUPTI over, CUPTI goes on filling
+/// the buffer it already had from us and then hands it to torch.profiler,
+/// which cannot read a buffer it did not allocate. What its trace can miss
+/// is at most this many records, at its very start.
+const RECORDS_PER_BUFFER: usize = 512;
+/// Room for RECORDS_PER_BUFFER of the largest record read (CUDA 13's
+/// kernel record is under 256 bytes).
+const BUFFER_SIZE: usize = 128 << 10;
+/// Buffers handed to CUPTI at once (8 MiB); past this CUPTI drops and counts.
+const MAX_BUFFERS: usize = 64;
 /// CUPTI older than API 27 can crash on a refused buffer: it gets buffers
 /// up to this cap, and past it recording stops (and says so) instead.
-const MAX_BUFFERS_OLD_CUPTI: usize = 64;
+const MAX_BUFFERS_OLD_CUPTI: usize = 256;
 /// Records frames are cut at this many payload bytes.
 const FRAME_TARGET: usize = 1 << 20;
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
@@ -131,8 +139,6 @@ struct Shim {
     /// When recording (re)started, and the latest record end seen since.
     since: AtomicU64,
     last_end: AtomicU64,
-    /// The last periodic flush after which CUPTI was still ours.
-    last_clean: AtomicU64,
     /// Buffers completed (to us) since the counter was last reset.
     completions: AtomicU64,
     /// Records timed off CLOCK_MONOTONIC: someone replaced our clock.
@@ -180,7 +186,6 @@ fn init() {
         incomplete: AtomicU64::new(0),
         since: AtomicU64::new(0),
         last_end: AtomicU64::new(0),
-        last_clean: AtomicU64::new(0),
         completions: AtomicU64::new(0),
         foreign_clock: AtomicU64::new(0),
         devices_sent: AtomicBool::new(false),
@@ -241,7 +246,8 @@ impl Shim {
     /// Loads libcupti the first time it is needed. The exit handler is
     /// registered right after, so that it runs before CUPTI's own teardown
     /// (handlers run in reverse order of registration).
-    fn load_cupti(&self) -> Option<&Cupti> {
+    /// The loader's note, if any, comes back once, for the first hello.
+    fn load_cupti(&self) -> (Option<&Cupti>, Option<String>) {
         static AT_EXIT: Once = Once::new();
         let mut note = None;
         let loaded = self.cupti.get_or_init(|| {
@@ -250,14 +256,11 @@ impl Shim {
                 c
             })
         });
-        if let Some(n) = note {
-            send(&Frame::Info(n), 0);
-        }
         AT_EXIT.call_once(|| {
             // SAFETY: registering a plain extern "C" function.
             unsafe { libc::atexit(at_exit) };
         });
-        loaded.as_ref().ok()
+        (loaded.as_ref().ok(), note)
     }
 }
 
@@ -281,7 +284,7 @@ fn attach_profiler(link: Transport) {
     if let Ok(mut l) = s.link.lock() {
         *l = Some(link);
     }
-    let cupti = s.load_cupti();
+    let (cupti, note) = s.load_cupti();
     let hello = Hello {
         version: VERSION,
         pid: s.pid,
@@ -296,6 +299,9 @@ fn attach_profiler(link: Transport) {
         source: format!("gapscope-cupti {}", env!("CARGO_PKG_VERSION")),
     };
     send(&Frame::Hello(hello), 0);
+    if let Some(n) = note {
+        send(&Frame::Info(n), 0);
+    }
     let Some(c) = cupti else {
         let why = match s.cupti.get() {
             Some(Err(why)) => why.clone(),
@@ -308,12 +314,7 @@ fn attach_profiler(link: Transport) {
         return;
     };
     send(
-        &Frame::Info(format!(
-            "CUPTI {} (API version {}) from {}",
-            version_text(c.version),
-            c.version,
-            c.path
-        )),
+        &Frame::Info(format!("CUPTI {} from {}", version_text(c.version), c.path)),
         0,
     );
     match other_client(c) {
@@ -322,12 +323,18 @@ fn attach_profiler(link: Transport) {
     }
 }
 
-/// "13.0.1" for CUPTI 13's 130001; older CUPTIs count API versions (18..).
+/// "13.0.1 (API version 130001)" for CUPTI 13; older CUPTIs count API
+/// versions only (18 and up).
 fn version_text(v: u32) -> String {
     if v >= 100_000 {
-        format!("{}.{}.{}", v / 10_000, v / 100 % 100, v % 100)
+        format!(
+            "{}.{}.{} (API version {v})",
+            v / 10_000,
+            v / 100 % 100,
+            v % 100
+        )
     } else {
-        format!("API {v}")
+        format!("API version {v}")
     }
 }
 
@@ -418,7 +425,6 @@ fn start_recording(s: &Shim, c: &Cupti) {
     }
     let now = now_monotonic();
     s.since.store(now, Ordering::SeqCst);
-    s.last_clean.store(now, Ordering::SeqCst);
     s.last_end.store(0, Ordering::SeqCst);
     s.foreign_clock.store(0, Ordering::SeqCst);
     s.set_state(State::Recording);
@@ -636,7 +642,6 @@ fn periodic() {
         State::Recording => {
             // Probe before flushing: once another client holds CUPTI, a
             // flush of ours would only hand it buffers it does not know.
-            let flushed_at = now_monotonic();
             let taken = other_client(c).or_else(|| {
                 // SAFETY: plain CUPTI call; 0 = flush completed buffers only.
                 unsafe { (c.cuptiActivityFlushAll)(0) };
@@ -649,16 +654,19 @@ fn periodic() {
                 })
             });
             if let Some(why) = taken {
-                // Everything completed before the last clean flush reached
-                // us; what ran after the last record we saw may not have.
+                // CUPTI hands buffers back in order, so whatever did not
+                // reach us ran after the last record that did: lost from
+                // there (a kernel still running at the last flush started
+                // after it too, so the last flush is no bound).
                 let last = s.last_end.load(Ordering::SeqCst);
-                let clean = s.last_clean.load(Ordering::SeqCst);
-                let since = s.since.load(Ordering::SeqCst);
-                let start = if last > 0 { last.min(clean) } else { since };
+                let start = if last > 0 {
+                    last
+                } else {
+                    s.since.load(Ordering::SeqCst)
+                };
                 go_blind(s, start, &why);
                 return;
             }
-            s.last_clean.store(flushed_at, Ordering::SeqCst);
             if s.overloaded.load(Ordering::SeqCst) {
                 stop_overloaded(s, c);
                 return;
@@ -785,7 +793,7 @@ extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max_recor
     .flatten();
     // SAFETY: CUPTI passes valid out-pointers.
     unsafe {
-        *max_records = 0;
+        *max_records = RECORDS_PER_BUFFER;
         match got {
             Some(p) => {
                 *buffer = p;
@@ -1057,9 +1065,9 @@ mod tests {
 
     #[test]
     fn cupti_13_versions_read_as_releases() {
-        assert_eq!(version_text(130001), "13.0.1");
-        assert_eq!(version_text(130400), "13.4.0");
-        assert_eq!(version_text(26), "API 26");
+        assert_eq!(version_text(130001), "13.0.1 (API version 130001)");
+        assert_eq!(version_text(130400), "13.4.0 (API version 130400)");
+        assert_eq!(version_text(26), "API version 26");
     }
 
     #[test]

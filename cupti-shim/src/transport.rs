@@ -16,7 +16,7 @@ use crate::protocol::{encode, Frame};
 use std::time::{Duration, Instant};
 
 /// Frames queued at most; beyond this the shim drops (and counts).
-const QUEUE_FRAMES: usize = 64;
+const QUEUE_FRAMES: usize = 256;
 
 /// The abstract socket a shim listens on for `gapscope attach`: the
 /// process's pid as its own pid namespace numbers it, and that namespace's
