@@ -82,6 +82,8 @@ fn the_seeds_are_real_inputs() {
     assert_eq!(s.gpu.len(), 2);
     assert!(s.truncated.is_none());
     assert_eq!(s.gpu_lost.len(), 1);
+    assert_eq!(s.gpu_blind.len(), 1);
+    assert_eq!(s.gpu_skipped.get(&10), Some(&(1, 2)));
     let trace = dir.path().join("t.json");
     std::fs::write(&trace, &fuzzing::seeds("kineto_trace")[0]).unwrap();
     let s = gapscope::kineto::import(&trace).unwrap();
@@ -98,7 +100,9 @@ fn the_seeds_are_real_inputs() {
     while d.next_frame().unwrap().is_some() {
         frames += 1;
     }
-    assert_eq!(frames, 5);
+    // Hello, kernels, Lost, an NVTX range, Blind, Sighted, Skipped, Info,
+    // Goodbye: every frame type.
+    assert_eq!(frames, 9);
 }
 
 #[test]
