@@ -143,7 +143,7 @@ fn damaged_sessions_read_up_to_the_damage_or_fail_in_one_line() {
     };
     // A newer format than this gapscope reads: one line, exit 1.
     let mut newer = good.clone();
-    newer[8] = newer[8].wrapping_add(1);
+    newer[8..10].copy_from_slice(&(gapscope::session::FORMAT_VERSION + 1).to_le_bytes());
     let (code, _, stderr, _) = report_with_rss(&write("newer.gsz", &newer));
     assert_eq!(code, Some(1));
     one_line_error(&stderr, "newer");

@@ -480,6 +480,78 @@ fn an_old_cupti_with_a_wrong_path_asked_for_still_uses_the_mapped_one() {
     assert_eq!(kernels, 2 * 3);
 }
 
+/// Launches so many kernels behind one another that CUPTI fills buffer
+/// after buffer before any comes back, as a burst does while the GPU lags.
+fn burst(version: &str) -> (Life, std::process::ExitStatus) {
+    let name = format!("gapscope-test-life-burst.{}.{version}", std::process::id());
+    let listener =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let child = host_command(&[
+        "--steps",
+        "1",
+        "--kernels-per-step",
+        "1",
+        "--pending",
+        "70000",
+    ])
+    .env("CUDA_INJECTION64_PATH", shim())
+    .env("GAPSCOPE_SOCKET", format!("@{name}"))
+    .env("GS_FAKE_CUPTI_VERSION", version)
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let (mut conn, _) = listener.accept().unwrap();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut bytes = Vec::new();
+    conn.read_to_end(&mut bytes).unwrap();
+    let out = waiter.join().unwrap();
+    let mut d = Decoder::new();
+    d.push(&bytes);
+    let mut frames = Vec::new();
+    while let Some(f) = d.next_frame().unwrap() {
+        frames.push(f);
+    }
+    let truth = if out.status.success() {
+        last_json_line(&out.stdout)
+    } else {
+        Value::Null
+    };
+    (Life { truth, frames }, out.status)
+}
+
+#[test]
+fn a_cupti_that_cannot_refuse_a_buffer_is_never_refused_one() {
+    // CUPTI before API 27 crashes on a refused buffer (the stand-in
+    // aborts): the shim gives it buffers past its usual cap, then stops
+    // recording and says so.
+    let (life, status) = burst("26");
+    assert!(status.success(), "the job crashed: {status:?}");
+    assert!(
+        !life
+            .frames
+            .iter()
+            .any(|f| matches!(f, Frame::Dropped { cupti, .. } if *cupti > 0)),
+        "a buffer was refused"
+    );
+    // A CUPTI that refuses safely is refused past the cap: it drops and
+    // counts, and the profiler is told which span the drops cover.
+    let (life, status) = burst("130001");
+    assert!(status.success(), "{status:?}");
+    let dropped = life
+        .frames
+        .iter()
+        .rev()
+        .find_map(|f| match f {
+            Frame::Dropped { cupti, .. } => Some(*cupti),
+            _ => None,
+        })
+        .unwrap();
+    assert!(dropped > 0, "the burst never reached the cap");
+    assert!(life.frames.iter().any(|f| matches!(f, Frame::Lost { .. })));
+}
+
 // ------------------------------------------------ through `gapscope run`
 
 fn gapscope_run_host(test: &str, host_args: &[&str]) -> Option<(Run, Value)> {
