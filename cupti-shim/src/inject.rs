@@ -123,6 +123,8 @@ struct Shim {
     clock: Mutex<ClockMethod>,
     clock_offset: AtomicI64,
     link: Mutex<Option<Transport>>,
+    /// A profiler is connected (NVTX ranges are wanted).
+    listening: AtomicBool,
     state: AtomicU8,
     /// Our callbacks and clock are registered with CUPTI (once a recording
     /// started, until one ends).
@@ -175,6 +177,7 @@ fn init() {
         clock: Mutex::new(ClockMethod::TimestampCallback),
         clock_offset: AtomicI64::new(0),
         link: Mutex::new(None),
+        listening: AtomicBool::new(false),
         state: AtomicU8::new(State::Dormant as u8),
         registered: AtomicBool::new(false),
         outstanding: AtomicUsize::new(0),
@@ -284,6 +287,7 @@ fn attach_profiler(link: Transport) {
     if let Ok(mut l) = s.link.lock() {
         *l = Some(link);
     }
+    s.listening.store(true, Ordering::SeqCst);
     let (cupti, note) = s.load_cupti();
     let hello = Hello {
         version: VERSION,
@@ -517,6 +521,7 @@ fn detach_profiler(wait: Duration, exiting: bool) {
         }
     }
     s.set_state(State::Dormant);
+    s.listening.store(false, Ordering::SeqCst);
     send_ranges(s);
     send_counts(s);
     send(&Frame::Goodbye, 0);
@@ -622,10 +627,10 @@ fn listen() {
 
 fn periodic() {
     let Some(s) = shim() else { return };
-    let state = s.state();
-    if state == State::Dormant {
+    if !s.listening.load(Ordering::SeqCst) {
         return;
     }
+    let state = s.state();
     let connected = s
         .link
         .lock()
@@ -731,8 +736,9 @@ fn stop_overloaded(s: &Shim, c: &Cupti) {
 }
 
 /// Whether a profiler is listening: NVTX handlers return at once when not.
+/// NVTX ranges need no CUPTI: they are recorded whatever CUPTI's state.
 pub(crate) fn recording() -> bool {
-    shim().is_some_and(|s| s.state() != State::Dormant)
+    shim().is_some_and(|s| s.listening.load(Ordering::Relaxed))
 }
 
 /// NVTX initialised (possibly before CUDA): start the shim as CUDA's

@@ -35,6 +35,8 @@ usage: gs-cuda-host [options]
   --pending N             after the final synchronize, launch N kernels of
                           200 ms and exit without waiting for them (0)
   --hold-ms MS            sleep before the script, so a profiler can attach (0)
+  --await-delivery        before the pending kernels, wait (up to 60 s) until the
+                          stand-in has handed at least one buffer to a client
   --exit normal|abort|sigkill-self
                           how the process ends (normal: return from main)
 
@@ -59,6 +61,7 @@ struct Opts {
     kernels_per_step: u64,
     gap_us: u64,
     sync_every_step: bool,
+    await_delivery: bool,
     queries: u64,
     bookkeeping: u64,
     memcpys: u64,
@@ -76,6 +79,7 @@ fn parse() -> Opts {
         kernels_per_step: 3,
         gap_us: 3000,
         sync_every_step: false,
+        await_delivery: false,
         queries: 0,
         bookkeeping: 0,
         memcpys: 0,
@@ -89,6 +93,10 @@ fn parse() -> Opts {
     while let Some(arg) = args.next() {
         if arg == "--sync-every-step" {
             o.sync_every_step = true;
+            continue;
+        }
+        if arg == "--await-delivery" {
+            o.await_delivery = true;
             continue;
         }
         if arg == "--help" || arg == "-h" {
@@ -308,6 +316,20 @@ fn main() {
     // The work of the steps is finished; only --pending kernels are left
     // queued when the process ends.
     (fake.synchronize)();
+    if o.await_delivery {
+        // A test that kills the process needs something recorded first,
+        // however slowly a loaded machine runs the shim's flush.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut c = Counts::default();
+            // SAFETY: a writable struct of the stand-in's own layout.
+            unsafe { (fake.counts)(&mut c) };
+            if c.delivered_records > 0 || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     for _ in 0..o.pending {
         // SAFETY: a static NUL-terminated name.
         let correlation = unsafe { (fake.launch_kernel)(200_000_000, pending_kernel.as_ptr()) };
