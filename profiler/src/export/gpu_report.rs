@@ -56,11 +56,14 @@ fn clock_checks(session: &Session, tl: &Timeline) -> BTreeMap<u32, ClockCheck> {
             continue;
         };
         c.launches_checked += 1;
+        // A thread calls only while on a CPU: a launch timed anywhere else —
+        // blocked, waiting for a CPU, or outside the thread's known life —
+        // says the two clocks disagree.
         let i = iv.partition_point(|i| i.end <= api_start);
-        if iv
+        let on_cpu = iv
             .get(i)
-            .is_some_and(|i| i.start <= api_start && matches!(i.state, State::Off(_)))
-        {
+            .is_some_and(|i| i.start <= api_start && matches!(i.state, State::OnCpu));
+        if !on_cpu {
             c.launches_while_off_cpu += 1;
         }
     }

@@ -55,7 +55,9 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
     // Never zero: a recording can be shorter than a clock tick.
     let wall = allocated.max(1);
     let ev = Evidence { session, tl, d };
-    let mut recs: Vec<Recommendation> = Vec::new();
+    // Each with the time it would give back, to order them: the speedup
+    // shown is rounded, and two causes a few µs apart would tie on it.
+    let mut recs: Vec<(u64, Recommendation)> = Vec::new();
     for (&cause, &ns) in &idle {
         let per_gpu = ns / n_gpus;
         if !cause.removable() || (per_gpu as f64) < MIN_SHARE * wall as f64 {
@@ -73,12 +75,15 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
             ),
         );
         let est_speedup = wall as f64 / (wall - per_gpu.min(wall - 1)) as f64;
-        recs.push(Recommendation {
-            cause: cause.name().into(),
-            title,
-            evidence,
-            est_speedup: (est_speedup * 100.0).round() / 100.0,
-        });
+        recs.push((
+            per_gpu,
+            Recommendation {
+                cause: cause.name().into(),
+                title,
+                evidence,
+                est_speedup: (est_speedup * 100.0).round() / 100.0,
+            },
+        ));
     }
     // Busy time that was only communication: not idle, but no work either.
     let exposed: u64 = gpus
@@ -87,9 +92,10 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         .sum::<u64>()
         / n_gpus;
     if exposed as f64 >= MIN_SHARE * wall as f64 {
-        recs.push(communication_advice(session, exposed, wall));
+        recs.push((exposed, communication_advice(session, exposed, wall)));
     }
-    recs.sort_by(|a, b| b.est_speedup.total_cmp(&a.est_speedup));
+    recs.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cause.cmp(&b.1.cause)));
+    let recs: Vec<Recommendation> = recs.into_iter().map(|(_, r)| r).collect();
 
     let removable: u64 = idle
         .iter()
