@@ -567,9 +567,13 @@ fn gapscope_run_host(test: &str, host_args: &[&str]) -> Option<(Run, Value)> {
     let r = run(dir.path(), &["-q", "--no-exports"], &cmd);
     let truth = last_json_line(&r.output.stdout);
     let report = r.report();
-    // Keep the directory alive until the report is read.
+    let text = std::fs::read_to_string(dir.path().join("report.txt")).unwrap_or_default();
+    // Keep the directory alive until the reports are read.
     drop(dir);
-    Some((r, serde_json::json!({"truth": truth, "report": report})))
+    Some((
+        r,
+        serde_json::json!({"truth": truth, "report": report, "text": text}),
+    ))
 }
 
 #[test]
@@ -613,6 +617,13 @@ fn gapscope_counts_torch_profilers_span_as_unseen_never_idle() {
     // sees the process gone.)
     let end = u64_of(&blind[0], "end_ns").min(u64_of(&report["window_ns"], "end"));
     assert_eq!(u64_of(g, "unseen_ns"), end - from, "{blind:?}");
+    // The text report says it, per GPU and with the reason.
+    let text = both["text"].as_str().unwrap();
+    assert!(text.contains("not seen"), "{text}");
+    assert!(
+        text.contains("GPU not seen: pid") && text.contains("another CUPTI client"),
+        "{text}"
+    );
     // The kernels counted are exactly those that ended before it.
     let before = truth["kernels"]
         .as_array()

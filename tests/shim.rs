@@ -234,3 +234,21 @@ fn shim_fault_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[test]
+fn a_forked_child_does_not_hold_the_profilers_stream_open() {
+    // The child outlives the process by 20 s; the stream must end when the
+    // process does, not when the child does.
+    let started = std::time::Instant::now();
+    let (line, frames) = host_with_listener(&[
+        ("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+        ("GS_FORK_CHILD_MS", "20000"),
+    ]);
+    assert_eq!(line["init_rc"], 1);
+    assert!(matches!(frames.last(), Some(Frame::Goodbye)), "{frames:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the stream stayed open {:?}, as long as the forked child lived",
+        started.elapsed()
+    );
+}

@@ -21,8 +21,11 @@
 //! and a failure leaves the shim doing nothing rather than the job failing.
 
 use std::ffi::c_int;
+use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -152,6 +155,24 @@ struct Shim {
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
 
+/// The shim's sockets, for a forked child to close: a DataLoader worker
+/// forked from the job inherits them, and holding the profiler's end open
+/// would keep it waiting for an end of stream long after the job exited.
+/// Plain atomics: a child of fork() may not take a lock.
+static LINK_FD: AtomicI32 = AtomicI32::new(-1);
+static READER_FD: AtomicI32 = AtomicI32::new(-1);
+static LISTEN_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn close_in_child() {
+    for fd in [&LINK_FD, &READER_FD, &LISTEN_FD] {
+        let fd = fd.swap(-1, Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: an fd this process inherited and will never use.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 extern "C" fn monotonic_timestamp() -> u64 {
     now_monotonic()
 }
@@ -198,9 +219,14 @@ fn init() {
     if SHIM.set(shim).is_err() {
         return;
     }
+    // SAFETY: registering a handler that only closes fds (async-signal-safe).
+    unsafe { libc::pthread_atfork(None, None, Some(close_in_child)) };
     match std::env::var("GAPSCOPE_SOCKET") {
         Ok(name) => match transport::connect(&name) {
-            Ok(stream) => attach_profiler(Transport::start(stream)),
+            Ok(stream) => {
+                LINK_FD.store(stream.as_raw_fd(), Ordering::SeqCst);
+                attach_profiler(Transport::start(stream))
+            }
             Err(_) => listen(),
         },
         Err(_) => listen(),
@@ -525,6 +551,8 @@ fn detach_profiler(wait: Duration, exiting: bool) {
     send_ranges(s);
     send_counts(s);
     send(&Frame::Goodbye, 0);
+    LINK_FD.store(-1, Ordering::SeqCst);
+    READER_FD.store(-1, Ordering::SeqCst);
     let link = s.link.lock().ok().and_then(|mut l| l.take());
     if let Some(link) = link {
         link.close(wait);
@@ -599,6 +627,7 @@ fn listen() {
     let Ok(listener) = transport::listen(&transport::local_control_socket_name(s.pid)) else {
         return;
     };
+    LISTEN_FD.store(listener.as_raw_fd(), Ordering::SeqCst);
     let _ = std::thread::Builder::new()
         .name("gapscope-listen".into())
         .spawn(move || {
@@ -614,6 +643,8 @@ fn listen() {
                     let Ok(mut reader) = stream.try_clone() else {
                         return;
                     };
+                    LINK_FD.store(stream.as_raw_fd(), Ordering::SeqCst);
+                    READER_FD.store(reader.as_raw_fd(), Ordering::SeqCst);
                     attach_profiler(Transport::start(stream));
                     // The profiler never writes: end of input (or an error)
                     // means it is done, or gone.

@@ -42,6 +42,24 @@ fn main() {
         }
     }
     let init_ns = t0.elapsed().as_nanos() as u64;
+    // GS_FORK_CHILD_MS: fork a child that outlives this process by sleeping
+    // this long (a DataLoader worker forked after CUDA initialised).
+    if let Some(ms) = std::env::var("GS_FORK_CHILD_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // SAFETY: the child only sleeps and exits without unwinding.
+        unsafe {
+            if libc::fork() == 0 {
+                // Not the test's pipes either: only the shim's socket is
+                // the question.
+                libc::close(1);
+                libc::close(2);
+                libc::usleep((ms * 1000) as libc::c_uint);
+                libc::_exit(0);
+            }
+        }
+    }
     let t1 = Instant::now();
     work(200_000_000);
     let work_ns = t1.elapsed().as_nanos() as u64;

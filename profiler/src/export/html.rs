@@ -22,6 +22,9 @@ const COMMUNICATION_COLOR: &str = "#8fd19e";
 const COPIES_COLOR: &str = "#5fb573";
 
 /// One colour per cause, stable across reports so people learn them.
+/// Time the GPU could not be seen: pale, as no claim about it is made.
+const UNSEEN_COLOR: &str = "#f0f0f0";
+
 pub fn cause_color(cause: &str) -> &'static str {
     match cause {
         "input.io" => "#d62728",
@@ -155,6 +158,7 @@ fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Re
     let entries = busy
         .into_iter()
         .chain(g.idle_by_cause_ns.entries())
+        .chain([("not seen", g.unseen_ns)])
         .filter(|(_, ns)| *ns > 0);
     for (name, ns) in entries {
         let w = 1000.0 * ns as f64 / whole;
@@ -162,6 +166,7 @@ fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Re
             "busy" | "busy: compute" => BUSY_COLOR,
             "busy: communication alone" => COMMUNICATION_COLOR,
             "busy: copies alone" => COPIES_COLOR,
+            "not seen" => UNSEEN_COLOR,
             _ => cause_color(name),
         };
         writeln!(
@@ -368,6 +373,19 @@ pub fn write_html(
             ),
             Some(g.idle_ns),
         )?;
+        if g.unseen_ns > 0 {
+            kpi(
+                o,
+                &id("unseen"),
+                "not seen",
+                &format!(
+                    "{} ({})",
+                    units::duration(g.unseen_ns),
+                    units::percent(g.unseen_ns, g.allocated_ns)
+                ),
+                Some(g.unseen_ns),
+            )?;
+        }
         if let Some(j) = g.idle_energy_j {
             kpi(
                 o,

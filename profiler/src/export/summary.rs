@@ -313,6 +313,13 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
             units::percent(g.busy_ns, g.allocated_ns),
             units::duration(g.idle_ns),
         )));
+        if g.unseen_ns > 0 {
+            b.push(Block::Line(format!(
+                "  not seen {} ({}): neither busy nor idle (see 'GPU not seen' below)",
+                units::duration(g.unseen_ns),
+                units::percent(g.unseen_ns, g.allocated_ns)
+            )));
+        }
         let gap = |x: &super::gpu_report::GapReport| {
             format!(
                 "{} ({})",
