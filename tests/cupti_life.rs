@@ -106,18 +106,20 @@ impl Life {
     }
 }
 
-/// Runs the host with the shim injected and connected to a listener of
-/// ours, the way `gapscope run` starts a job.
-fn recorded(args: &[&str]) -> Life {
+/// Runs `cmd` with the shim injected and connected to a listener of ours,
+/// the way `gapscope run` starts a job; returns every frame the shim sent
+/// and how the process ended.
+fn listened(mut cmd: Command) -> (Vec<Frame>, std::process::Output) {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let name = format!(
-        "gapscope-test-life.{}.{:?}",
+        "gapscope-test-life.{}.{}",
         std::process::id(),
-        std::thread::current().id()
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let listener =
         UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
     listener.set_nonblocking(true).unwrap();
-    let child = host_command(args)
+    let child = cmd
         .env("CUDA_INJECTION64_PATH", shim())
         .env("GAPSCOPE_SOCKET", format!("@{name}"))
         .spawn()
@@ -133,7 +135,7 @@ fn recorded(args: &[&str]) -> Life {
     // The ground truth can outgrow a pipe: read it while the frames come.
     let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
     conn.set_nonblocking(false).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let mut bytes = Vec::new();
     conn.read_to_end(&mut bytes).unwrap();
@@ -144,6 +146,11 @@ fn recorded(args: &[&str]) -> Life {
     while let Some(f) = d.next_frame().expect("well-formed frames") {
         frames.push(f);
     }
+    (frames, out)
+}
+
+fn recorded(args: &[&str]) -> Life {
+    let (frames, out) = listened(host_command(args));
     Life {
         truth: last_json_line(&out.stdout),
         frames,
@@ -438,28 +445,11 @@ fn a_killed_process_says_no_goodbye() {
 fn an_old_cupti_with_a_wrong_path_asked_for_still_uses_the_mapped_one() {
     // Two CUPTIs in one process is never right: the mapped one wins over
     // GAPSCOPE_CUPTI, and the shim says so.
-    let name = format!("gapscope-test-life-mapped.{}", std::process::id());
-    let listener =
-        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
-    let child = host_command(&["--steps", "2", "--sync-every-step"])
-        .env("CUDA_INJECTION64_PATH", shim())
-        .env("GAPSCOPE_SOCKET", format!("@{name}"))
-        .env("GAPSCOPE_CUPTI", "/elsewhere/libcupti.so.13")
-        .env("GS_FAKE_CUPTI_VERSION", "26")
-        .spawn()
-        .unwrap();
-    let (mut conn, _) = listener.accept().unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut bytes = Vec::new();
-    conn.read_to_end(&mut bytes).unwrap();
-    assert!(child.wait_with_output().unwrap().status.success());
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().unwrap() {
-        frames.push(f);
-    }
+    let mut cmd = host_command(&["--steps", "2", "--sync-every-step"]);
+    cmd.env("GAPSCOPE_CUPTI", "/elsewhere/libcupti.so.13")
+        .env("GS_FAKE_CUPTI_VERSION", "26");
+    let (frames, out) = listened(cmd);
+    assert!(out.status.success());
     let Some(Frame::Hello(hello)) = frames.first() else {
         panic!("{frames:?}")
     };
@@ -483,36 +473,17 @@ fn an_old_cupti_with_a_wrong_path_asked_for_still_uses_the_mapped_one() {
 /// Launches so many kernels behind one another that CUPTI fills buffer
 /// after buffer before any comes back, as a burst does while the GPU lags.
 fn burst(version: &str) -> (Life, std::process::ExitStatus) {
-    let name = format!("gapscope-test-life-burst.{}.{version}", std::process::id());
-    let listener =
-        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
-    let child = host_command(&[
+    let mut cmd = host_command(&[
         "--steps",
         "1",
         "--kernels-per-step",
         "1",
         "--pending",
         "70000",
-    ])
-    .env("CUDA_INJECTION64_PATH", shim())
-    .env("GAPSCOPE_SOCKET", format!("@{name}"))
-    .env("GS_FAKE_CUPTI_VERSION", version)
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let (mut conn, _) = listener.accept().unwrap();
-    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
-    conn.set_read_timeout(Some(Duration::from_secs(120)))
-        .unwrap();
-    let mut bytes = Vec::new();
-    conn.read_to_end(&mut bytes).unwrap();
-    let out = waiter.join().unwrap();
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().unwrap() {
-        frames.push(f);
-    }
+    ]);
+    cmd.env("GS_FAKE_CUPTI_VERSION", version)
+        .stderr(Stdio::piped());
+    let (frames, out) = listened(cmd);
     let truth = if out.status.success() {
         last_json_line(&out.stdout)
     } else {

@@ -4,7 +4,6 @@
 //! setns); without it the tests skip, unless GAPSCOPE_REQUIRE_BPF=1.
 
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -179,24 +178,9 @@ fn wait_listening(pid: u32) {
 
 /// The pid (as we number it) of the process at the other end.
 fn peer_pid(s: &UnixStream) -> i32 {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt into a properly sized ucred.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    assert_eq!(rc, 0, "SO_PEERCRED");
-    cred.pid
+    gapscope_cupti::transport::peer_cred(s)
+        .expect("SO_PEERCRED")
+        .pid
 }
 
 /// Connects to the shim of `pid` as attach does, checks who answered, and

@@ -124,8 +124,9 @@ pub fn listen(name: &str) -> std::io::Result<UnixListener> {
     UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)
 }
 
-/// uid of the process at the other end of a Unix socket.
-pub fn peer_uid(s: &UnixStream) -> Option<u32> {
+/// Who is at the other end of a Unix socket (pid as our pid namespace
+/// numbers it, uid, gid).
+pub fn peer_cred(s: &UnixStream) -> Option<libc::ucred> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
@@ -143,7 +144,12 @@ pub fn peer_uid(s: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0).then_some(cred.uid)
+    (rc == 0).then_some(cred)
+}
+
+/// uid of the process at the other end of a Unix socket.
+pub fn peer_uid(s: &UnixStream) -> Option<u32> {
+    peer_cred(s).map(|c| c.uid)
 }
 
 /// Runs of consecutive dropped frames since the profiler was last told:

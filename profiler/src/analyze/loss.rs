@@ -36,7 +36,24 @@ pub fn blind_windows(session: &Session) -> Vec<(u64, u64)> {
 /// nothing was seen there, so it is neither idle of a cause nor idle at
 /// all. What was taken is kept as `unseen`.
 pub fn cut_unseen(attribution: &mut Attribution, blind: &[(u64, u64)]) {
-    if blind.is_empty() {
+    rewrite(
+        attribution,
+        blind,
+        |_| true,
+        |out, s, e| out.unseen += e - s,
+    );
+}
+
+/// Rebuilds `attribution` piece by piece: the parts of a piece `eligible`
+/// for it that fall inside `windows` (sorted, disjoint) go to `inside`, the
+/// rest stays as it was.
+fn rewrite(
+    attribution: &mut Attribution,
+    windows: &[(u64, u64)],
+    eligible: impl Fn(&Piece) -> bool,
+    mut inside: impl FnMut(&mut Attribution, u64, u64),
+) {
+    if windows.is_empty() {
         return;
     }
     let pieces = std::mem::take(&mut attribution.pieces);
@@ -45,9 +62,13 @@ pub fn cut_unseen(attribution: &mut Attribution, blind: &[(u64, u64)]) {
         ..Attribution::default()
     };
     for p in pieces {
+        if !eligible(&p) {
+            out.add(p);
+            continue;
+        }
         let mut at = p.start;
-        let first = blind.partition_point(|w| w.1 <= p.start);
-        for &(ws, we) in blind[first..].iter().take_while(|w| w.0 < p.end) {
+        let first = windows.partition_point(|w| w.1 <= p.start);
+        for &(ws, we) in windows[first..].iter().take_while(|w| w.0 < p.end) {
             let (s, e) = (ws.max(p.start), we.min(p.end));
             if s > at {
                 out.add(Piece {
@@ -56,7 +77,10 @@ pub fn cut_unseen(attribution: &mut Attribution, blind: &[(u64, u64)]) {
                     ..p
                 });
             }
-            out.unseen += e.saturating_sub(s.max(at));
+            let s = s.max(at);
+            if e > s {
+                inside(&mut out, s, e);
+            }
             at = at.max(e);
         }
         if at < p.end {
@@ -89,43 +113,19 @@ fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {
 /// process killed mid-run leaves a lossy window from its last record on,
 /// and the GPU may well have been busy then.
 pub fn mark(attribution: &mut Attribution, windows: &[(u64, u64)]) {
-    if windows.is_empty() {
-        return;
-    }
-    let pieces = std::mem::take(&mut attribution.pieces);
-    let mut out = Attribution {
-        unseen: attribution.unseen,
-        ..Attribution::default()
-    };
-    for p in pieces {
-        if matches!(p.cause, Cause::Startup | Cause::Unattributed) {
-            out.add(p);
-            continue;
-        }
-        let mut at = p.start;
-        let first = windows.partition_point(|w| w.1 <= p.start);
-        for &(ws, we) in windows[first..].iter().take_while(|w| w.0 < p.end) {
-            let (s, e) = (ws.max(p.start), we.min(p.end));
-            if s > at {
-                out.add(Piece {
-                    end: s,
-                    start: at,
-                    ..p
-                });
-            }
+    rewrite(
+        attribution,
+        windows,
+        |p| !matches!(p.cause, Cause::Startup | Cause::Unattributed),
+        |out, start, end| {
             out.add(Piece {
-                start: s,
-                end: e,
+                start,
+                end,
                 cause: Cause::Unattributed,
                 thread: None,
-            });
-            at = e;
-        }
-        if at < p.end {
-            out.add(Piece { start: at, ..p });
-        }
-    }
-    *attribution = out;
+            })
+        },
+    );
 }
 
 #[cfg(test)]
