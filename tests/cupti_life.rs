@@ -547,6 +547,16 @@ fn gapscope_run_host(test: &str, host_args: &[&str]) -> Option<(Run, Value)> {
     ))
 }
 
+/// The report's one blind span, which must give `reason`.
+#[track_caller]
+fn the_blind_span<'a>(report: &'a Value, reason: &str) -> &'a Value {
+    let blind = report["drops"]["gpu_blind"].as_array().expect("gpu_blind");
+    assert_eq!(blind.len(), 1, "{blind:?}");
+    let why = blind[0]["reason"].as_str().unwrap();
+    assert!(why.contains(reason), "{why}");
+    &blind[0]
+}
+
 #[test]
 fn gapscope_counts_torch_profilers_span_as_unseen_never_idle() {
     let Some((r, both)) = gapscope_run_host(
@@ -569,13 +579,8 @@ fn gapscope_counts_torch_profilers_span_as_unseen_never_idle() {
     };
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
     let (truth, report) = (&both["truth"], &both["report"]);
-    let blind = report["drops"]["gpu_blind"].as_array().expect("gpu_blind");
-    assert_eq!(blind.len(), 1, "{blind:?}");
-    assert!(blind[0]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("another CUPTI client"));
-    let from = u64_of(&blind[0], "start_ns");
+    let blind = the_blind_span(report, "another CUPTI client");
+    let from = u64_of(blind, "start_ns");
     let k_start = u64_of(&truth["kineto"], "start_ns");
     assert!(from <= k_start);
     let g = &report["gpus"][0];
@@ -586,8 +591,8 @@ fn gapscope_counts_torch_profilers_span_as_unseen_never_idle() {
     // and none is idle of a cause. (The stream's end is noticed after the
     // recording window closed, or before: the window ends when gapscope
     // sees the process gone.)
-    let end = u64_of(&blind[0], "end_ns").min(u64_of(&report["window_ns"], "end"));
-    assert_eq!(u64_of(g, "unseen_ns"), end - from, "{blind:?}");
+    let end = u64_of(blind, "end_ns").min(u64_of(&report["window_ns"], "end"));
+    assert_eq!(u64_of(g, "unseen_ns"), end - from, "{blind}");
     // The text report says it, per GPU and with the reason.
     let text = both["text"].as_str().unwrap();
     assert!(text.contains("not seen"), "{text}");
@@ -627,15 +632,10 @@ fn gapscope_loses_a_killed_processs_tail_instead_of_calling_it_idle() {
     };
     assert_eq!(r.code(), Some(128 + 9), "{}", r.stderr());
     let (truth, report) = (&both["truth"], &both["report"]);
-    let blind = report["drops"]["gpu_blind"].as_array().expect("gpu_blind");
-    assert_eq!(blind.len(), 1, "{blind:?}");
-    assert!(blind[0]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("without a goodbye"));
+    let blind = the_blind_span(report, "without a goodbye");
     // The queued kernels ran after the last record that arrived: inside
     // the lost tail, which reaches the end of the stream.
-    let from = u64_of(&blind[0], "start_ns");
+    let from = u64_of(blind, "start_ns");
     for k in truth["kernels"].as_array().unwrap() {
         if k["pending"].as_bool() == Some(true) {
             assert!(u64_of(k, "start_ns") + CLOCK_TOLERANCE_NS >= from, "{k}");
@@ -646,6 +646,6 @@ fn gapscope_loses_a_killed_processs_tail_instead_of_calling_it_idle() {
     let g = &report["gpus"][0];
     assert_gpu_partitions(g);
     // (The stream's end is noticed after the recording window closed.)
-    let end = u64_of(&blind[0], "end_ns").min(u64_of(&report["window_ns"], "end"));
-    assert_eq!(u64_of(g, "unseen_ns"), end - from, "{blind:?}");
+    let end = u64_of(blind, "end_ns").min(u64_of(&report["window_ns"], "end"));
+    assert_eq!(u64_of(g, "unseen_ns"), end - from, "{blind}");
 }
