@@ -298,6 +298,9 @@ fn a_dormant_shim_leaves_cupti_to_torch_profiler_untouched() {
     // handed to it, and the subscriber slot free for it.
     assert_eq!(stats(&alone), (18, 0, 0));
     assert_eq!(stats(&dormant), stats(&alone));
+    // Not one CUPTI call from the dormant shim before torch.profiler came:
+    // no callbacks, no clock, no thread-id type, not even a version query.
+    assert_eq!(dormant["cupti_calls_before_kineto"], 0, "{dormant}");
 }
 
 #[test]
@@ -331,6 +334,7 @@ fn torch_profiler_taking_cupti_mid_run_is_a_blind_span_and_its_trace_stays_whole
     );
     assert!(u64_of(stats, "unknown_buffers") <= 1, "{stats}");
     assert_eq!(u64_of(stats, "subscribe_rc"), 0);
+    assert!(u64_of(&life.truth, "cupti_calls_before_kineto") > 0);
     // gapscope said when it stopped seeing, and why.
     let blind = life.blind();
     assert_eq!(blind.len(), 1, "{:?}", life.frames);

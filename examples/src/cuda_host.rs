@@ -268,6 +268,8 @@ fn main() {
     let mut steps = Vec::new();
     let mut kernels = Vec::new();
     let (mut kineto_start, mut kineto_end) = (None, None);
+    // CUPTI calls made before torch.profiler's start: a dormant shim's.
+    let mut calls_before_kineto: Option<u64> = None;
     let mut stop_kineto = |kineto_start: Option<u64>| {
         if kineto_start.is_some() && kineto_end.is_none() {
             (fake.kineto_stop)();
@@ -276,6 +278,10 @@ fn main() {
     };
     for step in 0..o.steps {
         if o.kineto_from == Some(step) {
+            let mut c = Counts::default();
+            // SAFETY: a writable struct of the stand-in's own layout.
+            unsafe { (fake.counts)(&mut c) };
+            calls_before_kineto = Some(c.client_calls);
             kineto_start = Some(monotonic_ns());
             (fake.kineto_start)();
         }
@@ -373,6 +379,7 @@ fn main() {
         "steps": steps,
         "kernels": kernels,
         "kineto": kineto_start.map(|s| json!({"start_ns": s, "end_ns": kineto_end})),
+        "cupti_calls_before_kineto": calls_before_kineto,
         "kineto_stats": {
             "kernels": stats.kernels,
             "records": stats.records,

@@ -30,4 +30,6 @@ pub struct Counts {
     pub delivered_records: u64,
     /// Records written into buffers not yet delivered.
     pub pending_records: u64,
+    /// Calls into the CUPTI API (cupti* entry points), by any client.
+    pub client_calls: u64,
 }

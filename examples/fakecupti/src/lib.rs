@@ -206,6 +206,16 @@ fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
+/// Calls into the CUPTI API by any client, counted: a dormant shim must
+/// make none.
+static CLIENT_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A CUPTI entry point: counted, then [`guarded`].
+fn entry<R>(fallback: R, f: impl FnOnce() -> R) -> R {
+    CLIENT_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    guarded(fallback, f)
+}
+
 fn version() -> u32 {
     static V: OnceLock<u32> = OnceLock::new();
     *V.get_or_init(|| {
@@ -590,7 +600,7 @@ fn start_delivery_thread() {
 /// `version` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuptiGetVersion(version: *mut u32) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if version.is_null() {
             return ERROR_INVALID_PARAMETER;
         }
@@ -605,7 +615,7 @@ pub extern "C" fn cuptiActivityRegisterCallbacks(
     request: Option<RequestFn>,
     complete: Option<CompleteFn>,
 ) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         let (Some(request), Some(complete)) = (request, complete) else {
             return ERROR_INVALID_PARAMETER;
         };
@@ -618,7 +628,7 @@ pub extern "C" fn cuptiActivityRegisterCallbacks(
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityRegisterTimestampCallback(cb: Option<TimestampFn>) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         state().timestamp = cb;
         SUCCESS
     })
@@ -626,7 +636,7 @@ pub extern "C" fn cuptiActivityRegisterTimestampCallback(cb: Option<TimestampFn>
 
 #[no_mangle]
 pub extern "C" fn cuptiSetThreadIdType(kind: u32) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || match kind {
+    entry(ERROR_INVALID_PARAMETER, || match kind {
         0 | 1 => {
             state().system_tids = kind == 1;
             SUCCESS
@@ -637,7 +647,7 @@ pub extern "C" fn cuptiSetThreadIdType(kind: u32) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityEnable(kind: u32) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if !KNOWN_KINDS.contains(&kind) {
             return ERROR_INVALID_KIND;
         }
@@ -648,7 +658,7 @@ pub extern "C" fn cuptiActivityEnable(kind: u32) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityDisable(kind: u32) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if !KNOWN_KINDS.contains(&kind) {
             return ERROR_INVALID_KIND;
         }
@@ -661,7 +671,7 @@ pub extern "C" fn cuptiActivityDisable(kind: u32) -> u32 {
 /// every buffer, including empty ones and records of unfinished work.
 #[no_mangle]
 pub extern "C" fn cuptiActivityFlushAll(flag: u32) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         let forced = flag & 1 != 0;
         let buffers = {
             let mut s = state();
@@ -702,7 +712,7 @@ pub unsafe extern "C" fn cuptiActivityGetNextRecord(
     valid: usize,
     cur: *mut *mut sys::CUpti_Activity,
 ) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if buffer.is_null() || cur.is_null() {
             return ERROR_INVALID_PARAMETER;
         }
@@ -762,7 +772,7 @@ pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords(
     stream: u32,
     dropped: *mut usize,
 ) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if dropped.is_null() {
             return ERROR_INVALID_PARAMETER;
         }
@@ -782,7 +792,7 @@ pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords(
 /// `ts` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuptiGetTimestamp(ts: *mut u64) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if ts.is_null() {
             return ERROR_INVALID_PARAMETER;
         }
@@ -800,7 +810,7 @@ pub unsafe extern "C" fn cuptiSubscribe(
     _callback: sys::CUpti_CallbackFunc,
     _userdata: *mut c_void,
 ) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if handle.is_null() {
             return ERROR_INVALID_PARAMETER;
         }
@@ -820,7 +830,7 @@ pub unsafe extern "C" fn cuptiSubscribe(
 
 #[no_mangle]
 pub extern "C" fn cuptiUnsubscribe(handle: sys::CUpti_SubscriberHandle) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         let mut s = state();
         if s.subscriber.is_some() && s.subscriber == Some(handle as usize) {
             s.subscriber = None;
@@ -833,7 +843,7 @@ pub extern "C" fn cuptiUnsubscribe(handle: sys::CUpti_SubscriberHandle) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityEnableRuntimeApi(cbid: u32, enable: u8) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         let mut s = state();
         if enable == 0 {
             s.runtime_off.insert(cbid);
@@ -846,7 +856,7 @@ pub extern "C" fn cuptiActivityEnableRuntimeApi(cbid: u32, enable: u8) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityEnableDriverApi(cbid: u32, enable: u8) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         let mut s = state();
         if enable == 0 {
             s.driver_off.insert(cbid);
@@ -859,7 +869,7 @@ pub extern "C" fn cuptiActivityEnableDriverApi(cbid: u32, enable: u8) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn cuptiActivityEnableAllSyncRecords(enable: u8) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         state().all_sync = enable != 0;
         SUCCESS
     })
@@ -869,7 +879,7 @@ pub extern "C" fn cuptiActivityEnableAllSyncRecords(enable: u8) -> u32 {
 /// `out` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuptiGetResultString(result: u32, out: *mut *const c_char) -> u32 {
-    guarded(ERROR_INVALID_PARAMETER, || {
+    entry(ERROR_INVALID_PARAMETER, || {
         if out.is_null() {
             return ERROR_INVALID_PARAMETER;
         }
@@ -1067,7 +1077,8 @@ pub unsafe extern "C" fn fakecupti_span(correlation: u32, start: *mut u64, end: 
 pub unsafe extern "C" fn fakecupti_counts(out: *mut Counts) {
     guarded((), || {
         if !out.is_null() {
-            let c = state().counts;
+            let mut c = state().counts;
+            c.client_calls = CLIENT_CALLS.load(std::sync::atomic::Ordering::Relaxed);
             // SAFETY: checked non-null.
             unsafe { *out = c };
         }
