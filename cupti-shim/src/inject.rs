@@ -129,9 +129,6 @@ struct Shim {
     /// A profiler is connected (NVTX ranges are wanted).
     listening: AtomicBool,
     state: AtomicU8,
-    /// Our callbacks and clock are registered with CUPTI (once a recording
-    /// started, until one ends).
-    registered: AtomicBool,
     outstanding: AtomicUsize,
     /// Buffers CUPTI holds (handed out, not yet completed).
     in_cupti: AtomicI64,
@@ -200,7 +197,6 @@ fn init() {
         link: Mutex::new(None),
         listening: AtomicBool::new(false),
         state: AtomicU8::new(State::Dormant as u8),
-        registered: AtomicBool::new(false),
         outstanding: AtomicUsize::new(0),
         in_cupti: AtomicI64::new(0),
         pool: Mutex::new(Vec::new()),
@@ -411,7 +407,6 @@ fn start_recording(s: &Shim, c: &Cupti) {
         );
         return;
     }
-    s.registered.store(true, Ordering::SeqCst);
     if let Some(set) = c.cuptiSetThreadIdType {
         // SAFETY: plain CUPTI call.
         if unsafe { set(loader::THREAD_ID_TYPE_SYSTEM) } != CUPTI_SUCCESS {
@@ -542,7 +537,6 @@ fn detach_profiler(wait: Duration, exiting: bool) {
                     // SAFETY: None restores CUPTI's default clock.
                     unsafe { register(None) };
                 }
-                s.registered.store(false, Ordering::SeqCst);
             }
         }
     }
@@ -707,13 +701,9 @@ fn periodic() {
                 stop_overloaded(s, c);
                 return;
             }
-            if *s
-                .clock
+            if s.clock
                 .lock()
-                .map(|m| *m)
-                .as_ref()
-                .unwrap_or(&ClockMethod::TimestampCallback)
-                == ClockMethod::MeasuredOffset
+                .is_ok_and(|m| *m == ClockMethod::MeasuredOffset)
             {
                 s.clock_offset.store(measure_offset(c), Ordering::Relaxed);
             }
@@ -919,24 +909,19 @@ fn read_buffer(
         .load(Ordering::Relaxed)
         .saturating_sub(CLOCK_SLACK_NS)..=now.saturating_add(CLOCK_SLACK_NS);
     let mut last_end: Option<u64> = None;
-    let mut foreign = 0u64;
     // SAFETY: the records come from a buffer CUPTI filled and walks itself.
     let counts = unsafe {
-        encode_records(records, offset, s.pid, &mut |frame, n, span| {
-            if let Some((a, e)) = span {
-                if plausible.contains(&a) && plausible.contains(&e) {
-                    last_end = Some(last_end.map_or(e, |l| l.max(e)));
-                } else {
-                    foreign += n;
-                }
+        encode_records(records, offset, s.pid, plausible, &mut |frame, n, span| {
+            if let Some((_, e)) = span {
+                last_end = Some(last_end.map_or(e, |l| l.max(e)));
             }
             send_raw(s, frame, n, span)
         })
     };
     s.unknown.fetch_add(counts.unknown, Ordering::Relaxed);
     s.incomplete.fetch_add(counts.incomplete, Ordering::Relaxed);
-    if foreign > 0 {
-        s.foreign_clock.fetch_add(foreign, Ordering::SeqCst);
+    if counts.foreign > 0 {
+        s.foreign_clock.fetch_add(counts.foreign, Ordering::SeqCst);
     }
     if let Some(e) = last_end {
         s.last_end.fetch_max(e, Ordering::SeqCst);
@@ -1018,10 +1003,14 @@ pub(crate) struct BufferCounts {
     pub unknown: u64,
     /// Records CUPTI delivered incomplete or refused.
     pub incomplete: u64,
+    /// Records timed outside `plausible`: on another client's clock.
+    pub foreign: u64,
 }
 
 /// Decodes records into Records frames of bounded size, handing each frame
-/// (its record count, and the time it covers) to `emit`. This is the
+/// (its record count, and the time it covers) to `emit`. Records timed
+/// outside `plausible` are on some other clock (another client replaced
+/// the timestamp callback): counted, never passed on as times. This is the
 /// shim's whole buffer handling, shared by the CUPTI path and the tests.
 ///
 /// # Safety
@@ -1032,6 +1021,7 @@ pub(crate) unsafe fn encode_records(
     records: impl Iterator<Item = Walked>,
     clock_offset: i64,
     pid: u32,
+    plausible: std::ops::RangeInclusive<u64>,
     emit: &mut dyn FnMut(Vec<u8>, u64, Option<(u64, u64)>),
 ) -> BufferCounts {
     let mut counts = BufferCounts::default();
@@ -1044,7 +1034,12 @@ pub(crate) unsafe fn encode_records(
         };
         // SAFETY: the caller vouches for the record.
         match activity::decode(rec, clock_offset, pid) {
-            Decoded::Record(r) => frame.push(&mut out, &r),
+            Decoded::Record(r) => match r.span() {
+                Some((a, e)) if !plausible.contains(&a) || !plausible.contains(&e) => {
+                    counts.foreign += 1
+                }
+                _ => frame.push(&mut out, &r),
+            },
             Decoded::Skipped(_) => counts.unknown += 1,
             Decoded::Incomplete(_) => counts.incomplete += 1,
         }
@@ -1126,6 +1121,9 @@ mod tests {
         buf.push(&ov);
         let k = kernel(&mut buf, 0, 0, 100); // forced flush, still running
         buf.push(&k);
+        // Timed on another client's clock (a TSC far from CLOCK_MONOTONIC).
+        let k = kernel(&mut buf, 7_000_000_000, 7_000_000_100, 101);
+        buf.push(&k);
 
         let mut frames = Vec::new();
         let walk = buf
@@ -1136,13 +1134,17 @@ mod tests {
             .chain([Walked::Bad])
             .chain(std::iter::once(Walked::Record(buf.records()[0])));
         // SAFETY: pointers into the synthetic buffer, alive for the call.
-        let counts =
-            unsafe { encode_records(walk, 0, 1, &mut |f, n, span| frames.push((f, n, span))) };
+        let counts = unsafe {
+            encode_records(walk, 0, 1, 0..=1_000_000, &mut |f, n, span| {
+                frames.push((f, n, span))
+            })
+        };
         assert_eq!(
             counts,
             BufferCounts {
                 unknown: 1,
-                incomplete: 2
+                incomplete: 2,
+                foreign: 1,
             }
         );
         assert_eq!(frames.len(), 1);
