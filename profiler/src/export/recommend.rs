@@ -354,7 +354,9 @@ impl Evidence<'_> {
             }
         }
         let mut v: Vec<(u32, u64)> = by.into_iter().collect();
-        v.sort_by_key(|x| std::cmp::Reverse(x.1));
+        // Ties broken by pid: hash-map order differs from run to run, and
+        // the report written at the end of a run must be the one re-read.
+        v.sort_by_key(|&(pid, n)| (std::cmp::Reverse(n), pid));
         let names: Vec<String> = v
             .into_iter()
             .take(TOP)
