@@ -158,3 +158,34 @@ fn a_busy_gpu_has_little_steady_idle() {
         g["allocated_ns"]
     );
 }
+
+#[test]
+fn advice_quotes_the_recorded_machines_cpus_not_the_readers() {
+    if !bpf_ready("advice_quotes_the_recorded_machines_cpus_not_the_readers") {
+        return;
+    }
+    simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("simtrain-cpus");
+    let (run, _) = run_simtrain(dir.path(), &["-q"], &["--bottleneck", "input-cpu"]);
+    let title = |report: &Value| -> String {
+        report["recommendations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["cause"] == "input.cpu")
+            .unwrap_or_else(|| panic!("no input.cpu advice: {report}"))["title"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let mut session = gapscope::session::read_session(&run.dir).unwrap();
+    let recorded = session.header().nr_cpus;
+    assert!(title(&run.report()).contains(&format!("{recorded} CPUs")));
+    // The same session read as if recorded on a 96-CPU machine: the advice
+    // follows the session, whatever machine reads it.
+    session.header.as_mut().unwrap().nr_cpus = 96;
+    let report = serde_json::to_value(gapscope::export::report::build(&session)).unwrap();
+    let t = title(&report);
+    assert!(t.contains("96 CPUs"), "{t}");
+}

@@ -388,9 +388,12 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
     if !whos.is_empty() {
         e.push(format!("threads: {}", whos.join(", ")));
     }
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // The recorded machine's CPUs, not those of the machine reading the
+    // session (imported traces do not say).
+    let cpus = match ev.session.header().nr_cpus {
+        0 => "CPU count not recorded".to_string(),
+        n => format!("{n} CPUs"),
+    };
     let title = match cause {
         Cause::InputIo => {
             e.extend(ev.files_read(&set));
@@ -403,7 +406,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
         Cause::InputCpu => {
             e.extend(ev.hot_stack(&top));
             format!(
-                "Data loading is CPU-bound (decode, augmentation in {} loader process(es), {cpus} CPUs). Raise num_workers toward the cores available, keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",
+                "Data loading is CPU-bound (decode, augmentation in {} loader process(es), {cpus}). Raise num_workers toward the cores available, keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",
                 ev.processes(&set)
             )
         }
@@ -432,7 +435,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
         Cause::CpuContention => {
             e.extend(ev.preempted_by(&set));
             format!(
-                "The training thread waits for a CPU ({cpus} CPUs). Avoid oversubscription: set OMP_NUM_THREADS/MKL_NUM_THREADS (torch.set_num_threads) so loaders × threads fit the cores, pin the trainer and the loaders to separate cores, and keep num_workers below the core count."
+                "The training thread waits for a CPU ({cpus}). Avoid oversubscription: set OMP_NUM_THREADS/MKL_NUM_THREADS (torch.set_num_threads) so loaders × threads fit the cores, pin the trainer and the loaders to separate cores, and keep num_workers below the core count."
             )
         }
         Cause::Sync => {
