@@ -1,5 +1,5 @@
 //! PyTorch profiler traces recorded on real A100 and V100 training jobs
-//! (../shared/traces/kineto, from HTA's test data): gapscope's GPU numbers
+//! (tests/data/kineto, from HTA's test data, MIT): gapscope's GPU numbers
 //! must equal the reference numbers, and its `--hta` table HTA's own.
 
 use std::process::Command;
@@ -24,7 +24,7 @@ fn us_eq(what: &str, ns: u64, us: f64, tol_us: f64) {
 }
 
 fn check_trace(name: &str, busy_tol_us: f64) {
-    let Some(dir) = kineto_traces() else { return };
+    let dir = kineto_traces();
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -122,7 +122,7 @@ fn v100_ns_trace_matches_the_reference() {
 
 #[test]
 fn several_ranks_get_a_cross_rank_table_and_import_writes_sessions() {
-    let Some(dir) = kineto_traces() else { return };
+    let dir = kineto_traces();
     let r = report(&[dir.to_str().unwrap(), "--format", "json"]);
     assert_eq!(r["schema"], "gapscope.ranks/1");
     let rows = r["cross_rank"].as_array().unwrap();
@@ -251,7 +251,7 @@ fn union_us(mut spans: Vec<(f64, f64)>) -> f64 {
 fn busy_splits_into_compute_exposed_communication_and_copies_as_the_trace_says() {
     // Rank 3 of an 8-rank NCCL job: a fifth of its "busy" time ran only
     // collectives. The split is recomputed here from the raw trace events.
-    let Some(dir) = kineto_traces() else { return };
+    let dir = kineto_traces();
     // Tolerances: the A100 trace has integer µs, exact in doubles; the V100
     // one has ns text on 1.7e15 µs, where a double steps by 0.25 µs, so sums
     // over its thousands of intervals done here drift by tens of µs
@@ -324,7 +324,7 @@ fn the_rank_the_others_wait_for_is_the_one_least_in_collectives() {
     // collectives take a tenth of the time: rank 4 arrived last at each one,
     // the others waited. Rank 3 is the busier one (its waits count as
     // busy), so "most busy" would name the wrong rank.
-    let Some(dir) = kineto_traces() else { return };
+    let dir = kineto_traces();
     let text = gunzip(&dir.join("a100_8rank_rank3.json.gz"));
     let mut trace: Value = serde_json::from_slice(&text).unwrap();
     let ranks = scratch("ranks");

@@ -373,15 +373,10 @@ pub fn simtrain_data() -> PathBuf {
     d
 }
 
-/// The real PyTorch profiler traces beside the project (../shared), if there.
-pub fn kineto_traces() -> Option<PathBuf> {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/kineto");
-    if d.join("reference.json").exists() {
-        Some(d)
-    } else {
-        eprintln!("skipping: ../shared/traces/kineto is not beside the project");
-        None
-    }
+/// The real PyTorch profiler traces kept with the tests (tests/data/kineto,
+/// from HTA's test data, MIT), with the reference numbers they reproduce.
+pub fn kineto_traces() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/kineto")
 }
 
 /// Runs `gapscope ARGS`, requires success, returns its stdout.
