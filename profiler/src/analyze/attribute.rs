@@ -28,62 +28,7 @@ pub const MAX_HOPS: usize = 3;
 /// A gap "opens as a synchronize returns" when the sync ended this close to it.
 const SYNC_SLACK_NS: u64 = 200_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Cause {
-    InputIo,
-    InputCpu,
-    InputNetwork,
-    /// Waiting for input, kind unknown: traces without off-CPU data.
-    InputUnknown,
-    CpuHost,
-    CpuLaunch,
-    CpuContention,
-    Sync,
-    Memory,
-    Startup,
-    Teardown,
-    Unattributed,
-}
-
-impl Cause {
-    pub const ALL: [Cause; 12] = [
-        Cause::InputIo,
-        Cause::InputCpu,
-        Cause::InputNetwork,
-        Cause::InputUnknown,
-        Cause::CpuHost,
-        Cause::CpuLaunch,
-        Cause::CpuContention,
-        Cause::Sync,
-        Cause::Memory,
-        Cause::Startup,
-        Cause::Teardown,
-        Cause::Unattributed,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Cause::InputIo => "input.io",
-            Cause::InputCpu => "input.cpu",
-            Cause::InputNetwork => "input.network",
-            Cause::InputUnknown => "input.unknown",
-            Cause::CpuHost => "cpu.host",
-            Cause::CpuLaunch => "cpu.launch",
-            Cause::CpuContention => "cpu.contention",
-            Cause::Sync => "sync",
-            Cause::Memory => "memory",
-            Cause::Startup => "startup",
-            Cause::Teardown => "teardown",
-            Cause::Unattributed => "unattributed",
-        }
-    }
-
-    /// Idle that fixing something in the job could remove (not start-up or
-    /// tear-down, which every run pays).
-    pub fn removable(self) -> bool {
-        !matches!(self, Cause::Startup | Cause::Teardown | Cause::Unattributed)
-    }
-}
+pub use super::cause::Cause;
 
 /// What a CUDA API call does, for attribution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,6 +2,7 @@
 //! accounting.
 
 pub mod attribute;
+pub mod cause;
 mod cbid_names;
 pub mod diagnose;
 pub mod gpu;

@@ -83,65 +83,7 @@ pub struct Gaps {
     pub gt_1ms: GapReport,
 }
 
-/// Idle time by cause. Every nanosecond of idle is in exactly one field.
-#[derive(Clone, Debug, Serialize, PartialEq, Default)]
-pub struct IdleByCause {
-    #[serde(rename = "input.io")]
-    pub input_io: u64,
-    #[serde(rename = "input.cpu")]
-    pub input_cpu: u64,
-    #[serde(rename = "input.network")]
-    pub input_network: u64,
-    /// Waiting for input of an unknown kind (imported traces).
-    #[serde(rename = "input.unknown")]
-    pub input_unknown: u64,
-    #[serde(rename = "cpu.host")]
-    pub cpu_host: u64,
-    #[serde(rename = "cpu.launch")]
-    pub cpu_launch: u64,
-    #[serde(rename = "cpu.contention")]
-    pub cpu_contention: u64,
-    pub sync: u64,
-    pub memory: u64,
-    pub startup: u64,
-    pub teardown: u64,
-    pub unattributed: u64,
-}
-
-impl IdleByCause {
-    pub fn total(&self) -> u64 {
-        self.input_io
-            + self.input_cpu
-            + self.input_network
-            + self.input_unknown
-            + self.cpu_host
-            + self.cpu_launch
-            + self.cpu_contention
-            + self.sync
-            + self.memory
-            + self.startup
-            + self.teardown
-            + self.unattributed
-    }
-
-    /// (name, ns) pairs in contract order.
-    pub fn entries(&self) -> [(&'static str, u64); 12] {
-        [
-            ("input.io", self.input_io),
-            ("input.cpu", self.input_cpu),
-            ("input.network", self.input_network),
-            ("input.unknown", self.input_unknown),
-            ("cpu.host", self.cpu_host),
-            ("cpu.launch", self.cpu_launch),
-            ("cpu.contention", self.cpu_contention),
-            ("sync", self.sync),
-            ("memory", self.memory),
-            ("startup", self.startup),
-            ("teardown", self.teardown),
-            ("unattributed", self.unattributed),
-        ]
-    }
-}
+pub use crate::analyze::cause::IdleByCause;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct OpReport {
@@ -288,20 +230,7 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                     gt_100us: gap(1),
                     gt_1ms: gap(2),
                 },
-                idle_by_cause_ns: IdleByCause {
-                    input_io: by(Cause::InputIo),
-                    input_cpu: by(Cause::InputCpu),
-                    input_network: by(Cause::InputNetwork),
-                    input_unknown: by(Cause::InputUnknown),
-                    cpu_host: by(Cause::CpuHost),
-                    cpu_launch: by(Cause::CpuLaunch),
-                    cpu_contention: by(Cause::CpuContention),
-                    sync: by(Cause::Sync),
-                    memory: by(Cause::Memory),
-                    startup: by(Cause::Startup),
-                    teardown: by(Cause::Teardown),
-                    unattributed: by(Cause::Unattributed),
-                },
+                idle_by_cause_ns: IdleByCause::from_fn(by),
                 kernels: g.kernels.into(),
                 copies: g
                     .copies
@@ -520,9 +449,9 @@ mod tests {
         assert_eq!(g.busy_ns, 1_000 + 4_500);
         assert_eq!(g.busy_ns + g.idle_ns, g.allocated_ns);
         assert_eq!(g.idle_by_cause_ns.total(), g.idle_ns);
-        assert_eq!(g.idle_by_cause_ns.startup, 1_000);
-        assert_eq!(g.idle_by_cause_ns.teardown, 10_500);
-        assert_eq!(g.idle_by_cause_ns.unattributed, 3_000); // no feeder known
+        assert_eq!(g.idle_by_cause_ns.get(Cause::Startup), 1_000);
+        assert_eq!(g.idle_by_cause_ns.get(Cause::Teardown), 10_500);
+        assert_eq!(g.idle_by_cause_ns.get(Cause::Unattributed), 3_000); // no feeder known
         assert_eq!(g.span_ns, 8_500);
     }
 }

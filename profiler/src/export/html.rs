@@ -21,26 +21,8 @@ const BUSY_COLOR: &str = "#2e9e44";
 const COMMUNICATION_COLOR: &str = "#8fd19e";
 const COPIES_COLOR: &str = "#5fb573";
 
-/// One colour per cause, stable across reports so people learn them.
 /// Time the GPU could not be seen: pale, as no claim about it is made.
 const UNSEEN_COLOR: &str = "#f0f0f0";
-
-pub fn cause_color(cause: &str) -> &'static str {
-    match cause {
-        "input.io" => "#d62728",
-        "input.cpu" => "#ff7f0e",
-        "input.network" => "#9467bd",
-        "input.unknown" => "#e7969c",
-        "cpu.host" => "#8c564b",
-        "cpu.launch" => "#e377c2",
-        "cpu.contention" => "#bcbd22",
-        "sync" => "#1f77b4",
-        "memory" => "#17becf",
-        "startup" => "#c7c7c7",
-        "teardown" => "#a5a5a5",
-        _ => "#7f7f7f",
-    }
-}
 
 /// Busy and idle-by-cause time of one column of the strip.
 #[derive(Clone, Default)]
@@ -120,7 +102,7 @@ fn write_strip(bins: &[Bin], duration_ns: u64, out: &mut impl Write) -> io::Resu
         };
         bar(bin.busy, BUSY_COLOR, out)?;
         for (i, c) in Cause::ALL.iter().enumerate() {
-            bar(bin.idle[i], cause_color(c.name()), out)?;
+            bar(bin.idle[i], c.color(), out)?;
         }
     }
     writeln!(out, "</svg>")?;
@@ -146,29 +128,31 @@ fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Re
     // Busy split by what ran, when something other than compute kept the
     // GPU busy (exposed collectives, copies alone).
     let k = &g.busy_by_kind_ns;
-    let busy: Vec<(&str, u64)> = if k.communication + k.memory > 0 {
+    // (label, colour, ns) of each slice, left to right.
+    let busy: Vec<(&str, &str, u64)> = if k.communication + k.memory > 0 {
         vec![
-            ("busy: compute", k.compute),
-            ("busy: communication alone", k.communication),
-            ("busy: copies alone", k.memory),
+            ("busy: compute", BUSY_COLOR, k.compute),
+            (
+                "busy: communication alone",
+                COMMUNICATION_COLOR,
+                k.communication,
+            ),
+            ("busy: copies alone", COPIES_COLOR, k.memory),
         ]
     } else {
-        vec![("busy", g.busy_ns)]
+        vec![("busy", BUSY_COLOR, g.busy_ns)]
     };
     let entries = busy
         .into_iter()
-        .chain(g.idle_by_cause_ns.entries())
-        .chain([("not seen", g.unseen_ns)])
-        .filter(|(_, ns)| *ns > 0);
-    for (name, ns) in entries {
+        .chain(
+            g.idle_by_cause_ns
+                .entries()
+                .map(|(c, ns)| (c.name(), c.color(), ns)),
+        )
+        .chain([("not seen", UNSEEN_COLOR, g.unseen_ns)])
+        .filter(|(_, _, ns)| *ns > 0);
+    for (name, color, ns) in entries {
         let w = 1000.0 * ns as f64 / whole;
-        let color = match name {
-            "busy" | "busy: compute" => BUSY_COLOR,
-            "busy: communication alone" => COMMUNICATION_COLOR,
-            "busy: copies alone" => COPIES_COLOR,
-            "not seen" => UNSEEN_COLOR,
-            _ => cause_color(name),
-        };
         writeln!(
             out,
             r#"<rect x="{x:.3}" y="0" width="{w:.3}" height="28" fill="{color}"><title>{name}: {} ({})</title></rect>"#,
@@ -182,18 +166,18 @@ fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Re
         out,
         r#"<table class="causes"><thead><tr><th></th><th>cause</th><th class="num">time</th><th class="num">of idle</th><th class="num">of allocated</th></tr></thead><tbody>"#
     )?;
-    let mut rows: Vec<(&str, u64)> = g
+    let mut rows: Vec<(Cause, u64)> = g
         .idle_by_cause_ns
         .entries()
-        .into_iter()
         .filter(|(_, ns)| *ns > 0)
         .collect();
     rows.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
-    for (name, ns) in rows {
+    for (cause, ns) in rows {
+        let name = cause.name();
         writeln!(
             out,
             r#"<tr><td><span class="sw" style="background:{}"></span></td><td>{name}</td><td class="num" id="gpu{}-idle-{name}" data-ns="{ns}">{}</td><td class="num">{}</td><td class="num">{}</td></tr>"#,
-            cause_color(name),
+            cause.color(),
             g.id,
             units::duration(ns),
             units::percent(ns, g.idle_ns),
@@ -415,8 +399,8 @@ pub fn write_html(
             writeln!(
                 o,
                 r#"<li><span class="chip" style="background:{}">{}</span><span class="speedup" data-speedup="{}">up to {:.2}× faster</span> — {}<ul class="mono">"#,
-                cause_color(&rec.cause),
-                esc(&rec.cause),
+                rec.cause.color(),
+                esc(rec.cause.name()),
                 rec.est_speedup,
                 rec.est_speedup,
                 esc(&rec.title)

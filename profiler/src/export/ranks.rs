@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::report::Report;
 use super::units;
+use crate::analyze::cause::{Cause, IdleByCause};
 use crate::inputs::Loaded;
 use crate::kineto::hta::StreamIdle;
 
@@ -19,8 +20,8 @@ pub struct RankRow {
     pub busy_pct: f64,
     /// Busy running only collectives (NCCL), waiting for peers included.
     pub communication_ns: u64,
-    pub idle_by_cause_ns: BTreeMap<String, u64>,
-    pub top_cause: Option<String>,
+    pub idle_by_cause_ns: IdleByCause,
+    pub top_cause: Option<Cause>,
     /// The rank the others wait for at collectives: the one that spent
     /// least time in them (it arrives last, whatever made it late), or,
     /// without collectives, the one with most GPU work.
@@ -39,19 +40,18 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
                 .iter()
                 .map(|g| g.busy_by_kind_ns.communication)
                 .sum::<u64>();
-            let mut idle: BTreeMap<String, u64> = BTreeMap::new();
-            for g in &r.gpus {
-                for (k, v) in g.idle_by_cause_ns.entries() {
-                    *idle.entry(k.to_string()).or_default() += v;
-                }
-            }
+            let idle =
+                IdleByCause::from_fn(|c| r.gpus.iter().map(|g| g.idle_by_cause_ns.get(c)).sum());
+            // The largest removable cause; ties go to the first in contract
+            // order.
             let top = idle
-                .iter()
-                .filter(|(k, v)| {
-                    **v > 0 && !matches!(k.as_str(), "startup" | "teardown" | "unattributed")
+                .entries()
+                .filter(|&(c, v)| v > 0 && c.removable())
+                .fold(None, |best: Option<(Cause, u64)>, (c, v)| match best {
+                    Some((_, bv)) if bv >= v => best,
+                    _ => Some((c, v)),
                 })
-                .max_by_key(|(_, v)| **v)
-                .map(|(k, _)| k.clone());
+                .map(|(c, _)| c);
             let rank = r
                 .notes
                 .iter()
@@ -116,7 +116,7 @@ pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) 
             r.label,
             units::duration(r.span_ns),
             r.busy_pct,
-            r.top_cause.as_deref().unwrap_or("-"),
+            r.top_cause.map_or("-", Cause::name),
             match (r.slowest, collectives) {
                 (true, true) => "  ← the others wait for it (least time in collectives)",
                 (true, false) => "  ← slowest (most GPU work)",

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use gapscope_cupti::GpuRecord;
 
 use super::gpu_report::GpuReport;
-use super::report::Recommendation;
+use super::report::{Recommendation, Topic};
 use super::units;
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::diagnose::Diagnosis;
@@ -21,8 +21,6 @@ const MIN_SHARE: f64 = 0.03;
 /// Below this much removable idle, the GPUs are doing useful work.
 const BUSY_ENOUGH: f64 = 0.10;
 const TOP: usize = 3;
-/// The one recommendation about busy time rather than idle time.
-const COMMUNICATION: &str = "communication";
 
 pub struct Advice {
     pub recommendations: Vec<Recommendation>,
@@ -78,7 +76,7 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         recs.push((
             per_gpu,
             Recommendation {
-                cause: cause.name().into(),
+                cause: Topic::Idle(cause),
                 title,
                 evidence,
                 est_speedup: (est_speedup * 100.0).round() / 100.0,
@@ -94,7 +92,10 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
     if exposed as f64 >= MIN_SHARE * wall as f64 {
         recs.push((exposed, communication_advice(session, exposed, wall)));
     }
-    recs.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cause.cmp(&b.1.cause)));
+    recs.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then_with(|| a.1.cause.name().cmp(b.1.cause.name()))
+    });
     let recs: Vec<Recommendation> = recs.into_iter().map(|(_, r)| r).collect();
 
     let removable: u64 = idle
@@ -104,12 +105,15 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         .sum::<u64>()
         / n_gpus;
     let busy: u64 = gpus.iter().map(|g| g.busy_ns).sum::<u64>() / n_gpus;
-    let top_idle = recs.iter().find(|r| r.cause != COMMUNICATION);
+    let top_idle = recs.iter().find_map(|r| match r.cause {
+        Topic::Idle(c) => Some((c, r)),
+        Topic::Communication => None,
+    });
     // Exposed collectives are busy time, so they are said beside the idle
     // verdict rather than instead of it.
     let also_communication = recs
         .iter()
-        .find(|r| r.cause == COMMUNICATION)
+        .find(|r| r.cause == Topic::Communication)
         .map(|r| {
             format!(
                 " Also, collectives with no compute beside them took {} of the held time (hiding them: up to {:.2}x faster).",
@@ -119,15 +123,15 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         })
         .unwrap_or_default();
     let verdict = match top_idle {
-        Some(top) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
+        Some((cause, top)) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: up to {:.2}x faster).",
-            top.cause,
+            cause.name(),
             units::percent(wall.saturating_sub(busy), wall),
             units::percent(
-                idle.iter().find(|(c, _)| c.name() == top.cause).map(|(_, n)| *n / n_gpus).unwrap_or(0),
+                idle.get(&cause).map_or(0, |n| n / n_gpus),
                 wall.saturating_sub(busy)
             ),
-            top.cause,
+            cause.name(),
             top.est_speedup
         ) + &also_communication,
         _ if exposed as f64 >= BUSY_ENOUGH * wall as f64 => format!(
@@ -178,7 +182,7 @@ fn communication_advice(session: &Session, exposed: u64, wall: u64) -> Recommend
     }
     let est_speedup = wall as f64 / (wall - exposed.min(wall - 1)) as f64;
     Recommendation {
-        cause: COMMUNICATION.into(),
+        cause: Topic::Communication,
         title: "Communication not hidden behind compute: the GPU ran only collectives (NCCL), which includes waiting for the slowest rank. Overlap them with compute (DDP: bucket_cap_mb, gradient_as_bucket_view; FSDP: forward and backward prefetch), and compare ranks for a straggler (`gapscope report` over every rank's trace lines them up).".into(),
         evidence,
         est_speedup: (est_speedup * 100.0).round() / 100.0,

@@ -355,9 +355,8 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
         let causes: Vec<String> = g
             .idle_by_cause_ns
             .entries()
-            .iter()
             .filter(|(_, ns)| *ns > 0)
-            .map(|(k, ns)| format!("{k} {}", units::duration(*ns)))
+            .map(|(c, ns)| format!("{} {}", c.name(), units::duration(ns)))
             .collect();
         lines.push(format!("idle: {}", causes.join(" · ")));
         let mut ran = vec![format!(
