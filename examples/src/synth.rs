@@ -150,7 +150,7 @@ fn main() {
     }));
     g.push(Record::GpuSource(GpuSource {
         pid: TRAINER,
-        kind: "simulated".into(),
+        kind: gapscope::session::SourceKind::Simulated,
         hello: Hello {
             version: gapscope_cupti::protocol::VERSION,
             pid: TRAINER,

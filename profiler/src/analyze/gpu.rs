@@ -58,7 +58,7 @@ pub struct GpuTimeline {
     pub device: u32,
     pub name: String,
     /// "cupti", "uprobe", "simulated"...
-    pub source: String,
+    pub source: crate::session::SourceKind,
     /// Processes that put work on it.
     pub pids: Vec<u32>,
     /// Disjoint busy spans inside the window.
@@ -128,8 +128,8 @@ pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline
             .gpu_sources
             .iter()
             .find(|s| s.pid == pid)
-            .map(|s| s.kind.clone())
-            .unwrap_or_else(|| "cupti".into())
+            .map(|s| s.kind)
+            .unwrap_or_default()
     };
     let mut names: BTreeMap<u32, String> = session
         .nvml_devices

@@ -13,7 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinSet;
 
 use super::{pidns, procfs};
-use crate::session::{GpuBatch, GpuSource, Record};
+use crate::session::{GpuBatch, GpuSource, Record, SourceKind};
 
 /// Where `gapscope run` finds the shim: installed beside the binary.
 pub fn shim_path() -> Option<PathBuf> {
@@ -80,12 +80,7 @@ fn in_tree(pid: u32, root: u32) -> bool {
     false
 }
 
-async fn serve(
-    stream: std::sync::Arc<UnixStream>,
-    pid: u32,
-    kind: &'static str,
-    tx: UnboundedSender<Record>,
-) {
+async fn serve(stream: std::sync::Arc<UnixStream>, pid: u32, tx: UnboundedSender<Record>) {
     let mut dec = Decoder::new();
     let mut host_ids = pidns::HostIds::new(pid);
     let mut buf = vec![0u8; 256 << 10];
@@ -114,10 +109,12 @@ async fn serve(
                     let record = match frame {
                         Frame::Hello(hello) => Record::GpuSource(GpuSource {
                             pid,
+                            // The examples' simulated device speaks the
+                            // shim's protocol and says who it is.
                             kind: if hello.source.starts_with("simulated") {
-                                "simulated".into()
+                                SourceKind::Simulated
                             } else {
-                                kind.into()
+                                SourceKind::Cupti
                             },
                             hello,
                         }),
@@ -266,7 +263,7 @@ impl GpuStreams {
                 };
                 match peer_pid(&stream) {
                     Some(pid) if in_tree(pid, root) => {
-                        conns.spawn(serve(std::sync::Arc::new(stream), pid, "cupti", tx.clone()));
+                        conns.spawn(serve(std::sync::Arc::new(stream), pid, tx.clone()));
                     }
                     other => {
                         let _ = tx.send(Record::Note(format!(
@@ -303,8 +300,7 @@ impl GpuStreams {
             self.connected.insert(pid);
             let stream = std::sync::Arc::new(stream);
             self.attached.push(stream.clone());
-            self.tasks
-                .spawn(serve(stream, pid, "cupti", self.tx.clone()));
+            self.tasks.spawn(serve(stream, pid, self.tx.clone()));
         }
     }
 

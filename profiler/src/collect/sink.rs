@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::bpf::{abi, decode};
 use super::{launch, procfs};
+use crate::session::SourceKind;
 use crate::session::{Drops, Event, ProcMaps, Record, SessionError, SessionWriter, Stack};
 
 /// Re-read a process's maps at most this often when a stack falls outside
@@ -146,7 +147,7 @@ impl Sink {
                 let pid = *pid;
                 self.push(Record::GpuSource(crate::session::GpuSource {
                     pid,
-                    kind: "uprobe".into(),
+                    kind: SourceKind::Uprobe,
                     hello: gapscope_cupti::Hello {
                         version: gapscope_cupti::protocol::VERSION,
                         pid,

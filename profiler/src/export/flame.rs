@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
 use crate::analyze::diagnose::Diagnosis;
+use crate::session::SourceKind;
 use crate::session::{Event, Session};
 use crate::timeline::{State, Timeline};
 
@@ -294,7 +295,11 @@ pub fn write_svg(
 ) -> io::Result<()> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = kind.title().to_string();
-    if session.gpu_sources.iter().any(|g| g.kind == "simulated") {
+    if session
+        .gpu_sources
+        .iter()
+        .any(|g| g.kind == SourceKind::Simulated)
+    {
         opts.subtitle = Some("SIMULATED GPU: gapscope's test and demo workload".into());
     }
     opts.count_name = kind.count_name().to_string();

@@ -106,7 +106,7 @@ impl From<gpu::OpStats> for OpReport {
 pub struct GpuReport {
     pub id: u32,
     pub name: String,
-    pub source: String,
+    pub source: crate::session::SourceKind,
     /// Wall time the job held the GPU (the recording window).
     pub allocated_ns: u64,
     /// Mean NVML utilization.gpu over the window, as dashboards show it.
@@ -213,7 +213,7 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
             GpuReport {
                 id: g.device,
                 name: g.name.clone(),
-                source: g.source.clone(),
+                source: g.source,
                 allocated_ns: allocated,
                 nvml_util_pct: util,
                 busy_ns: busy,

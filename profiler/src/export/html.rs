@@ -13,6 +13,7 @@ use super::summary::{self, html_escape as esc, Style};
 use super::units;
 use crate::analyze::attribute::Cause;
 use crate::analyze::diagnose::Diagnosis;
+use crate::session::{Mode, SourceKind};
 
 /// Columns of the busy/idle strip.
 const STRIP_BINS: usize = 400;
@@ -268,7 +269,7 @@ pub fn write_html(
         esc(&cmd)
     )?;
     writeln!(o, r#"<div class="cmd">{}</div>"#, esc(&cmd))?;
-    let when = if s.mode == "kineto" {
+    let when = if s.mode == Mode::Kineto {
         format!(
             "PyTorch profiler trace · {} starting {}",
             units::duration(s.duration_ns),
@@ -277,7 +278,11 @@ pub fn write_html(
     } else {
         format!(
             "{} {} · {} · pid {} · {} · {} (Linux {}, {} CPUs) · {} events",
-            if s.mode == "run" { "ran" } else { "attached" },
+            if s.mode == Mode::Run {
+                "ran"
+            } else {
+                "attached"
+            },
             units::utc(s.start_unix_ns),
             units::duration(s.duration_ns),
             r.target.pid,
@@ -292,7 +297,7 @@ pub fn write_html(
         )
     };
     writeln!(o, r#"<div class="sub">{}</div>"#, esc(&when))?;
-    if r.gpus.iter().any(|g| g.source == "simulated") {
+    if r.gpus.iter().any(|g| g.source == SourceKind::Simulated) {
         writeln!(
             o,
             r#"<div class="banner sim" id="simulated">SIMULATED GPU: this recording comes from gapscope's test and demo workload. The host side (threads, files, syscalls) is real; the GPU and its timings are simulated.</div>"#
@@ -320,7 +325,7 @@ pub fn write_html(
             g.id,
             g.id,
             esc(&g.name),
-            esc(&g.source)
+            esc(g.source.name())
         )?;
         let id = |k: &str| format!("gpu{}-{k}", g.id);
         kpi(

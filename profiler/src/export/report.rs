@@ -80,7 +80,7 @@ pub struct BlindSpan {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct SessionInfo {
     pub gapscope_version: String,
-    pub mode: &'static str,
+    pub mode: Mode,
     pub hostname: String,
     pub kernel: String,
     pub nr_cpus: u32,
@@ -192,7 +192,7 @@ pub use super::gpu_report::{ApiThread, GpuReport, SyncReport};
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct GpuSourceReport {
     pub pid: u32,
-    pub kind: String,
+    pub kind: crate::session::SourceKind,
     pub source: String,
     pub driver_version: u32,
     pub cupti_version: u32,
@@ -494,7 +494,7 @@ pub fn build_with(
             .iter()
             .map(|g| GpuSourceReport {
                 pid: g.pid,
-                kind: g.kind.clone(),
+                kind: g.kind,
                 source: g.hello.source.clone(),
                 driver_version: g.hello.driver_version,
                 cupti_version: g.hello.cupti_version,
@@ -503,11 +503,7 @@ pub fn build_with(
             .collect(),
         session: SessionInfo {
             gapscope_version: header.gapscope_version.clone(),
-            mode: match header.mode {
-                Mode::Run => "run",
-                Mode::Attach => "attach",
-                Mode::Kineto => "kineto",
-            },
+            mode: header.mode,
             hostname: header.hostname.clone(),
             kernel: header.kernel.clone(),
             nr_cpus: header.nr_cpus,

@@ -6,6 +6,7 @@ use std::io::{self, Write};
 
 use super::report::{Report, StackReport, ThreadReport};
 use super::units;
+use crate::session::{Mode, SourceKind};
 use crate::timeline::OffKind;
 
 /// Most threads listed in the per-thread table; the JSON has all.
@@ -115,7 +116,7 @@ fn blocks(r: &Report) -> Vec<Block> {
         None => "still running".into(),
     };
     let s = &r.session;
-    if s.mode == "kineto" {
+    if s.mode == Mode::Kineto {
         b.push(Block::Heading(format!(
             "gapscope · {cmd} · PyTorch profiler trace"
         )));
@@ -131,7 +132,11 @@ fn blocks(r: &Report) -> Vec<Block> {
         )));
         b.push(Block::Line(format!(
             "{} {} · {} · {} on {} (Linux {}, {} CPUs) · {} events · {} Hz sampling",
-            if s.mode == "run" { "ran" } else { "attached" },
+            if s.mode == Mode::Run {
+                "ran"
+            } else {
+                "attached"
+            },
             units::utc(s.start_unix_ns),
             units::duration(s.duration_ns),
             s.stop_reason.unwrap_or("recording cut short"),
@@ -281,7 +286,11 @@ fn advice_blocks(r: &Report, b: &mut Vec<Block>) {
 }
 
 fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
-    for s in r.gpu_sources.iter().filter(|s| s.kind == "uprobe") {
+    for s in r
+        .gpu_sources
+        .iter()
+        .filter(|s| s.kind == SourceKind::Uprobe)
+    {
         b.push(Block::Line(format!(
             "GPU timeline of pid {}: approximate (no kernel times) — CUDA driver calls seen by \
              libcuda uprobes only; run it under `gapscope run` for the CUPTI timeline",
@@ -306,7 +315,7 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
             "GPU {} {} ({}): allocated {} · NVML utilization {} · busy {} ({}) · idle {}",
             g.id,
             g.name,
-            g.source,
+            g.source.name(),
             units::duration(g.allocated_ns),
             util,
             units::duration(g.busy_ns),

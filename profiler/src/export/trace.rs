@@ -12,6 +12,7 @@ use gapscope_cupti::GpuRecord;
 
 use crate::analyze::api_name;
 use crate::analyze::diagnose::Diagnosis;
+use crate::session::SourceKind;
 use crate::session::{Event, Session};
 use crate::timeline::{syscall_name, State, Timeline};
 
@@ -380,7 +381,10 @@ pub fn write_timeline(
             .map(|g| (g.gpu.device, g.gpu.name.clone()))
             .collect(),
     };
-    let simulated = session.gpu_sources.iter().any(|g| g.kind == "simulated");
+    let simulated = session
+        .gpu_sources
+        .iter()
+        .any(|g| g.kind == SourceKind::Simulated);
     write!(
         w.out,
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"generator\":{},\"window_s\":\"{:.6}..{:.6}\",\"recording_s\":{:.6}{}}},\n\"traceEvents\":[\n",

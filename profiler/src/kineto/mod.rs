@@ -14,6 +14,7 @@ use gapscope_cupti::{ApiDomain, ClockMethod, GpuRecord, Hello};
 
 pub use parse::{looks_like_trace, us_text_to_ns, KinetoError, RawEvent};
 
+use crate::session::SourceKind;
 use crate::session::{Footer, GpuSource, HostOp, Mode, Session, SessionHeader, StopReason};
 
 /// "Memcpy HtoD (Pageable -> Device)" → (copy kind, src kind, dst kind).
@@ -238,7 +239,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
     });
     s.gpu_sources.push(GpuSource {
         pid: host,
-        kind: "kineto".into(),
+        kind: SourceKind::Kineto,
         hello: Hello {
             version: gapscope_cupti::protocol::VERSION,
             pid: host,

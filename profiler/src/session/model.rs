@@ -100,12 +100,63 @@ pub struct HostOp {
     pub cat: std::sync::Arc<str>,
 }
 
+/// What produced a process's GPU records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SourceKind {
+    /// The CUPTI shim: GPU timestamps.
+    #[default]
+    Cupti,
+    /// uprobes on libcuda: CPU-side call times only.
+    Uprobe,
+    /// The examples' simulated device (a test and demo workload).
+    Simulated,
+    /// An imported PyTorch profiler trace.
+    Kineto,
+}
+
+impl SourceKind {
+    const ALL: [SourceKind; 4] = [
+        SourceKind::Cupti,
+        SourceKind::Uprobe,
+        SourceKind::Simulated,
+        SourceKind::Kineto,
+    ];
+
+    /// The name reports use (and sessions store).
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::Cupti => "cupti",
+            SourceKind::Uprobe => "uprobe",
+            SourceKind::Simulated => "simulated",
+            SourceKind::Kineto => "kineto",
+        }
+    }
+}
+
+/// Written as its name, in reports and in sessions alike: sessions stored
+/// the name before it was a type, so older files read unchanged.
+impl Serialize for SourceKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for SourceKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        SourceKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown GPU source kind {name:?}")))
+    }
+}
+
 /// Where a process's GPU records come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuSource {
     pub pid: u32,
-    /// "cupti", "uprobe" or "simulated": the report's `source`.
-    pub kind: String,
+    /// The report's `source`.
+    pub kind: SourceKind,
     pub hello: gapscope_cupti::Hello,
 }
 
@@ -139,7 +190,9 @@ pub struct NvmlSample {
     pub processes: Vec<(u32, u32)>,
 }
 
+/// How a session was made. In reports, written in lower case ("run").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     Run,
     Attach,
