@@ -146,6 +146,15 @@ fn several_ranks_get_a_cross_rank_table_and_import_writes_sessions() {
     let from_session = report(&[out.path().to_str().unwrap(), "--format", "json"]);
     let from_trace = report(&[trace.to_str().unwrap(), "--format", "json"]);
     assert_eq!(from_session["gpus"], from_trace["gpus"]);
+    // The rank, as the trace's own metadata says, kept typed through the
+    // session and into the cross-rank table.
+    let raw: Value = serde_json::from_slice(&gunzip(&trace)).unwrap();
+    let info = &raw["distributedInfo"];
+    let expected = serde_json::json!({"rank": info["rank"], "world": info["world_size"]});
+    assert_eq!(from_trace["session"]["rank"], expected);
+    assert_eq!(from_session["session"]["rank"], expected);
+    let label = format!("{} of {}", info["rank"], info["world_size"]);
+    assert!(rows.iter().any(|x| x["rank"] == label.as_str()), "{rows:?}");
 }
 
 #[test]

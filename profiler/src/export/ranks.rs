@@ -52,10 +52,7 @@ pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
                     _ => Some((c, v)),
                 })
                 .map(|(c, _)| c);
-            let rank = r
-                .notes
-                .iter()
-                .find_map(|n| n.strip_prefix("rank ").map(str::to_string));
+            let rank = r.session.rank.map(|k| format!("{} of {}", k.rank, k.world));
             RankRow {
                 label: l.label.clone(),
                 rank,

@@ -94,6 +94,8 @@ pub struct SessionInfo {
     /// gapscope's own CPU time and peak memory while recording.
     pub collector_cpu_ns: Option<u64>,
     pub collector_peak_rss_bytes: Option<u64>,
+    /// This recording's rank in a distributed job, when known.
+    pub rank: Option<crate::session::Rank>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -519,6 +521,7 @@ pub fn build_with(
             truncated: session.truncated.clone(),
             collector_cpu_ns: session.collector.map(|c| c.cpu_ns),
             collector_peak_rss_bytes: session.collector.map(|c| c.peak_rss_bytes),
+            rank: session.rank,
         },
         processes,
         notes,

@@ -249,8 +249,10 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             source: format!("PyTorch profiler trace {file}"),
         },
     });
-    if let (Some(r), Some(w)) = (rank, world) {
-        s.notes.push(format!("rank {r} of {w}"));
+    let as_u32 = |v: Option<u64>| v.and_then(|v| u32::try_from(v).ok());
+    if let (Some(rank), Some(world)) = (as_u32(rank), as_u32(world)) {
+        s.rank = Some(crate::session::Rank { rank, world });
+        s.notes.push(format!("rank {rank} of {world}"));
     }
     s.notes.push(
         "imported from a PyTorch profiler trace: no off-CPU data, so input waits cannot be split into storage, \
@@ -334,6 +336,9 @@ pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, crate::
         }
         for n in &s.notes {
             w.push(&Record::Note(n.clone()))?;
+        }
+        if let Some(r) = s.rank {
+            w.push(&Record::Rank(r))?;
         }
         if let Some(f) = &s.footer {
             w.push(&Record::End(f.clone()))?;

@@ -53,6 +53,15 @@ pub enum Record {
         /// Of kinds the shim does not read.
         unknown: u64,
     },
+    /// Which rank of a multi-process job this is (from a trace's metadata).
+    Rank(Rank),
+}
+
+/// This recording's place in a distributed job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rank {
+    pub rank: u32,
+    pub world: u32,
 }
 
 /// `[start, end]` in which process `pid`'s GPU view was missing entirely:

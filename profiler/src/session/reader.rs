@@ -212,6 +212,8 @@ pub struct Session {
     pub gpu_blind: Vec<GpuBlind>,
     /// Last cumulative (incomplete, unknown kind) skipped records per process.
     pub gpu_skipped: HashMap<u32, (u64, u64)>,
+    /// This recording's rank in a distributed job, when known.
+    pub rank: Option<super::Rank>,
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
     pub host_ops: Vec<HostOp>,
@@ -285,6 +287,7 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
             } => {
                 s.gpu_skipped.insert(pid, (incomplete, unknown));
             }
+            Record::Rank(r) => s.rank = Some(r),
         }
     }
     if first {
