@@ -7,6 +7,8 @@
 //! runs inside the target, dormant until a profiler listens.
 
 pub mod activity;
+pub mod cbid;
+mod cbid_names;
 pub mod clock;
 mod inject;
 mod loader;

@@ -20,6 +20,29 @@ pub fn to_unix_ns(mono_ns: u64, anchor_mono_ns: u64, anchor_unix_ns: u64) -> u64
     (anchor_unix_ns as i128 + mono_ns as i128 - anchor_mono_ns as i128).max(0) as u64
 }
 
+/// A UTC date and time from Unix ns, without a time-zone database.
+pub fn utc(unix_ns: u64) -> String {
+    let secs = (unix_ns / 1_000_000_000) as i64;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -30,6 +53,15 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         let b = monotonic_ns();
         assert!(b - a >= 5_000_000, "{a} -> {b}");
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(
+            utc(1_795_000_000 * 1_000_000_000),
+            "2026-11-18 11:06:40 UTC"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! PyTorch profiler (Kineto) traces — one, several, or a directory of them
 //! (one per rank). Told apart by content, not by name.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -71,4 +72,64 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
         }
     }
     Ok(out)
+}
+
+/// Writes a session for each trace: `dir/session.gsz` for one trace,
+/// `dir/<trace name>/session.gsz` for several. Returns the files written.
+pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    use crate::session::{GpuBatch, Record, SessionWriter};
+    let files = kineto::trace_files(traces);
+    let mut written = Vec::new();
+    for f in &files {
+        let s = kineto::import(f)?;
+        let out = if files.len() == 1 {
+            dir.to_path_buf()
+        } else {
+            let stem = f
+                .file_name()
+                .map(|n| {
+                    n.to_string_lossy()
+                        .trim_end_matches(".gz")
+                        .trim_end_matches(".json")
+                        .to_string()
+                })
+                .unwrap_or_default();
+            dir.join(stem)
+        };
+        crate::output::create_dir(&out).map_err(|source| crate::session::SessionError::Io {
+            path: out.clone(),
+            source,
+        })?;
+        let path = out.join(crate::session::FILE_NAME);
+        let mut w = SessionWriter::create(&path)?;
+        w.push(&Record::Header(s.header().clone()))?;
+        for g in &s.gpu_sources {
+            w.push(&Record::GpuSource(g.clone()))?;
+        }
+        for chunk in s.gpu.chunks(4096) {
+            // Records keep the pid of the process they belong to.
+            let mut by_pid: BTreeMap<u32, Vec<gapscope_cupti::GpuRecord>> = BTreeMap::new();
+            for (pid, r) in chunk {
+                by_pid.entry(*pid).or_default().push(r.clone());
+            }
+            for (pid, records) in by_pid {
+                w.push(&Record::Gpu(GpuBatch { pid, records }))?;
+            }
+        }
+        for o in &s.host_ops {
+            w.push(&Record::HostOp(o.clone()))?;
+        }
+        for n in &s.notes {
+            w.push(&Record::Note(n.clone()))?;
+        }
+        if let Some(r) = s.rank {
+            w.push(&Record::Rank(r))?;
+        }
+        if let Some(f) = &s.footer {
+            w.push(&Record::End(f.clone()))?;
+        }
+        w.finish()?;
+        written.push(path);
+    }
+    Ok(written)
 }

@@ -1,7 +1,16 @@
 //! gapscope: measures whether GPUs did useful work and, when they sat idle,
-//! names the cause. This crate is the library behind the `gapscope` binary:
-//! `collect` records a process tree with eBPF into a `session`, `timeline`
-//! replays it into per-thread accounts, and `export` renders reports.
+//! names the cause. This crate is the library behind the `gapscope` binary.
+//! Its stages, in the order data flows through them:
+//!
+//! 1. `collect` records a process tree with eBPF (and the GPU through the
+//!    CUPTI shim) into a `session`; `kineto` imports PyTorch profiler traces
+//!    into the same session model; `inputs` tells the two apart;
+//! 2. `timeline` replays a session into per-thread accounts;
+//! 3. `analyze` attributes every idle GPU nanosecond to a cause;
+//! 4. `export` renders reports, pictures and the timeline.
+//!
+//! Each stage imports only the ones before it (the `layers` test below
+//! keeps it so).
 
 pub mod analyze;
 pub mod clock;
@@ -14,3 +23,74 @@ pub mod kineto;
 pub mod output;
 pub mod session;
 pub mod timeline;
+
+#[cfg(test)]
+mod layers {
+    use std::path::Path;
+
+    /// Every `crate::<module>` a folder's sources name.
+    fn imports_of(folder: &str) -> Vec<(String, String)> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src")
+            .join(folder);
+        let mut out = Vec::new();
+        let mut stack = vec![dir];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for (i, _) in text.match_indices("crate::") {
+                        let module: String = text[i + 7..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        out.push((p.display().to_string(), module));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn each_stage_imports_only_the_stages_before_it() {
+        // Folder → the crate modules it must never name.
+        let rules: [(&str, &[&str]); 5] = [
+            (
+                "session",
+                &[
+                    "collect", "timeline", "analyze", "export", "kineto", "inputs",
+                ],
+            ),
+            (
+                "collect",
+                &["timeline", "analyze", "export", "kineto", "inputs"],
+            ),
+            (
+                "kineto",
+                &["collect", "timeline", "analyze", "export", "inputs"],
+            ),
+            (
+                "timeline",
+                &["collect", "analyze", "export", "kineto", "inputs"],
+            ),
+            ("analyze", &["collect", "export", "kineto", "inputs"]),
+        ];
+        let mut wrong = Vec::new();
+        for (folder, banned) in rules {
+            for (file, module) in imports_of(folder) {
+                if banned.contains(&module.as_str()) {
+                    wrong.push(format!("{file} names crate::{module}"));
+                }
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "edges running backwards:\n{}",
+            wrong.join("\n")
+        );
+    }
+}

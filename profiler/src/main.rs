@@ -438,7 +438,7 @@ fn main() -> ExitCode {
         }
         Command::Import {
             what: ImportCommand::Kineto { traces, output },
-        } => match gapscope::kineto::import_to(&traces, &output) {
+        } => match gapscope::inputs::import_to(&traces, &output) {
             Ok(written) => {
                 for p in written {
                     eprintln!("gapscope: wrote {}", p.display());

@@ -208,16 +208,7 @@ impl Paused {
     }
 }
 
-/// Shell-style exit code from a wait status: the code, or 128 + signal.
-pub fn exit_code_of(status: i32) -> i32 {
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        status
-    }
-}
+pub use crate::session::exit_code_of;
 
 #[cfg(test)]
 mod tests {

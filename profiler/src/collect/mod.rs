@@ -390,7 +390,7 @@ fn gpu_environment(env: &mut Vec<(OsString, OsString)>) -> Result<gpu::GpuListen
 
 /// The output directory: `-o DIR`, or `gapscope-<pid>-<time>/` here.
 pub fn default_out_dir(pid: u32) -> PathBuf {
-    let stamp = crate::export::units::utc(clock::realtime_ns())
+    let stamp = clock::utc(clock::realtime_ns())
         .trim_end_matches(" UTC")
         .replace(['-', ':'], "")
         .replace(' ', "-");

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gapscope_cupti::GpuRecord;
+use serde::Serialize;
 
 use super::gpu_report::GpuReport;
-use super::report::{Recommendation, Topic};
 use super::units;
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::diagnose::Diagnosis;
@@ -21,6 +21,51 @@ const MIN_SHARE: f64 = 0.03;
 /// Below this much removable idle, the GPUs are doing useful work.
 const BUSY_ENOUGH: f64 = 0.10;
 const TOP: usize = 3;
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Recommendation {
+    pub cause: Topic,
+    pub title: String,
+    pub evidence: Vec<String>,
+    pub est_speedup: f64,
+}
+
+/// What a recommendation is about: a cause of idle time, or busy time that
+/// was only communication. Written as its name.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Topic {
+    Idle(Cause),
+    Communication,
+}
+
+impl Topic {
+    pub fn name(self) -> &'static str {
+        match self {
+            Topic::Idle(c) => c.name(),
+            Topic::Communication => "communication",
+        }
+    }
+
+    pub fn color(self) -> &'static str {
+        match self {
+            Topic::Idle(c) => c.color(),
+            // Busy, but not computing: a light green beside busy's.
+            Topic::Communication => "#8fd19e",
+        }
+    }
+}
+
+impl std::fmt::Display for Topic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Topic {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
 
 pub struct Advice {
     pub recommendations: Vec<Recommendation>,
@@ -224,7 +269,7 @@ impl Evidence<'_> {
         let mut f: Vec<String> = self
             .frames(hash)
             .into_iter()
-            .filter(|x| !super::summary::is_entry_frame(x))
+            .filter(|x| !crate::session::is_entry_frame(x))
             .collect();
         f.dedup();
         (!f.is_empty()).then(|| f.into_iter().take(5).collect::<Vec<_>>().join(" ← "))

@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::analyze::cause::Cause;
 use crate::session::{Frame, Mode, Session, StopReason};
 use crate::timeline::{syscall_name, OffKind, ThreadTimeline, Timeline};
+
+pub use super::recommend::{Recommendation, Topic};
 
 pub const SCHEMA: &str = "gapscope.report/1";
 const TOP_SYSCALLS: usize = 8;
@@ -200,51 +201,6 @@ pub struct GpuSourceReport {
     pub cupti_version: u32,
     /// How GPU timestamps were put on CLOCK_MONOTONIC.
     pub clock: String,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Recommendation {
-    pub cause: Topic,
-    pub title: String,
-    pub evidence: Vec<String>,
-    pub est_speedup: f64,
-}
-
-/// What a recommendation is about: a cause of idle time, or busy time that
-/// was only communication. Written as its name.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Topic {
-    Idle(Cause),
-    Communication,
-}
-
-impl Topic {
-    pub fn name(self) -> &'static str {
-        match self {
-            Topic::Idle(c) => c.name(),
-            Topic::Communication => "communication",
-        }
-    }
-
-    pub fn color(self) -> &'static str {
-        match self {
-            Topic::Idle(c) => c.color(),
-            // Busy, but not computing: a light green beside busy's.
-            Topic::Communication => "#8fd19e",
-        }
-    }
-}
-
-impl std::fmt::Display for Topic {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl Serialize for Topic {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
 }
 
 /// Resolves stack hashes to frame names, from the session's symbols.

@@ -18,30 +18,6 @@ const MAX_COMMAND: usize = 100;
 /// Threads listed in the bytes and syscall sections.
 const MAX_DETAIL_THREADS: usize = 10;
 
-/// Frames every stack ends in (process and thread entry, language runtime
-/// start-up): they say nothing about where the time went.
-pub(super) fn is_entry_frame(f: &str) -> bool {
-    const PREFIXES: &[&str] = &[
-        "_start",
-        "__libc_start_",
-        "start_thread",
-        "clone3",
-        "__clone",
-        "std::rt::lang_start",
-        "__rust_begin_short_backtrace",
-        "std::sys::backtrace::__rust_begin_short_backtrace",
-        "core::ops::function::FnOnce::call_once",
-        "std::panicking::",
-        "std::panic::catch_unwind",
-        "__rust_try",
-        "std::thread::",
-        "<core::panic::unwind_safe::AssertUnwindSafe",
-        "std::sys::pal::unix::thread::Thread::new::thread_start",
-        "std::sys::thread::unix::Thread::new::thread_start",
-    ];
-    PREFIXES.iter().any(|p| f.starts_with(p))
-}
-
 /// The command as one line: shell-quoted where needed, newlines folded, cut.
 fn command_line(argv: &[String]) -> String {
     if argv.is_empty() {
@@ -524,7 +500,7 @@ fn top_stacks(r: &Report, pick: impl Fn(&ThreadReport) -> &Vec<StackReport>) -> 
                 .frames
                 .iter()
                 .map(String::as_str)
-                .filter(|f| !is_entry_frame(f))
+                .filter(|f| !crate::session::is_entry_frame(f))
                 .collect();
             if useful.is_empty() {
                 // Only entry frames (inlined code): better than nothing.
@@ -734,6 +710,7 @@ mod tests {
 
     #[test]
     fn entry_frames_are_recognised() {
+        use crate::session::is_entry_frame;
         assert!(is_entry_frame("__libc_start_call_main"));
         assert!(is_entry_frame("std::rt::lang_start_internal"));
         assert!(!is_entry_frame("main"));

@@ -47,7 +47,7 @@ fn memcpy_kinds(name: &str) -> (u8, u8, u8) {
 
 /// The CUPTI callback id of a runtime or driver function named in a trace.
 fn cbid_of(domain: ApiDomain, name: &str) -> u32 {
-    crate::analyze::cbid_of(domain, name).unwrap_or(u32::MAX)
+    gapscope_cupti::cbid::cbid_of(domain, name).unwrap_or(u32::MAX)
 }
 
 /// Reads a trace into a session.
@@ -287,66 +287,6 @@ pub fn trace_files(paths: &[PathBuf]) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-/// Writes a session for each trace: `dir/session.gsz` for one trace,
-/// `dir/<trace name>/session.gsz` for several. Returns the files written.
-pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, crate::inputs::LoadError> {
-    use crate::session::{GpuBatch, Record, SessionWriter};
-    let files = trace_files(traces);
-    let mut written = Vec::new();
-    for f in &files {
-        let s = import(f)?;
-        let out = if files.len() == 1 {
-            dir.to_path_buf()
-        } else {
-            let stem = f
-                .file_name()
-                .map(|n| {
-                    n.to_string_lossy()
-                        .trim_end_matches(".gz")
-                        .trim_end_matches(".json")
-                        .to_string()
-                })
-                .unwrap_or_default();
-            dir.join(stem)
-        };
-        crate::output::create_dir(&out).map_err(|source| crate::session::SessionError::Io {
-            path: out.clone(),
-            source,
-        })?;
-        let path = out.join(crate::session::FILE_NAME);
-        let mut w = SessionWriter::create(&path)?;
-        w.push(&Record::Header(s.header().clone()))?;
-        for g in &s.gpu_sources {
-            w.push(&Record::GpuSource(g.clone()))?;
-        }
-        for chunk in s.gpu.chunks(4096) {
-            // Records keep the pid of the process they belong to.
-            let mut by_pid: BTreeMap<u32, Vec<GpuRecord>> = BTreeMap::new();
-            for (pid, r) in chunk {
-                by_pid.entry(*pid).or_default().push(r.clone());
-            }
-            for (pid, records) in by_pid {
-                w.push(&Record::Gpu(GpuBatch { pid, records }))?;
-            }
-        }
-        for o in &s.host_ops {
-            w.push(&Record::HostOp(o.clone()))?;
-        }
-        for n in &s.notes {
-            w.push(&Record::Note(n.clone()))?;
-        }
-        if let Some(r) = s.rank {
-            w.push(&Record::Rank(r))?;
-        }
-        if let Some(f) = &s.footer {
-            w.push(&Record::End(f.clone()))?;
-        }
-        w.finish()?;
-        written.push(path);
-    }
-    Ok(written)
 }
 
 #[cfg(test)]

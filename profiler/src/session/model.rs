@@ -493,3 +493,38 @@ pub struct Footer {
     pub exit_code: Option<i32>,
     pub events: u64,
 }
+
+/// Shell-style exit code from a wait status: the code, or 128 + signal.
+pub fn exit_code_of(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        status
+    }
+}
+
+/// Frames every stack ends in (process and thread entry, language runtime
+/// start-up): they say nothing about where the time went.
+pub fn is_entry_frame(f: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_start",
+        "__libc_start_",
+        "start_thread",
+        "clone3",
+        "__clone",
+        "std::rt::lang_start",
+        "__rust_begin_short_backtrace",
+        "std::sys::backtrace::__rust_begin_short_backtrace",
+        "core::ops::function::FnOnce::call_once",
+        "std::panicking::",
+        "std::panic::catch_unwind",
+        "__rust_try",
+        "std::thread::",
+        "<core::panic::unwind_safe::AssertUnwindSafe",
+        "std::sys::pal::unix::thread::Thread::new::thread_start",
+        "std::sys::thread::unix::Thread::new::thread_start",
+    ];
+    PREFIXES.iter().any(|p| f.starts_with(p))
+}

@@ -283,7 +283,7 @@ impl Timeline {
                     let p = self.processes.entry(*pid).or_default();
                     p.pid = *pid;
                     p.end = Some(*ts);
-                    p.exit_code = Some(crate::collect::launch::exit_code_of(*status));
+                    p.exit_code = Some(crate::session::exit_code_of(*status));
                 }
             }
             Event::Open { pid, fd, path, .. } => {
