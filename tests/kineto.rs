@@ -7,9 +7,12 @@ use std::process::Command;
 use gapscope_tests::*;
 use serde_json::Value;
 
+/// `gapscope report ARGS` (JSON), checked against the contract.
 fn report(args: &[&str]) -> Value {
     let args: Vec<&str> = ["report"].iter().chain(args).copied().collect();
-    serde_json::from_slice(&gapscope_stdout(&args)).unwrap()
+    let r = serde_json::from_slice(&gapscope_stdout(&args)).unwrap();
+    assert_reports_schema(&r);
+    r
 }
 
 /// µs in the reference vs ns here.

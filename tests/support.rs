@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod report_schema;
+pub use report_schema::{
+    assert_report_schema, assert_reports_schema, report_schema, schema_violation,
+};
+
 /// target/<profile>/ of this build (tests live in target/<profile>/deps/).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -128,7 +133,8 @@ pub fn run(dir: &Path, args: &[&str], cmd: &[&str]) -> Run {
     }
 }
 
-/// `gapscope report PATH --format json`, parsed.
+/// `gapscope report PATH --format json`, parsed, checked against the
+/// contract (docs/report.schema.json).
 pub fn report_json(path: &Path) -> Value {
     let out = Command::new(gapscope())
         .args(["report", "--format", "json"])
@@ -140,7 +146,9 @@ pub fn report_json(path: &Path) -> Value {
         "gapscope report failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("report is JSON")
+    let report = serde_json::from_slice(&out.stdout).expect("report is JSON");
+    assert_report_schema(&report);
+    report
 }
 
 /// Ground-truth lines a workload appended to its --truth file.
