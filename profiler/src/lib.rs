@@ -23,6 +23,7 @@ pub mod kineto;
 pub mod output;
 pub mod session;
 pub mod timeline;
+pub mod units;
 
 #[cfg(test)]
 mod layers {

@@ -3,10 +3,13 @@
 
 pub mod attribute;
 pub mod cause;
+pub mod checks;
 pub mod diagnose;
 pub mod gpu;
 pub mod intervals;
 pub mod loss;
+pub mod nvml;
+pub mod recommend;
 
 pub use gapscope_cupti::cbid::{api_name, cbid_of};
 

@@ -11,64 +11,7 @@ use crate::analyze::attribute::Cause;
 use crate::analyze::diagnose::Diagnosis;
 use crate::analyze::{api_name, gpu, RecordMap};
 use crate::session::Session;
-use crate::timeline::{State, Timeline};
-
-/// Per device: kernels vs their launch calls, launch calls vs the eBPF
-/// thread states.
-fn clock_checks(session: &Session, tl: &Timeline) -> BTreeMap<u32, ClockCheck> {
-    let mut launches: std::collections::HashMap<(u32, u32), (u64, u32)> =
-        std::collections::HashMap::new();
-    for (pid, r) in &session.gpu {
-        if let GpuRecord::Api {
-            correlation,
-            start,
-            tid,
-            ..
-        } = r
-        {
-            launches.insert((*pid, *correlation), (*start, *tid));
-        }
-    }
-    let mut out: BTreeMap<u32, ClockCheck> = BTreeMap::new();
-    for (pid, r) in &session.gpu {
-        let GpuRecord::Kernel {
-            start,
-            device,
-            correlation,
-            ..
-        } = r
-        else {
-            continue;
-        };
-        let Some(&(api_start, tid)) = launches.get(&(*pid, *correlation)) else {
-            continue;
-        };
-        let c = out.entry(*device).or_default();
-        c.kernels_checked += 1;
-        if *start < api_start {
-            c.kernels_before_launch += 1;
-        }
-        let Some(iv) = tl
-            .threads
-            .get(&(*pid, tid))
-            .and_then(|t| t.intervals.as_ref())
-        else {
-            continue;
-        };
-        c.launches_checked += 1;
-        // A thread calls only while on a CPU: a launch timed anywhere else —
-        // blocked, waiting for a CPU, or outside the thread's known life —
-        // says the two clocks disagree.
-        let i = iv.partition_point(|i| i.end <= api_start);
-        let on_cpu = iv
-            .get(i)
-            .is_some_and(|i| i.start <= api_start && matches!(i.state, State::OnCpu));
-        if !on_cpu {
-            c.launches_while_off_cpu += 1;
-        }
-    }
-    out
-}
+use crate::timeline::Timeline;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct GapReport {
@@ -146,16 +89,7 @@ pub struct BusyByKindReport {
     pub memory: u64,
 }
 
-/// Does the GPU timeline sit on the CPU clock? A kernel must start after the
-/// API call that launched it, and a launch call must happen while the eBPF
-/// timeline has its thread on a CPU.
-#[derive(Clone, Debug, Serialize, PartialEq, Default)]
-pub struct ClockCheck {
-    pub kernels_checked: u64,
-    pub kernels_before_launch: u64,
-    pub launches_checked: u64,
-    pub launches_while_off_cpu: u64,
-}
+pub use crate::analyze::checks::ClockCheck;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ApiCall {
@@ -193,7 +127,7 @@ pub struct GpuSection {
 pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSection {
     let (start, end) = (tl.start, tl.end);
     let allocated = end - start;
-    let checks = clock_checks(session, tl);
+    let checks = crate::analyze::checks::clock_checks(session, tl);
     let gpus = diagnosis
         .gpus
         .iter()
@@ -208,8 +142,9 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                 count: b[i].count,
                 total_ns: b[i].total_ns,
             };
-            let (util, energy) = nvml_for(session, g.device, start, end);
-            let idle_energy = idle_energy_j(session, g.device, &g.busy, start, end);
+            let (util, energy) = crate::analyze::nvml::nvml_for(session, g.device, start, end);
+            let idle_energy =
+                crate::analyze::nvml::idle_energy_j(session, g.device, &g.busy, start, end);
             GpuReport {
                 id: g.device,
                 name: g.name.clone(),
@@ -348,56 +283,6 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
         syncs: syncs.into_values().collect(),
         gpu_records_dropped: session.gpu_drops.values().map(|(c, s)| c + s).sum(),
     }
-}
-
-/// Power integrated over the GPU's idle time: each NVML power reading stands
-/// for the time until the next one.
-fn idle_energy_j(
-    session: &Session,
-    index: u32,
-    busy: &[(u64, u64)],
-    start: u64,
-    end: u64,
-) -> Option<f64> {
-    let samples: Vec<(u64, u32)> = session
-        .nvml
-        .iter()
-        .filter(|s| s.index == index && s.ts <= end)
-        .filter_map(|s| s.power_mw.map(|p| (s.ts.max(start), p)))
-        .collect();
-    if samples.is_empty() {
-        return None;
-    }
-    let mut joules = 0.0;
-    for (i, &(t0, mw)) in samples.iter().enumerate() {
-        let t1 = samples.get(i + 1).map(|s| s.0).unwrap_or(end).min(end);
-        if t1 <= t0 {
-            continue;
-        }
-        let busy_in =
-            crate::analyze::intervals::total(&crate::analyze::intervals::clip(busy, t0, t1));
-        let idle_ns = (t1 - t0) - busy_in;
-        joules += mw as f64 / 1000.0 * idle_ns as f64 / 1e9;
-    }
-    Some(joules)
-}
-
-/// Mean utilization.gpu and energy used over the window for one GPU.
-fn nvml_for(session: &Session, index: u32, start: u64, end: u64) -> (Option<f64>, Option<f64>) {
-    let samples: Vec<_> = session
-        .nvml
-        .iter()
-        .filter(|s| s.index == index && s.ts >= start && s.ts <= end)
-        .collect();
-    let utils: Vec<u32> = samples.iter().filter_map(|s| s.util_gpu).collect();
-    let util = (!utils.is_empty())
-        .then(|| utils.iter().map(|&u| u as f64).sum::<f64>() / utils.len() as f64);
-    let energies: Vec<u64> = samples.iter().filter_map(|s| s.energy_mj).collect();
-    let energy = match (energies.first(), energies.last()) {
-        (Some(a), Some(b)) if b > a => Some((b - a) as f64 / 1000.0),
-        _ => None,
-    };
-    (util, energy)
 }
 
 #[cfg(test)]

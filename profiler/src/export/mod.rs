@@ -5,11 +5,10 @@ pub mod flame;
 mod gpu_report;
 pub mod html;
 mod ranks;
-mod recommend;
 pub mod report;
 mod summary;
 pub mod trace;
-pub mod units;
+pub use crate::units;
 
 use std::io::{self, Write};
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::session::{Frame, Mode, Session, StopReason};
 use crate::timeline::{syscall_name, OffKind, ThreadTimeline, Timeline};
 
-pub use super::recommend::{Recommendation, Topic};
+pub use crate::analyze::recommend::{Recommendation, Topic};
 
 pub const SCHEMA: &str = "gapscope.report/1";
 const TOP_SYSCALLS: usize = 8;
@@ -392,7 +392,7 @@ pub fn build_with(
             .and_then(|p| p.exit_code)
     });
     let gpu = super::gpu_report::build(session, tl, diagnosis);
-    let advice = super::recommend::build(session, tl, diagnosis, &gpu.gpus);
+    let advice = crate::analyze::recommend::build(session, tl, diagnosis);
     let mut notes = session.notes.clone();
     notes.extend(stack_depth_note(session, tl));
     let lossy = &diagnosis.lossy_windows;

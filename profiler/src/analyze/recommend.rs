@@ -8,13 +8,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
-use super::gpu_report::GpuReport;
-use super::units;
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::diagnose::Diagnosis;
 use crate::session::{Event, FdKind, Session};
 use crate::timeline::classify::{io_dir, IoDir};
 use crate::timeline::{OffKind, Timeline};
+use crate::units;
 
 /// A cause is worth a recommendation from this share of allocated time.
 const MIN_SHARE: f64 = 0.03;
@@ -72,8 +71,8 @@ pub struct Advice {
     pub verdict: Option<String>,
 }
 
-pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]) -> Advice {
-    if gpus.is_empty() {
+pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis) -> Advice {
+    if d.gpus.is_empty() {
         return Advice {
             recommendations: Vec::new(),
             verdict: None,
@@ -129,9 +128,10 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         ));
     }
     // Busy time that was only communication: not idle, but no work either.
-    let exposed: u64 = gpus
+    let exposed: u64 = d
+        .gpus
         .iter()
-        .map(|g| g.busy_by_kind_ns.communication)
+        .map(|g| g.gpu.busy_by_kind.communication)
         .sum::<u64>()
         / n_gpus;
     if exposed as f64 >= MIN_SHARE * wall as f64 {
@@ -149,7 +149,7 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis, gpus: &[GpuReport]
         .map(|(_, ns)| ns)
         .sum::<u64>()
         / n_gpus;
-    let busy: u64 = gpus.iter().map(|g| g.busy_ns).sum::<u64>() / n_gpus;
+    let busy: u64 = d.gpus.iter().map(|g| g.gpu.busy_ns()).sum::<u64>() / n_gpus;
     let top_idle = recs.iter().find_map(|r| match r.cause {
         Topic::Idle(c) => Some((c, r)),
         Topic::Communication => None,
