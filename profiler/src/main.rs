@@ -147,8 +147,9 @@ struct RecordArgs {
     /// Record the CPU side only: no CUPTI shim, no NVML.
     #[arg(long)]
     no_gpu: bool,
-    /// Use this libcupti (default: the one the process loaded, else the
-    /// CUDA install's, matched to the driver).
+    /// Use this libcupti where the process has none loaded (one it loaded
+    /// always wins); default: the NVIDIA wheels beside its CUDA runtime,
+    /// else the CUDA install's, matched to the driver.
     #[arg(long, value_name = "PATH")]
     cupti: Option<PathBuf>,
     /// Watch this libcuda with uprobes (for processes without the shim;
