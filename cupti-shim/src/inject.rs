@@ -141,7 +141,7 @@ struct Shim {
     /// When recording (re)started, and the latest record end seen since.
     since: AtomicU64,
     last_end: AtomicU64,
-    /// Buffers completed (to us) since the counter was last reset.
+    /// Buffers completed to us, ever: the exit drain watches it move.
     completions: AtomicU64,
     /// Records timed off CLOCK_MONOTONIC: someone replaced our clock.
     foreign_clock: AtomicU64,
@@ -489,19 +489,12 @@ fn clock_method(c: &Cupti) -> (ClockMethod, i64) {
 }
 
 fn measure_offset(c: &Cupti) -> i64 {
-    let mut best: Option<(u64, i64)> = None;
-    for _ in 0..16 {
-        let a = now_monotonic();
+    crate::clock::monotonic_minus(|| {
         let mut cupti_ts = 0u64;
         // SAFETY: cuptiGetTimestamp writes one u64.
         unsafe { (c.cuptiGetTimestamp)(&mut cupti_ts) };
-        let b = now_monotonic();
-        let offset = (a / 2 + b / 2) as i64 - cupti_ts as i64;
-        if best.is_none_or(|(w, _)| b - a < w) {
-            best = Some((b - a, offset));
-        }
-    }
-    best.map(|b| b.1).unwrap_or(0)
+        cupti_ts
+    })
 }
 
 /// Another client holds CUPTI: from `start` on we see nothing. Nothing is

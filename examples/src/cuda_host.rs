@@ -234,20 +234,9 @@ fn inject() -> (Option<i32>, u64) {
     (Some(rc), monotonic_ns() - t0)
 }
 
-/// CLOCK_MONOTONIC minus the stand-in's GPU clock (CLOCK_REALTIME), from the
-/// tightest of several paired readings.
+/// CLOCK_MONOTONIC minus the stand-in's GPU clock (CLOCK_REALTIME).
 fn realtime_to_monotonic() -> i64 {
-    let mut best: Option<(u64, i64)> = None;
-    for _ in 0..16 {
-        let a = monotonic_ns();
-        let rt = read_clock(libc::CLOCK_REALTIME);
-        let b = monotonic_ns();
-        let offset = (a / 2 + b / 2) as i64 - rt as i64;
-        if best.is_none_or(|(w, _)| b - a < w) {
-            best = Some((b - a, offset));
-        }
-    }
-    best.map(|b| b.1).unwrap_or(0)
+    gapscope_cupti::clock::monotonic_minus(|| read_clock(libc::CLOCK_REALTIME))
 }
 
 struct Launched {
