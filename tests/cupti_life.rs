@@ -259,6 +259,32 @@ fn every_kernel_arrives_on_the_cpu_clock_and_bookkeeping_calls_are_left_out() {
 }
 
 #[test]
+fn without_a_timestamp_callback_the_measured_offset_keeps_kernels_on_the_cpu_clock() {
+    // A CUPTI that refuses the callback (before 11.6, WSL) times records on
+    // its own clock (CLOCK_REALTIME): the hello must say the offset is in
+    // use, and the kernels still land where they ran.
+    let mut cmd = host_command(&["--steps", "4", "--sync-every-step"]);
+    cmd.env("GS_FAKE_CUPTI_NO_TIMESTAMP_CALLBACK", "1");
+    let (frames, out) = listened(cmd);
+    let life = Life {
+        truth: last_json_line(&out.stdout),
+        frames,
+    };
+    let Some(Frame::Hello(hello)) = life.frames.first() else {
+        panic!("{:?}", life.frames.first())
+    };
+    assert_eq!(hello.clock, ClockMethod::MeasuredOffset);
+    let got = life.kernels();
+    let truth = life.truth_kernels();
+    assert_eq!(got.len(), truth.len());
+    for (corr, start, end, _) in &truth {
+        let (_, s, e) = got.iter().find(|k| k.0 == *corr).unwrap();
+        assert_same_time("kernel start", *s, *start);
+        assert_same_time("kernel end", *e, *end);
+    }
+}
+
+#[test]
 fn a_dormant_shim_leaves_cupti_to_torch_profiler_untouched() {
     let args = [
         "--steps",

@@ -311,17 +311,23 @@ fn attach_profiler(link: Transport) {
     }
     s.listening.store(true, Ordering::SeqCst);
     let (cupti, note) = s.load_cupti();
+    let holder = cupti.and_then(other_client);
+    // The clock is set up before the hello so that the hello says the one
+    // in use (a CUPTI may refuse the timestamp callback); when not
+    // recording, the one recording would use.
+    let clock = match (cupti, &holder) {
+        (Some(c), None) => use_clock(s, c),
+        (Some(c), Some(_)) if c.cuptiActivityRegisterTimestampCallback.is_none() => {
+            ClockMethod::MeasuredOffset
+        }
+        _ => ClockMethod::TimestampCallback,
+    };
     let hello = Hello {
         version: VERSION,
         pid: s.pid,
         driver_version: s.driver(),
         cupti_version: cupti.map(|c| c.version).unwrap_or(0),
-        clock: match cupti {
-            Some(c) if c.cuptiActivityRegisterTimestampCallback.is_none() => {
-                ClockMethod::MeasuredOffset
-            }
-            _ => ClockMethod::TimestampCallback,
-        },
+        clock,
         source: format!("gapscope-cupti {}", env!("CARGO_PKG_VERSION")),
     };
     send(&Frame::Hello(hello), 0);
@@ -343,7 +349,7 @@ fn attach_profiler(link: Transport) {
         &Frame::Info(format!("CUPTI {} from {}", version_text(c.version), c.path)),
         0,
     );
-    match other_client(c) {
+    match holder {
         Some(holder) => go_blind(s, now_monotonic(), &holder),
         None => start_recording(s, c),
     }
@@ -388,9 +394,9 @@ fn other_client(c: &Cupti) -> Option<String> {
     }
 }
 
-/// Registers our callbacks and clock (just before enabling, as CUPTI asks:
-/// a timestamp callback must be in place before any kind is enabled), then
-/// enables our kinds and quiets the bookkeeping calls.
+/// Registers our callbacks, then enables our kinds and quiets the
+/// bookkeeping calls. The clock must be in place first ([`use_clock`]):
+/// CUPTI wants a timestamp callback registered before any kind is enabled.
 fn start_recording(s: &Shim, c: &Cupti) {
     // SAFETY: registering our extern "C" callbacks with CUPTI.
     let rc = unsafe {
@@ -419,11 +425,6 @@ fn start_recording(s: &Shim, c: &Cupti) {
             );
         }
     }
-    let (method, offset) = clock_method(c);
-    if let Ok(mut m) = s.clock.lock() {
-        *m = method;
-    }
-    s.clock_offset.store(offset, Ordering::Relaxed);
     let mut refused = Vec::new();
     for &k in KINDS {
         // SAFETY: plain CUPTI call with a kind value.
@@ -478,14 +479,23 @@ fn quiet_bookkeeping(c: &Cupti) {
 /// else an offset from CUPTI's clock measured now (best of several reads)
 /// and again at every flush, since CUPTI's default clock (CLOCK_REALTIME)
 /// is stepped and slewed by NTP over a long run.
-fn clock_method(c: &Cupti) -> (ClockMethod, i64) {
-    if let Some(register) = c.cuptiActivityRegisterTimestampCallback {
-        // SAFETY: registering a plain extern "C" fn() -> u64.
-        if unsafe { register(Some(monotonic_timestamp)) } == CUPTI_SUCCESS {
-            return (ClockMethod::TimestampCallback, 0);
-        }
+fn use_clock(s: &Shim, c: &Cupti) -> ClockMethod {
+    let registered = c
+        .cuptiActivityRegisterTimestampCallback
+        .is_some_and(|register| {
+            // SAFETY: registering a plain extern "C" fn() -> u64.
+            unsafe { register(Some(monotonic_timestamp)) == CUPTI_SUCCESS }
+        });
+    let (method, offset) = if registered {
+        (ClockMethod::TimestampCallback, 0)
+    } else {
+        (ClockMethod::MeasuredOffset, measure_offset(c))
+    };
+    if let Ok(mut m) = s.clock.lock() {
+        *m = method;
     }
-    (ClockMethod::MeasuredOffset, measure_offset(c))
+    s.clock_offset.store(offset, Ordering::Relaxed);
+    method
 }
 
 fn measure_offset(c: &Cupti) -> i64 {
@@ -718,6 +728,7 @@ fn periodic() {
             // The other client gave CUPTI back (unsubscribed): ours again.
             if other_client(c).is_none() {
                 let at = now_monotonic();
+                use_clock(s, c);
                 start_recording(s, c);
                 if s.state() == State::Recording {
                     send(&Frame::Sighted { at }, 0);

@@ -40,6 +40,7 @@ pub const ERROR_INVALID_PARAMETER: u32 = 1;
 pub const ERROR_INVALID_KIND: u32 = 6;
 pub const ERROR_MAX_LIMIT_REACHED: u32 = 12;
 pub const ERROR_NOT_INITIALIZED: u32 = 15;
+pub const ERROR_NOT_SUPPORTED: u32 = 27;
 pub const ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: u32 = 39;
 
 pub const KIND_MEMCPY: u32 = 1;
@@ -629,6 +630,11 @@ pub extern "C" fn cuptiActivityRegisterCallbacks(
 #[no_mangle]
 pub extern "C" fn cuptiActivityRegisterTimestampCallback(cb: Option<TimestampFn>) -> u32 {
     entry(ERROR_INVALID_PARAMETER, || {
+        // GS_FAKE_CUPTI_NO_TIMESTAMP_CALLBACK=1 plays a CUPTI without one
+        // (before 11.6, or under WSL): records stay on its own clock.
+        if std::env::var_os("GS_FAKE_CUPTI_NO_TIMESTAMP_CALLBACK").is_some() {
+            return ERROR_NOT_SUPPORTED;
+        }
         state().timestamp = cb;
         SUCCESS
     })
