@@ -792,17 +792,13 @@ fn send_ranges(s: &Shim) {
         .map(|mut r| std::mem::take(&mut *r))
         .unwrap_or_default();
     for chunk in ranges.chunks(4096) {
-        let span = chunk
-            .iter()
-            .filter_map(GpuRecord::span)
-            .fold(None, |acc, (a, b)| {
-                Some(match acc {
-                    Some((x, y)) => (a.min(x), b.max(y)),
-                    None => (a, b),
-                })
-            });
         let mut bytes = Vec::new();
-        protocol::encode(&Frame::Records(chunk.to_vec()), &mut bytes);
+        let mut frame = RecordsFrame::begin(&mut bytes);
+        for r in chunk {
+            frame.push(&mut bytes, r);
+        }
+        let span = frame.span();
+        frame.finish(&mut bytes);
         send_raw(s, bytes, chunk.len() as u64, span);
     }
 }
