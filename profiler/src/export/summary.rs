@@ -300,7 +300,7 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
         )));
         if g.unseen_ns > 0 {
             b.push(Block::Line(format!(
-                "  not seen {} ({}): neither busy nor idle (see 'GPU not seen' below)",
+                "  not seen {} ({}): neither busy nor idle (see 'GPU not seen' above)",
                 units::duration(g.unseen_ns),
                 units::percent(g.unseen_ns, g.allocated_ns)
             )));
