@@ -19,25 +19,19 @@ fn scratch(ext: &str) -> PathBuf {
 }
 
 /// Everything a user can ask of a session, into the void.
-fn analyse_all(s: &Session) {
-    let a = crate::export::analyze(s);
-    let sink = std::io::sink();
-    for f in [
-        crate::export::Format::Text,
-        crate::export::Format::Json,
-        crate::export::Format::Markdown,
-    ] {
-        let _ = crate::export::write_report(&a.report, f, sink);
-    }
-    let _ = crate::export::write_html_report(s, &a, sink);
-    let _ = crate::export::trace::write_timeline(s, &a.tl, &a.diagnosis, None, sink);
-    for k in [
-        crate::export::flame::FlameKind::Cpu,
-        crate::export::flame::FlameKind::OffCpu,
-        crate::export::flame::FlameKind::Idle,
-    ] {
-        let lines = crate::export::flame::folded(s, &a.tl, &a.diagnosis, k);
-        let _ = crate::export::flame::write_folded(&lines, sink);
+fn analyse_all(s: Session) {
+    use crate::analyze::{analyze, AnalyzeOptions};
+    use crate::export::{write, Format, Options, View};
+    let a = analyze(
+        s,
+        &AnalyzeOptions {
+            pictures: true,
+            hta: true,
+        },
+    );
+    let v = View::new(&a);
+    for format in Format::ALL {
+        let _ = write(&v, &Options::new(format), &mut std::io::sink());
     }
 }
 
@@ -46,7 +40,7 @@ pub fn session_file(data: &[u8]) {
     let path = scratch("gsz");
     if std::fs::write(&path, data).is_ok() {
         if let Ok(s) = session::read_session(&path) {
-            analyse_all(&s);
+            analyse_all(s);
         }
     }
     let _ = std::fs::remove_file(&path);
@@ -81,7 +75,7 @@ pub fn kineto_trace(data: &[u8]) {
     if let Ok(mut f) = std::fs::File::create(&path) {
         if f.write_all(data).is_ok() {
             if let Ok(s) = crate::kineto::import(&path) {
-                analyse_all(&s);
+                analyse_all(s);
             }
         }
     }

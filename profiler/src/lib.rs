@@ -5,9 +5,12 @@
 //! 1. `collect` records a process tree with eBPF (and the GPU through the
 //!    CUPTI shim) into a `session`; `kineto` imports PyTorch profiler traces
 //!    into the same session model; `inputs` tells the two apart;
-//! 2. `timeline` replays a session into per-thread accounts;
-//! 3. `analyze` attributes every idle GPU nanosecond to a cause;
-//! 4. `export` renders reports, pictures and the timeline.
+//! 2. `timeline` replays a session into per-thread accounts and, per GPU,
+//!    its work with the calls that launched it;
+//! 3. `analyze` — one entry point, `analyze::analyze` — attributes every
+//!    idle GPU nanosecond to a cause and draws the advice, into an
+//!    `Analysis`;
+//! 4. `export` renders an `Analysis`: reports, pictures and the timeline.
 //!
 //! Each stage imports only the ones before it (the `layers` test below
 //! keeps it so).
@@ -59,7 +62,7 @@ mod layers {
     #[test]
     fn each_stage_imports_only_the_stages_before_it() {
         // Folder → the crate modules it must never name.
-        let rules: [(&str, &[&str]); 5] = [
+        let rules: [(&str, &[&str]); 6] = [
             (
                 "session",
                 &[
@@ -79,6 +82,7 @@ mod layers {
                 &["collect", "analyze", "export", "kineto", "inputs"],
             ),
             ("analyze", &["collect", "export", "kineto", "inputs"]),
+            ("export", &["collect", "kineto", "inputs"]),
         ];
         let mut wrong = Vec::new();
         for (folder, banned) in rules {
@@ -93,5 +97,23 @@ mod layers {
             "edges running backwards:\n{}",
             wrong.join("\n")
         );
+    }
+
+    /// Renderers read the analysis, never the recording itself.
+    #[test]
+    fn export_never_reads_a_session() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/export");
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            // Tests may build a session to analyse.
+            let text = text.split("#[cfg(test)]").next().unwrap();
+            let named = text.match_indices("Session").any(|(i, _)| {
+                let before = text[..i].chars().next_back();
+                let after = text[i + 7..].chars().next();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            assert!(!named, "{} names Session", e.path().display());
+        }
     }
 }

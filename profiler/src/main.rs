@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use gapscope::analyze::{analyze, AnalyzeOptions};
 use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
-use gapscope::export::{self, flame::FlameKind, Export, Format};
+use gapscope::export::{self, FlameKind, Format, Labelled, Options, View};
 use gapscope::session;
 
 #[derive(Parser, Debug)]
@@ -252,12 +253,19 @@ fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>
 fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
     let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
     let s = session::read_session(&rec.session).map_err(|e| e.to_string())?;
-    let a = export::analyze(&s);
+    let a = analyze(
+        s,
+        &AnalyzeOptions {
+            pictures: exports,
+            hta: false,
+        },
+    );
+    let v = View::new(&a);
     let partial_timeline =
-        export::write_bundle(dir, &s, &a, exports).map_err(|e| format!("writing reports: {e}"))?;
+        export::write_bundle(dir, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
     if !quiet {
         let mut err = std::io::stderr().lock();
-        export::write_report(&a.report, Format::Text, &mut err).map_err(|e| e.to_string())?;
+        export::write(&v, &Options::new(Format::Text), &mut err).map_err(|e| e.to_string())?;
         let what = if exports {
             "session, reports (report.html), flamegraphs and timeline (trace.json)"
         } else {
@@ -405,9 +413,23 @@ fn main() -> ExitCode {
             hta,
             output,
         } => match gapscope::inputs::load(&paths) {
-            Ok(loaded) => write_out(output.as_deref(), |w| {
-                export::write_reports(&loaded, format.into(), hta, w)
-            }),
+            Ok(loaded) => {
+                let format: Format = format.into();
+                let opts = AnalyzeOptions {
+                    pictures: format == Format::Html,
+                    hta,
+                };
+                let inputs: Vec<Labelled> = loaded
+                    .into_iter()
+                    .map(|l| Labelled {
+                        label: l.label,
+                        analysis: analyze(l.session, &opts),
+                    })
+                    .collect();
+                write_out(output.as_deref(), |w| {
+                    export::write_reports(&inputs, format, w)
+                })
+            }
             Err(e) => fail(e),
         },
         Command::Export {
@@ -418,17 +440,32 @@ fn main() -> ExitCode {
             window,
             output,
         } => {
-            let what = match flamegraph {
-                Some(kind) => Export::Flamegraph {
-                    kind: kind.into(),
-                    folded,
-                },
-                None => Export::Timeline { window },
+            let format = match flamegraph {
+                Some(kind) if folded => Format::Folded(kind.into()),
+                Some(kind) => Format::Flamegraph(kind.into()),
+                None => Format::Timeline,
             };
             match gapscope::inputs::load(std::slice::from_ref(&path)) {
-                Ok(loaded) if loaded.len() == 1 => write_out(output.as_deref(), |w| {
-                    export::write_export(&loaded[0].session, &what, w)
-                }),
+                Ok(mut loaded) if loaded.len() == 1 => {
+                    let session = loaded.pop().expect("one").session;
+                    let opts = AnalyzeOptions {
+                        pictures: true,
+                        hta: false,
+                    };
+                    let a = analyze(session, &opts);
+                    let window = match window
+                        .as_deref()
+                        .map(|w| export::trace::parse_window(w, a.timeline.start, a.timeline.end))
+                    {
+                        Some(Err(e)) => return fail(e),
+                        Some(Ok(w)) => Some(w),
+                        None => None,
+                    };
+                    let v = View::new(&a);
+                    write_out(output.as_deref(), |w| {
+                        export::write(&v, &Options { format, window }, w)
+                    })
+                }
                 Ok(loaded) => fail(format!(
                     "{} holds {} traces; export takes one: name the file",
                     path.display(),

@@ -30,45 +30,7 @@ const SYNC_SLACK_NS: u64 = 200_000;
 
 pub use super::cause::Cause;
 
-/// What a CUDA API call does, for attribution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ApiRole {
-    Launch,
-    Sync,
-    Memory,
-    Other,
-}
-
-pub fn api_role(name: &str) -> ApiRole {
-    let n = name.trim_start_matches('_');
-    // cudaEventQuery polls without waiting: not a synchronization.
-    if n.contains("Synchronize") || n.contains("WaitEvent") {
-        ApiRole::Sync
-    } else if n.contains("Launch") {
-        ApiRole::Launch
-    } else if n.contains("Memcpy")
-        || n.contains("Memset")
-        || n.contains("Malloc")
-        || n.contains("MemAlloc")
-        || n.contains("Free")
-        || n.contains("HostAlloc")
-        || n.contains("HostRegister")
-    {
-        ApiRole::Memory
-    } else {
-        ApiRole::Other
-    }
-}
-
-/// One CUDA API call of a thread.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ApiSpan {
-    pub start: u64,
-    pub end: u64,
-    pub role: ApiRole,
-}
-
-pub type Tid = (u32, u32);
+pub use crate::timeline::gpu::{api_role, ApiRole, Call, Tid};
 
 /// A piece of idle time and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -90,7 +52,7 @@ pub struct Inputs<'a> {
     /// Threads with their state intervals.
     pub threads: &'a BTreeMap<Tid, ThreadTimeline>,
     /// Each thread's CUDA API calls, sorted by start.
-    pub api: &'a HashMap<Tid, Vec<ApiSpan>>,
+    pub api: &'a BTreeMap<Tid, Vec<Call>>,
     /// For threads without eBPF states (imported traces): what their host
     /// ops say, as disjoint sorted (start, end, cause) segments.
     pub ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
@@ -200,7 +162,7 @@ fn states_in(t: &ThreadTimeline, a: u64, b: u64) -> Vec<(u64, u64, &State)> {
 }
 
 /// CUDA calls of `t` overlapping `[a, b)`, clipped, with the gaps between them.
-fn api_pieces(api: Option<&Vec<ApiSpan>>, a: u64, b: u64) -> Vec<(u64, u64, Option<ApiRole>)> {
+fn api_pieces(api: Option<&Vec<Call>>, a: u64, b: u64) -> Vec<(u64, u64, Option<ApiRole>)> {
     let mut out = Vec::new();
     let mut cur = a;
     if let Some(spans) = api {
@@ -224,7 +186,7 @@ fn api_pieces(api: Option<&Vec<ApiSpan>>, a: u64, b: u64) -> Vec<(u64, u64, Opti
 }
 
 /// Did the feeder come out of a synchronize just as the GPU went idle?
-fn gap_opened_by_sync(api: Option<&Vec<ApiSpan>>, gap_start: u64) -> bool {
+fn gap_opened_by_sync(api: Option<&Vec<Call>>, gap_start: u64) -> bool {
     api.is_some_and(|spans| {
         let i = spans.partition_point(|s| s.end < gap_start.saturating_sub(SYNC_SLACK_NS));
         spans[i..]
@@ -452,6 +414,17 @@ fn io_split(t: &ThreadTimeline, a: u64, b: u64, tid: Tid, out: &mut Attribution)
 mod tests {
     use super::*;
     use crate::session::{FdKind, SwitchOut};
+    use crate::timeline::gpu::CallName;
+
+    fn call(start: u64, end: u64, role: ApiRole) -> Call {
+        Call {
+            start,
+            end,
+            role,
+            name: CallName::Api(gapscope_cupti::ApiDomain::Runtime, 0),
+            correlation: None,
+        }
+    }
 
     const FEEDER: Tid = (10, 10);
     const WORKER: Tid = (20, 20);
@@ -505,7 +478,7 @@ mod tests {
         busy: &[(u64, u64)],
         work: &[(u64, Option<Tid>)],
         threads: Vec<ThreadTimeline>,
-        api: HashMap<Tid, Vec<ApiSpan>>,
+        api: BTreeMap<Tid, Vec<Call>>,
         window: (u64, u64),
     ) -> Attribution {
         let threads: BTreeMap<Tid, ThreadTimeline> =
@@ -556,7 +529,7 @@ mod tests {
             &[(100, 200), (500, 600)],
             &[(100, Some(FEEDER)), (500, Some(FEEDER))],
             vec![feeder, worker],
-            HashMap::new(),
+            BTreeMap::new(),
             (0, 1000),
         );
         assert_eq!(a.get(Cause::Startup), 100);
@@ -572,24 +545,12 @@ mod tests {
     #[test]
     fn launch_sync_and_memory_calls_name_their_causes() {
         let feeder = thread(FEEDER, &[(0, Step::In)], 1000);
-        let api = HashMap::from([(
+        let api = BTreeMap::from([(
             FEEDER,
             vec![
-                ApiSpan {
-                    start: 150,
-                    end: 220,
-                    role: ApiRole::Sync,
-                },
-                ApiSpan {
-                    start: 300,
-                    end: 350,
-                    role: ApiRole::Memory,
-                },
-                ApiSpan {
-                    start: 380,
-                    end: 420,
-                    role: ApiRole::Launch,
-                },
+                call(150, 220, ApiRole::Sync),
+                call(300, 350, ApiRole::Memory),
+                call(380, 420, ApiRole::Launch),
             ],
         )]);
         let a = run(
@@ -645,7 +606,7 @@ mod tests {
             &[(0, 100), (300, 400)],
             &[(300, Some(FEEDER))],
             vec![feeder, worker, worker2],
-            HashMap::new(),
+            BTreeMap::new(),
             (0, 400),
         );
         assert_eq!(a.get(Cause::InputNetwork), 180); // worker2 receiving 100-280
@@ -670,7 +631,7 @@ mod tests {
             &[(0, 100), (200, 300)],
             &[(200, Some(FEEDER))],
             vec![feeder],
-            HashMap::new(),
+            BTreeMap::new(),
             (0, 300),
         );
         assert_eq!(a.get(Cause::CpuContention), 50);
@@ -704,7 +665,7 @@ mod tests {
             &[(0, 100), (250, 300), (450, 500)],
             &[(0, Some(FEEDER)), (250, Some(FEEDER)), (450, Some(WORKER))],
             vec![f1, f2],
-            HashMap::new(),
+            BTreeMap::new(),
             (0, 500),
         );
         assert_eq!(a.get(Cause::InputIo), 150);
@@ -727,7 +688,7 @@ mod tests {
             &[(0, 100), (200, 300)],
             &[(0, Some(FEEDER)), (200, None)],
             vec![f.clone()],
-            HashMap::new(),
+            BTreeMap::new(),
             (0, 300),
         );
         assert_eq!(a.get(Cause::InputIo), 100);
@@ -735,7 +696,7 @@ mod tests {
             &[(0, 100), (200, 300)],
             &[(0, None), (200, None)],
             vec![f],
-            HashMap::new(),
+            BTreeMap::new(),
             (0, 300),
         );
         assert_eq!(a.get(Cause::Unattributed), 100);
@@ -743,38 +704,22 @@ mod tests {
 
     #[test]
     fn gaps_at_window_edges_and_a_gpu_that_never_ran() {
-        let a = run(&[], &[], vec![], HashMap::new(), (0, 100));
+        let a = run(&[], &[], vec![], BTreeMap::new(), (0, 100));
         assert_eq!(a.get(Cause::Unattributed), 100);
         // Busy right from the window start and to its end: no startup/teardown.
-        let a = run(&[(0, 100)], &[], vec![], HashMap::new(), (0, 100));
+        let a = run(&[(0, 100)], &[], vec![], BTreeMap::new(), (0, 100));
         assert_eq!(a.total(), 0);
     }
 
     #[test]
     fn zero_length_and_nested_calls_never_count_twice() {
-        let api = HashMap::from([(
+        let api = BTreeMap::from([(
             FEEDER,
             vec![
-                ApiSpan {
-                    start: 120,
-                    end: 120,
-                    role: ApiRole::Launch,
-                },
-                ApiSpan {
-                    start: 130,
-                    end: 130,
-                    role: ApiRole::Launch,
-                },
-                ApiSpan {
-                    start: 140,
-                    end: 190,
-                    role: ApiRole::Sync,
-                },
-                ApiSpan {
-                    start: 150,
-                    end: 160,
-                    role: ApiRole::Launch,
-                },
+                call(120, 120, ApiRole::Launch),
+                call(130, 130, ApiRole::Launch),
+                call(140, 190, ApiRole::Sync),
+                call(150, 160, ApiRole::Launch),
             ],
         )]);
         let a = run(

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
-use crate::session::Session;
 use crate::timeline::{State, Timeline};
 
 /// Does the GPU timeline sit on the CPU clock? A kernel must start after the
@@ -23,56 +22,35 @@ pub struct ClockCheck {
 
 /// Per device: kernels vs their launch calls, launch calls vs the eBPF
 /// thread states.
-pub fn clock_checks(session: &Session, tl: &Timeline) -> BTreeMap<u32, ClockCheck> {
-    let mut launches: std::collections::HashMap<(u32, u32), (u64, u32)> =
-        std::collections::HashMap::new();
-    for (pid, r) in &session.gpu {
-        if let GpuRecord::Api {
-            correlation,
-            start,
-            tid,
-            ..
-        } = r
-        {
-            launches.insert((*pid, *correlation), (*start, *tid));
-        }
-    }
+pub fn clock_checks(tl: &Timeline) -> BTreeMap<u32, ClockCheck> {
     let mut out: BTreeMap<u32, ClockCheck> = BTreeMap::new();
-    for (pid, r) in &session.gpu {
-        let GpuRecord::Kernel {
-            start,
-            device,
-            correlation,
-            ..
-        } = r
-        else {
-            continue;
-        };
-        let Some(&(api_start, tid)) = launches.get(&(*pid, *correlation)) else {
-            continue;
-        };
-        let c = out.entry(*device).or_default();
-        c.kernels_checked += 1;
-        if *start < api_start {
-            c.kernels_before_launch += 1;
-        }
-        let Some(iv) = tl
-            .threads
-            .get(&(*pid, tid))
-            .and_then(|t| t.intervals.as_ref())
-        else {
-            continue;
-        };
-        c.launches_checked += 1;
-        // A thread calls only while on a CPU: a launch timed anywhere else —
-        // blocked, waiting for a CPU, or outside the thread's known life —
-        // says the two clocks disagree.
-        let i = iv.partition_point(|i| i.end <= api_start);
-        let on_cpu = iv
-            .get(i)
-            .is_some_and(|i| i.start <= api_start && matches!(i.state, State::OnCpu));
-        if !on_cpu {
-            c.launches_while_off_cpu += 1;
+    for d in &tl.gpu.devices {
+        for w in &d.work {
+            let GpuRecord::Kernel { start, .. } = &w.record else {
+                continue;
+            };
+            let Some((thread, api_start)) = w.launch else {
+                continue;
+            };
+            let c = out.entry(d.id).or_default();
+            c.kernels_checked += 1;
+            if *start < api_start {
+                c.kernels_before_launch += 1;
+            }
+            let Some(iv) = tl.threads.get(&thread).and_then(|t| t.intervals.as_ref()) else {
+                continue;
+            };
+            c.launches_checked += 1;
+            // A thread calls only while on a CPU: a launch timed anywhere
+            // else — blocked, waiting for a CPU, or outside the thread's
+            // known life — says the two clocks disagree.
+            let i = iv.partition_point(|i| i.end <= api_start);
+            let on_cpu = iv
+                .get(i)
+                .is_some_and(|i| i.start <= api_start && matches!(i.state, State::OnCpu));
+            if !on_cpu {
+                c.launches_while_off_cpu += 1;
+            }
         }
     }
     out

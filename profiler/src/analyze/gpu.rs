@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use gapscope_cupti::GpuRecord;
 
 use super::intervals::{clip, holes, total, union};
-use crate::session::Session;
+use crate::timeline::GpuSide;
 
 /// Gaps strictly longer than these, in ns (the report's contract).
 pub const GAP_THRESHOLDS: [u64; 3] = [10_000, 100_000, 1_000_000];
@@ -111,111 +111,71 @@ impl GpuTimeline {
     }
 }
 
-/// Builds one timeline per GPU (device ordinal) from a session's GPU records,
-/// clipped to the window `[start, end)`.
-pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline> {
-    /// A device's activity: all of it, its compute kernels, its
-    /// communication kernels.
-    #[derive(Default)]
-    struct Spans {
-        all: Vec<(u64, u64)>,
-        compute: Vec<(u64, u64)>,
-        communication: Vec<(u64, u64)>,
-    }
-    let mut by_dev: BTreeMap<u32, (GpuTimeline, Spans)> = BTreeMap::new();
-    let source_of = |pid: u32| {
-        session
-            .gpu_sources
-            .iter()
-            .find(|s| s.pid == pid)
-            .map(|s| s.kind)
-            .unwrap_or_default()
-    };
-    let mut names: BTreeMap<u32, String> = session
-        .nvml_devices
+/// Accounts each GPU of the timeline, clipped to the window `[start, end)`,
+/// in the timeline's device order.
+pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
+    side.devices
         .iter()
-        .map(|d| (d.index, d.name.clone()))
-        .collect();
-    for (pid, r) in &session.gpu {
-        if let GpuRecord::Device { id, name } = r {
-            names.entry(*id).or_insert_with(|| name.clone());
-        }
-        let (device, s, e) = match r {
-            GpuRecord::Kernel {
-                device, start, end, ..
-            }
-            | GpuRecord::Memcpy {
-                device, start, end, ..
-            }
-            | GpuRecord::Memset {
-                device, start, end, ..
-            } => (*device, *start, *end),
-            _ => continue,
-        };
-        let (tl, spans) = by_dev.entry(device).or_insert_with(|| {
-            (
-                GpuTimeline {
-                    device,
-                    source: source_of(*pid),
-                    ..Default::default()
-                },
-                Spans::default(),
-            )
-        });
-        if !tl.pids.contains(pid) {
-            tl.pids.push(*pid);
-        }
-        spans.all.push((s, e));
-        match r {
-            GpuRecord::Kernel { name, .. } => {
-                tl.kernels.add(s, e, 0);
-                if is_communication_kernel(name) {
-                    spans.communication.push((s, e));
-                } else {
-                    spans.compute.push((s, e));
+        .map(|d| {
+            let mut tl = GpuTimeline {
+                device: d.id,
+                name: d.name.clone(),
+                source: d.source,
+                pids: d.pids.clone(),
+                ..Default::default()
+            };
+            // Its activity: all of it, its compute kernels, its
+            // communication kernels.
+            let mut all = Vec::with_capacity(d.work.len());
+            let mut compute = Vec::new();
+            let mut communication = Vec::new();
+            for w in &d.work {
+                let (s, e) = w.span();
+                all.push((s, e));
+                match &w.record {
+                    GpuRecord::Kernel { name, .. } => {
+                        tl.kernels.add(s, e, 0);
+                        if is_communication_kernel(name) {
+                            communication.push((s, e));
+                        } else {
+                            compute.push((s, e));
+                        }
+                    }
+                    GpuRecord::Memcpy {
+                        bytes,
+                        copy_kind,
+                        src_kind,
+                        dst_kind,
+                        ..
+                    } => {
+                        let host_kind = match *copy_kind {
+                            gapscope_cupti::record::copy_kind::HTOD => *src_kind,
+                            gapscope_cupti::record::copy_kind::DTOH => *dst_kind,
+                            _ => 0,
+                        };
+                        let mut key =
+                            gapscope_cupti::record::copy_kind::name(*copy_kind).to_string();
+                        if host_kind != 0 {
+                            key += " ";
+                            key += gapscope_cupti::record::memory_kind::name(host_kind);
+                        }
+                        tl.copies.entry(key).or_default().add(s, e, *bytes);
+                    }
+                    GpuRecord::Memset { bytes, .. } => tl.memsets.add(s, e, *bytes),
+                    _ => {}
                 }
             }
-            GpuRecord::Memcpy {
-                bytes,
-                copy_kind,
-                src_kind,
-                dst_kind,
-                ..
-            } => {
-                let host_kind = match *copy_kind {
-                    gapscope_cupti::record::copy_kind::HTOD => *src_kind,
-                    gapscope_cupti::record::copy_kind::DTOH => *dst_kind,
-                    _ => 0,
-                };
-                let mut key = gapscope_cupti::record::copy_kind::name(*copy_kind).to_string();
-                if host_kind != 0 {
-                    key += " ";
-                    key += gapscope_cupti::record::memory_kind::name(host_kind);
-                }
-                tl.copies.entry(key).or_default().add(s, e, *bytes);
-            }
-            GpuRecord::Memset { bytes, .. } => tl.memsets.add(s, e, *bytes),
-            _ => {}
-        }
-    }
-    by_dev
-        .into_values()
-        .map(|(mut tl, spans)| {
             let busy_of = |v: Vec<(u64, u64)>| clip(&union(v), start, end);
-            let mut kernels = busy_of(spans.compute);
+            let mut kernels = busy_of(compute);
             let compute = total(&kernels);
-            kernels.extend(busy_of(spans.communication));
+            kernels.extend(busy_of(communication));
             let kernels = total(&union(kernels));
-            tl.busy = busy_of(spans.all);
+            tl.busy = busy_of(all);
             tl.busy_by_kind = BusyByKind {
                 compute,
                 communication: kernels - compute,
                 memory: total(&tl.busy) - kernels,
             };
-            tl.name = names
-                .get(&tl.device)
-                .cloned()
-                .unwrap_or_else(|| format!("GPU {}", tl.device));
             tl
         })
         .collect()
@@ -224,6 +184,11 @@ pub fn gpu_timelines(session: &Session, start: u64, end: u64) -> Vec<GpuTimeline
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::Session;
+
+    fn accounts(mut s: Session, start: u64, end: u64) -> Vec<GpuTimeline> {
+        gpu_timelines(&GpuSide::build(&mut s), start, end)
+    }
 
     fn kernel(device: u32, stream: u32, start: u64, end: u64) -> (u32, GpuRecord) {
         (
@@ -271,7 +236,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let tls = gpu_timelines(&s, 0, 10_000_000);
+        let tls = accounts(s, 0, 10_000_000);
         assert_eq!(tls.len(), 2);
         let g = &tls[0];
         assert_eq!(
@@ -345,7 +310,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let g = &gpu_timelines(&s, 0, 10_000)[0];
+        let g = &accounts(s, 0, 10_000)[0];
         assert_eq!(
             g.busy_by_kind,
             BusyByKind {
@@ -365,7 +330,7 @@ mod tests {
             gpu: vec![kernel(0, 7, 0, 100), kernel(0, 7, 900, 1_100)],
             ..Default::default()
         };
-        let g = &gpu_timelines(&s, 50, 1_000)[0];
+        let g = &accounts(s, 50, 1_000)[0];
         assert_eq!(g.busy, vec![(50, 100), (900, 1_000)]);
     }
 }

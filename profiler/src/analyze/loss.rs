@@ -26,6 +26,21 @@ pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
     super::intervals::union(windows)
 }
 
+/// The report's note on lossy windows, if there were any.
+pub fn lossy_note(lossy: &[(u64, u64)], start: u64) -> Option<String> {
+    let (first, last) = (lossy.first()?, lossy.last()?);
+    let lost: u64 = lossy.iter().map(|(s, e)| e - s).sum();
+    Some(format!(
+        "events were lost in {} window(s), {} of the recording ({} to {} after the start): \
+         thread states or GPU activity there may be incomplete, and GPU idle inside them \
+         is counted as unattributed rather than guessed",
+        lossy.len(),
+        crate::units::duration(lost),
+        crate::units::duration(first.0.saturating_sub(start)),
+        crate::units::duration(last.1.saturating_sub(start)),
+    ))
+}
+
 /// Spans in which some process's GPU could not be seen at all (another
 /// CUPTI client held CUPTI; a killed process's tail), merged and sorted.
 pub fn blind_windows(session: &Session) -> Vec<(u64, u64)> {

@@ -1,18 +1,206 @@
-//! Analysis over the merged timeline: GPU busy/idle and gaps, CUDA API
-//! accounting.
+//! The analysis of a recording, and its one entry point, [`analyze`]: the
+//! session replayed into a timeline (CPU and GPU), every idle GPU nanosecond
+//! attributed to a cause (`attribute`, vocabulary in `cause`), then the
+//! advice, the clock checks, NVML figures and CUDA API accounting. Renderers
+//! (`export`) read the [`Analysis`] and nothing else.
 
+pub mod api;
 pub mod attribute;
 pub mod cause;
 pub mod checks;
 pub mod diagnose;
 pub mod gpu;
+pub mod hta;
 pub mod intervals;
 pub mod loss;
 pub mod nvml;
 pub mod recommend;
 
+use std::collections::{BTreeMap, HashMap};
+
 pub use gapscope_cupti::cbid::{api_name, cbid_of};
+
+use crate::session::{
+    CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Rank, Session, SessionHeader,
+    SourceKind, Stack,
+};
+use crate::timeline::{BuildOptions, Timeline};
 
 /// A map looked up once per GPU record, millions of times: a fast hasher,
 /// still seeded at random so that a crafted file cannot make it quadratic.
 pub type RecordMap<K, V> = ahash::AHashMap<K, V>;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnalyzeOptions {
+    /// Keep every thread state, sample and long syscall even without GPU
+    /// data: the flamegraphs and the timeline export draw them. Without
+    /// it they are kept only where the GPU attribution needs them.
+    pub pictures: bool,
+    /// Also reproduce HTA's per-stream idle breakdown.
+    pub hta: bool,
+}
+
+/// What the recording says about itself.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    pub header: SessionHeader,
+    pub footer: Option<Footer>,
+    pub drops: Drops,
+    /// Set when the file ends in a damaged or cut-off chunk, or has no end.
+    pub truncated: Option<String>,
+    pub gpu_sources: Vec<GpuSource>,
+    pub gpu_blind: Vec<GpuBlind>,
+    /// GPU records the shims skipped as incomplete.
+    pub gpu_records_incomplete: u64,
+    /// GPU records CUPTI or the shims dropped.
+    pub gpu_records_dropped: u64,
+    pub rank: Option<Rank>,
+    pub collector: Option<CollectorCost>,
+    /// Scheduler, syscall, sample and other eBPF events recorded.
+    pub events: u64,
+}
+
+impl Facts {
+    /// The GPU was gapscope's own simulated device (test and demo
+    /// workloads): every output says so.
+    pub fn simulated(&self) -> bool {
+        self.gpu_sources
+            .iter()
+            .any(|g| g.kind == SourceKind::Simulated)
+    }
+}
+
+/// Names of recorded stacks: symbolized frames where the recording
+/// resolved them, raw addresses otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct Names {
+    symbols: HashMap<u64, Vec<Frame>>,
+    stacks: HashMap<u64, Stack>,
+}
+
+impl Names {
+    /// Symbolized frames of a stack, innermost first.
+    pub fn frames(&self, hash: u64) -> Option<&[Frame]> {
+        self.symbols.get(&hash).map(Vec::as_slice)
+    }
+
+    /// Raw addresses of a stack the recording could not symbolize.
+    pub fn addrs(&self, hash: u64) -> Option<&[u64]> {
+        self.stacks.get(&hash).map(|s| s.addrs.as_slice())
+    }
+}
+
+/// A session analysed once, for the report and every export.
+pub struct Analysis {
+    pub facts: Facts,
+    pub timeline: Timeline,
+    pub names: Names,
+    pub diagnosis: diagnose::Diagnosis,
+    pub advice: recommend::Advice,
+    pub clock_checks: BTreeMap<u32, checks::ClockCheck>,
+    /// Per GPU (by id): what NVML said.
+    pub nvml: BTreeMap<u32, nvml::NvmlFigures>,
+    pub api: api::ApiAccounting,
+    /// The recording's own notes, then the analysis's.
+    pub notes: Vec<String>,
+    pub hta: Option<BTreeMap<u32, hta::StreamIdle>>,
+}
+
+/// The pipeline: session → timeline → attribution → advice. Takes the
+/// session: its records move into the timeline rather than being copied.
+pub fn analyze(mut session: Session, opts: &AnalyzeOptions) -> Analysis {
+    let events = session.events.len() as u64;
+    let intervals = opts.pictures
+        || !session.gpu.is_empty()
+        || session
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::CudaCall { .. }));
+    let timeline = Timeline::build(&mut session, BuildOptions { intervals });
+    // Everything the timeline needed from the events is in it now.
+    session.events = Vec::new();
+    let diagnosis = diagnose::diagnose(&session, &timeline);
+    let names = Names {
+        symbols: std::mem::take(&mut session.symbols),
+        stacks: std::mem::take(&mut session.stacks),
+    };
+    let nr_cpus = session.header().nr_cpus;
+    let advice = recommend::build(nr_cpus, &timeline, &diagnosis, &names);
+    let clock_checks = checks::clock_checks(&timeline);
+    let nvml = diagnosis
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.gpu.device,
+                nvml::figures(
+                    &session,
+                    g.gpu.device,
+                    &g.gpu.busy,
+                    timeline.start,
+                    timeline.end,
+                ),
+            )
+        })
+        .collect();
+    let api = api::accounting(&timeline.gpu);
+    let hta = opts.hta.then(|| hta::per_stream_idle(&timeline.gpu));
+    let mut notes = std::mem::take(&mut session.notes);
+    notes.extend(stack_depth_note(&timeline, &names));
+    notes.extend(loss::lossy_note(&diagnosis.lossy_windows, timeline.start));
+    let facts = Facts {
+        header: session
+            .header
+            .take()
+            .expect("read_session guarantees a header"),
+        footer: session.footer.take(),
+        drops: std::mem::take(&mut session.drops),
+        truncated: session.truncated.take(),
+        gpu_sources: std::mem::take(&mut session.gpu_sources),
+        gpu_blind: std::mem::take(&mut session.gpu_blind),
+        gpu_records_incomplete: session.gpu_skipped.values().map(|(i, _)| i).sum(),
+        gpu_records_dropped: session.gpu_drops.values().map(|(c, s)| c + s).sum(),
+        rank: session.rank,
+        collector: session.collector,
+        events,
+    };
+    Analysis {
+        facts,
+        timeline,
+        names,
+        diagnosis,
+        advice,
+        clock_checks,
+        nvml,
+        api,
+        notes,
+        hta,
+    }
+}
+
+/// Debian's and most distributions' glibc lack frame pointers, so a user
+/// stack captured inside libc often stops there. Say so when it matters.
+fn stack_depth_note(tl: &Timeline, names: &Names) -> Option<String> {
+    let mut total = 0u64;
+    let mut short_in_libc = 0u64;
+    for t in tl.all_threads() {
+        for (&(_, ustack, _), &ns) in &t.off_stacks {
+            total += ns;
+            let short = names.frames(ustack).is_some_and(|frames| {
+                frames.len() <= 2
+                    && frames
+                        .first()
+                        .is_some_and(|f| f.module.starts_with("libc.so"))
+            });
+            if short {
+                short_in_libc += ns;
+            }
+        }
+    }
+    (total > 0 && short_in_libc * 4 >= total).then(|| {
+        "user stacks that block inside glibc are short: this system's libc is built without \
+         frame pointers, so unwinding stops there (times and syscalls are exact; only the \
+         call chain above libc is missing)"
+            .to_string()
+    })
+}

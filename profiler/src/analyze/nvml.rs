@@ -3,6 +3,33 @@
 
 use crate::session::Session;
 
+/// What NVML said about one GPU over the recording.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlFigures {
+    /// Mean utilization.gpu, as dashboards show it.
+    pub util_pct: Option<f64>,
+    /// Energy used over the window, joules.
+    pub energy_j: Option<f64>,
+    /// Of which burnt while the GPU was idle.
+    pub idle_energy_j: Option<f64>,
+}
+
+/// NVML's figures for GPU `index` over `[start, end]`, given its busy spans.
+pub fn figures(
+    session: &Session,
+    index: u32,
+    busy: &[(u64, u64)],
+    start: u64,
+    end: u64,
+) -> NvmlFigures {
+    let (util_pct, energy_j) = nvml_for(session, index, start, end);
+    NvmlFigures {
+        util_pct,
+        energy_j,
+        idle_energy_j: idle_energy_j(session, index, busy, start, end),
+    }
+}
+
 /// Power integrated over the GPU's idle time: each NVML power reading stands
 /// for the time until the next one.
 pub fn idle_energy_j(

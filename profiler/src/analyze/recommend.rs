@@ -10,8 +10,7 @@ use serde::Serialize;
 
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::diagnose::Diagnosis;
-use crate::session::{Event, FdKind, Session};
-use crate::timeline::classify::{io_dir, IoDir};
+use crate::analyze::Names;
 use crate::timeline::{OffKind, Timeline};
 use crate::units;
 
@@ -71,7 +70,8 @@ pub struct Advice {
     pub verdict: Option<String>,
 }
 
-pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis) -> Advice {
+/// `nr_cpus`: the recorded machine's CPUs (0 when not recorded).
+pub fn build(nr_cpus: u32, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice {
     if d.gpus.is_empty() {
         return Advice {
             recommendations: Vec::new(),
@@ -96,7 +96,12 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis) -> Advice {
     let n_gpus = d.gpus.len().max(1) as u64;
     // Never zero: a recording can be shorter than a clock tick.
     let wall = allocated.max(1);
-    let ev = Evidence { session, tl, d };
+    let ev = Evidence {
+        nr_cpus,
+        names,
+        tl,
+        d,
+    };
     // Each with the time it would give back, to order them: the speedup
     // shown is rounded, and two causes a few µs apart would tie on it.
     let mut recs: Vec<(u64, Recommendation)> = Vec::new();
@@ -135,7 +140,7 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis) -> Advice {
         .sum::<u64>()
         / n_gpus;
     if exposed as f64 >= MIN_SHARE * wall as f64 {
-        recs.push((exposed, communication_advice(session, exposed, wall)));
+        recs.push((exposed, communication_advice(tl, exposed, wall)));
     }
     recs.sort_by(|a, b| {
         b.0.cmp(&a.0)
@@ -199,12 +204,12 @@ pub fn build(session: &Session, tl: &Timeline, d: &Diagnosis) -> Advice {
 
 /// Collectives the GPUs waited in with nothing else running: the overlap of
 /// communication with compute is what to fix, or the slowest rank.
-fn communication_advice(session: &Session, exposed: u64, wall: u64) -> Recommendation {
+fn communication_advice(tl: &Timeline, exposed: u64, wall: u64) -> Recommendation {
     let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for (_, r) in &session.gpu {
+    for w in tl.gpu.devices.iter().flat_map(|d| &d.work) {
         if let GpuRecord::Kernel {
             name, start, end, ..
-        } = r
+        } = &w.record
         {
             if crate::analyze::gpu::is_communication_kernel(name) {
                 let e = by_name.entry(name).or_default();
@@ -235,7 +240,8 @@ fn communication_advice(session: &Session, exposed: u64, wall: u64) -> Recommend
 }
 
 struct Evidence<'a> {
-    session: &'a Session,
+    nr_cpus: u32,
+    names: &'a Names,
     tl: &'a Timeline,
     d: &'a Diagnosis,
 }
@@ -258,9 +264,8 @@ impl Evidence<'_> {
     }
 
     fn frames(&self, hash: u64) -> Vec<String> {
-        self.session
-            .symbols
-            .get(&hash)
+        self.names
+            .frames(hash)
             .map(|f| f.iter().map(|x| x.function.clone()).collect())
             .unwrap_or_default()
     }
@@ -304,42 +309,47 @@ impl Evidence<'_> {
 
     /// Files these threads read, by bytes, with their typical read size.
     fn files_read(&self, threads: &HashSet<Tid>) -> Vec<String> {
-        let mut by_path: HashMap<String, (u64, Vec<u64>)> = HashMap::new();
-        for e in &self.session.events {
-            if let Event::Syscall {
-                pid,
-                tid,
-                nr,
-                fd,
-                fd_kind: FdKind::File | FdKind::Block,
-                ret,
-                ..
-            } = e
-            {
-                if *ret > 0 && io_dir(*nr) == IoDir::Read && threads.contains(&(*pid, *tid)) {
-                    let path = self
-                        .tl
-                        .fd_paths
-                        .get(&(*pid, *fd))
-                        .cloned()
-                        .unwrap_or_else(|| format!("fd {fd}"));
-                    let x = by_path.entry(path).or_default();
-                    x.0 += *ret as u64;
-                    x.1.push(*ret as u64);
+        // Keyed by the path each fd had last, as the timeline knows it:
+        // bytes, and reads by size.
+        type Reads = (u64, BTreeMap<u64, u64>);
+        let mut by_path: HashMap<String, Reads> = HashMap::new();
+        for t in self.tl.all_threads() {
+            if !threads.contains(&(t.pid, t.tid)) {
+                continue;
+            }
+            for (fd, reads) in &t.file_reads {
+                let path = self
+                    .tl
+                    .fd_paths
+                    .get(&(t.pid, *fd))
+                    .cloned()
+                    .unwrap_or_else(|| format!("fd {fd}"));
+                let x = by_path.entry(path).or_default();
+                x.0 += reads.bytes;
+                for (&size, &n) in &reads.sizes {
+                    *x.1.entry(size).or_default() += n;
                 }
             }
         }
-        let mut v: Vec<(String, (u64, Vec<u64>))> = by_path.into_iter().collect();
+        let mut v: Vec<(String, Reads)> = by_path.into_iter().collect();
         v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
         v.into_iter()
             .take(TOP)
-            .map(|(path, (bytes, mut sizes))| {
-                sizes.sort_unstable();
+            .map(|(path, (bytes, sizes))| {
+                let reads: u64 = sizes.values().sum();
+                // The size of read number reads/2 in size order.
+                let mut seen = 0;
+                let median = sizes
+                    .iter()
+                    .find(|&(_, &n)| {
+                        seen += n;
+                        seen > reads / 2
+                    })
+                    .map_or(0, |(&size, _)| size);
                 format!(
-                    "read {} from {path} in {} reads (median {})",
+                    "read {} from {path} in {reads} reads (median {})",
                     units::bytes(bytes),
-                    sizes.len(),
-                    units::bytes(sizes[sizes.len() / 2])
+                    units::bytes(median)
                 )
             })
             .collect()
@@ -350,8 +360,9 @@ impl Evidence<'_> {
     }
 
     fn api_calls(&self, role: ApiRole) -> (u64, u64) {
-        self.d
-            .api
+        self.tl
+            .gpu
+            .calls
             .values()
             .flatten()
             .filter(|s| s.role == role)
@@ -360,8 +371,8 @@ impl Evidence<'_> {
 
     fn kernel_histogram(&self) -> String {
         let mut buckets = [0u64; 4];
-        for (_, r) in &self.session.gpu {
-            if let GpuRecord::Kernel { start, end, .. } = r {
+        for w in self.tl.gpu.devices.iter().flat_map(|d| &d.work) {
+            if let GpuRecord::Kernel { start, end, .. } = &w.record {
                 let d = end.saturating_sub(*start);
                 let i = match d {
                     0..10_000 => 0,
@@ -395,10 +406,10 @@ impl Evidence<'_> {
     /// Who took the CPU from these threads when they were preempted.
     fn preempted_by(&self, threads: &HashSet<Tid>) -> Option<String> {
         let mut by: HashMap<u32, u64> = HashMap::new();
-        for e in &self.session.events {
-            if let Event::Switch { out: Some(o), .. } = e {
-                if o.preempted && threads.contains(&(o.pid, o.tid)) {
-                    *by.entry(o.next.0).or_default() += 1;
+        for t in self.tl.all_threads() {
+            if threads.contains(&(t.pid, t.tid)) {
+                for (&pid, &n) in &t.preempted_by {
+                    *by.entry(pid).or_default() += n;
                 }
             }
         }
@@ -439,7 +450,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
     }
     // The recorded machine's CPUs, not those of the machine reading the
     // session (imported traces do not say).
-    let cpus = match ev.session.header().nr_cpus {
+    let cpus = match ev.nr_cpus {
         0 => "CPU count not recorded".to_string(),
         n => format!("{n} CPUs"),
     };

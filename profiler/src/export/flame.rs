@@ -6,10 +6,26 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
+use super::{Format, Options, View};
 use crate::analyze::diagnose::Diagnosis;
-use crate::session::SourceKind;
-use crate::session::{Event, Session};
+use crate::analyze::{Analysis, Names};
+use crate::session::HostOp;
 use crate::timeline::{State, Timeline};
+
+/// The flamegraph `opts.format` names, drawn or folded.
+pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let (kind, draw) = match opts.format {
+        Format::Flamegraph(kind) => (kind, true),
+        Format::Folded(kind) => (kind, false),
+        other => return Err(io::Error::other(format!("{other:?} is not a flamegraph"))),
+    };
+    let lines = folded(v.analysis, kind);
+    if draw {
+        write_svg(v.analysis.facts.simulated(), kind, &lines, out)
+    } else {
+        write_folded(&lines, out)
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlameKind {
@@ -49,7 +65,7 @@ fn clean(f: &str) -> String {
 }
 
 struct Frames<'a> {
-    session: &'a Session,
+    names: &'a Names,
 }
 
 impl Frames<'_> {
@@ -60,7 +76,7 @@ impl Frames<'_> {
             if hash == 0 {
                 continue;
             }
-            match self.session.symbols.get(&hash) {
+            match self.names.frames(hash) {
                 Some(frames) => out.extend(
                     frames
                         .iter()
@@ -89,13 +105,9 @@ fn comm(tl: &Timeline, pid: u32, tid: u32) -> String {
 }
 
 /// Folded stacks: (root;...;leaf, weight), sorted for stable output.
-pub fn folded(
-    session: &Session,
-    tl: &Timeline,
-    d: &Diagnosis,
-    kind: FlameKind,
-) -> Vec<(String, u64)> {
-    let frames = Frames { session };
+pub fn folded(a: &Analysis, kind: FlameKind) -> Vec<(String, u64)> {
+    let (tl, d) = (&a.timeline, &a.diagnosis);
+    let frames = Frames { names: &a.names };
     let mut acc: BTreeMap<String, u64> = BTreeMap::new();
     let mut add = |stack: Vec<String>, w: u64| {
         if w > 0 {
@@ -125,26 +137,15 @@ pub fn folded(
         FlameKind::Idle => {
             // Samples by thread, in time order, to name what a running thread ran.
             let mut samples: SamplesByThread = HashMap::new();
-            for e in &session.events {
-                if let Event::Sample {
-                    ts,
-                    pid,
-                    tid,
-                    ustack,
-                    kstack,
-                    ..
-                } = e
-                {
-                    samples
-                        .entry((*pid, *tid))
-                        .or_default()
-                        .push((*ts, *ustack, *kstack));
+            for t in tl.all_threads() {
+                if let Some(v) = t.sample_times.as_ref().filter(|v| !v.is_empty()) {
+                    samples.entry((t.pid, t.tid)).or_default().extend(v);
                 }
             }
             for v in samples.values_mut() {
                 v.sort_unstable();
             }
-            let ops = op_stacks(session, d);
+            let ops = op_stacks(tl, d);
             for (gi, g) in d.gpus.iter().enumerate() {
                 for (pi, p) in g.attribution.pieces.iter().enumerate() {
                     let mut s = vec![p.cause.name().to_string()];
@@ -186,9 +187,9 @@ type PieceKey = (usize, usize);
 /// piece (GPU index, piece index), the ops its thread was inside at the
 /// piece's middle, outermost first. One sweep per thread over ops sorted by
 /// start, keeping the ops still open: O(n log n) on traces of millions.
-fn op_stacks(session: &Session, d: &Diagnosis) -> HashMap<PieceKey, Vec<String>> {
+fn op_stacks(tl: &Timeline, d: &Diagnosis) -> HashMap<PieceKey, Vec<String>> {
     let mut out = HashMap::new();
-    if session.host_ops.is_empty() {
+    if tl.gpu.host_ops.is_empty() {
         return out;
     }
     // Per thread: (the piece's middle, its key).
@@ -203,23 +204,17 @@ fn op_stacks(session: &Session, d: &Diagnosis) -> HashMap<PieceKey, Vec<String>>
             }
         }
     }
-    let mut ops: HashMap<(u32, u32), Vec<&crate::session::HostOp>> = HashMap::new();
-    for op in &session.host_ops {
-        if queries.contains_key(&(op.pid, op.tid)) {
-            ops.entry((op.pid, op.tid)).or_default().push(op);
-        }
-    }
     for (t, mut qs) in queries {
-        let Some(mut thread_ops) = ops.remove(&t) else {
+        // Sorted by (start, longest first) in the timeline.
+        let Some(thread_ops) = tl.gpu.host_ops.get(&t) else {
             continue;
         };
-        thread_ops.sort_by_key(|o| (o.start, std::cmp::Reverse(o.end)));
         qs.sort_unstable();
-        let mut open: Vec<&crate::session::HostOp> = Vec::new();
+        let mut open: Vec<&HostOp> = Vec::new();
         let mut next = 0;
         for (mid, key) in qs {
             while next < thread_ops.len() && thread_ops[next].start <= mid {
-                let op = thread_ops[next];
+                let op = &thread_ops[next];
                 open.retain(|o| o.end > op.start);
                 open.push(op);
                 next += 1;
@@ -279,7 +274,7 @@ fn stack_during(
     }
 }
 
-pub fn write_folded(lines: &[(String, u64)], mut out: impl Write) -> io::Result<()> {
+fn write_folded(lines: &[(String, u64)], out: &mut dyn Write) -> io::Result<()> {
     for (stack, w) in lines {
         writeln!(out, "{stack} {w}")?;
     }
@@ -287,19 +282,16 @@ pub fn write_folded(lines: &[(String, u64)], mut out: impl Write) -> io::Result<
 }
 
 /// An SVG flamegraph (interactive, self-contained).
-pub fn write_svg(
-    session: &Session,
+/// `simulated`: the GPU was gapscope's own simulated device.
+fn write_svg(
+    simulated: bool,
     kind: FlameKind,
     lines: &[(String, u64)],
-    out: impl Write,
+    out: &mut dyn Write,
 ) -> io::Result<()> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = kind.title().to_string();
-    if session
-        .gpu_sources
-        .iter()
-        .any(|g| g.kind == SourceKind::Simulated)
-    {
+    if simulated {
         opts.subtitle = Some("SIMULATED GPU: gapscope's test and demo workload".into());
     }
     opts.count_name = kind.count_name().to_string();
@@ -307,9 +299,8 @@ pub fn write_svg(
     opts.hash = true;
     if lines.is_empty() {
         // inferno refuses empty input; an empty picture says more.
-        let mut o = out;
         return writeln!(
-            o,
+            out,
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="600" height="60"><text x="10" y="35" font-family="sans-serif" font-size="14">{}: nothing recorded</text></svg>"#,
             kind.title()
         );
@@ -324,7 +315,7 @@ pub fn write_svg(
         .map(|(s, w)| format!("{s} {}", w / scale))
         .collect();
     if text.is_empty() {
-        return write_svg(session, kind, &[], out);
+        return write_svg(simulated, kind, &[], out);
     }
     inferno::flamegraph::from_lines(&mut opts, text.iter().map(String::as_str), out)
         .map_err(|e| io::Error::other(e.to_string()))

@@ -4,14 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use gapscope_cupti::{ApiDomain, GpuRecord};
 use serde::Serialize;
 
 use crate::analyze::attribute::Cause;
-use crate::analyze::diagnose::Diagnosis;
-use crate::analyze::{api_name, gpu, RecordMap};
-use crate::session::Session;
-use crate::timeline::Timeline;
+use crate::analyze::{gpu, Analysis};
 
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct GapReport {
@@ -91,44 +87,20 @@ pub struct BusyByKindReport {
 
 pub use crate::analyze::checks::ClockCheck;
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct ApiCall {
-    pub name: String,
-    pub count: u64,
-    pub total_ns: u64,
-    pub max_ns: u64,
-}
-
-/// CUDA API time of one host thread.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct ApiThread {
-    pub pid: u32,
-    /// The thread id as the GPU source reported it.
-    pub tid: u32,
-    pub calls: Vec<ApiCall>,
-}
-
-/// Host-side synchronization waits, by kind.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct SyncReport {
-    pub kind: String,
-    pub count: u64,
-    pub total_ns: u64,
-}
+pub use crate::analyze::api::{ApiThread, SyncReport};
 
 /// Everything GPU in a session, for the window `[start, end)`.
 pub struct GpuSection {
     pub gpus: Vec<GpuReport>,
     pub api: Vec<ApiThread>,
     pub syncs: Vec<SyncReport>,
-    pub gpu_records_dropped: u64,
 }
 
-pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSection {
-    let (start, end) = (tl.start, tl.end);
+pub fn build(a: &Analysis) -> GpuSection {
+    let (start, end) = (a.timeline.start, a.timeline.end);
     let allocated = end - start;
-    let checks = crate::analyze::checks::clock_checks(session, tl);
-    let gpus = diagnosis
+    let gpus = a
+        .diagnosis
         .gpus
         .iter()
         .map(|d| {
@@ -142,15 +114,13 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                 count: b[i].count,
                 total_ns: b[i].total_ns,
             };
-            let (util, energy) = crate::analyze::nvml::nvml_for(session, g.device, start, end);
-            let idle_energy =
-                crate::analyze::nvml::idle_energy_j(session, g.device, &g.busy, start, end);
+            let nvml = a.nvml.get(&g.device).copied().unwrap_or_default();
             GpuReport {
                 id: g.device,
                 name: g.name.clone(),
                 source: g.source,
                 allocated_ns: allocated,
-                nvml_util_pct: util,
+                nvml_util_pct: nvml.util_pct,
                 busy_ns: busy,
                 busy_by_kind_ns: BusyByKindReport {
                     compute: g.busy_by_kind.compute,
@@ -173,125 +143,29 @@ pub fn build(session: &Session, tl: &Timeline, diagnosis: &Diagnosis) -> GpuSect
                     .map(|(k, v)| (k.clone(), (*v).into()))
                     .collect(),
                 memsets: g.memsets.into(),
-                energy_j: energy,
-                idle_energy_j: idle_energy,
-                clock_check: checks.get(&g.device).cloned().unwrap_or_default(),
+                energy_j: nvml.energy_j,
+                idle_energy_j: nvml.idle_energy_j,
+                clock_check: a.clock_checks.get(&g.device).cloned().unwrap_or_default(),
                 pids: g.pids.clone(),
             }
         })
         .collect();
 
-    // Counted by id first and named once per id: millions of calls share a
-    // handful of names.
-    // (pid, tid, domain, cbid) → (count, total, max).
-    type ById = RecordMap<(u32, u32, ApiDomain, u32), (u64, u64, u64)>;
-    let mut by_id = ById::new();
-    let mut sync_by_type: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
-    for (pid, r) in &session.gpu {
-        match r {
-            GpuRecord::Api {
-                domain,
-                cbid,
-                start: s,
-                end: e,
-                tid,
-                ..
-            } => {
-                let dur = e.saturating_sub(*s);
-                let c = by_id.entry((*pid, *tid, *domain, *cbid)).or_default();
-                c.0 += 1;
-                c.1 += dur;
-                c.2 = c.2.max(dur);
-            }
-            GpuRecord::Sync {
-                start: s,
-                end: e,
-                sync_type,
-                ..
-            } => {
-                let c = sync_by_type.entry(*sync_type).or_default();
-                c.0 += 1;
-                c.1 += e.saturating_sub(*s);
-            }
-            _ => {}
-        }
-    }
-    let mut api: BTreeMap<(u32, u32), BTreeMap<String, ApiCall>> = BTreeMap::new();
-    for ((pid, tid, domain, cbid), (count, total_ns, max_ns)) in by_id {
-        let name = api_name(domain, cbid).into_owned();
-        let c = api
-            .entry((pid, tid))
-            .or_default()
-            .entry(name.clone())
-            .or_insert(ApiCall {
-                name,
-                count: 0,
-                total_ns: 0,
-                max_ns: 0,
-            });
-        c.count += count;
-        c.total_ns += total_ns;
-        c.max_ns = c.max_ns.max(max_ns);
-    }
-    let mut syncs: BTreeMap<String, SyncReport> = BTreeMap::new();
-    for (sync_type, (count, total_ns)) in sync_by_type {
-        let kind = gapscope_cupti::record::sync_type::name(sync_type).to_string();
-        let sr = syncs.entry(kind.clone()).or_insert(SyncReport {
-            kind,
-            count: 0,
-            total_ns: 0,
-        });
-        sr.count += count;
-        sr.total_ns += total_ns;
-    }
-    // Calls seen by the libcuda uprobes (real thread ids).
-    for e in &session.events {
-        if let crate::session::Event::CudaCall {
-            pid,
-            tid,
-            dur,
-            function,
-            ..
-        } = e
-        {
-            let c = api
-                .entry((*pid, *tid))
-                .or_default()
-                .entry(function.clone())
-                .or_insert(ApiCall {
-                    name: function.clone(),
-                    count: 0,
-                    total_ns: 0,
-                    max_ns: 0,
-                });
-            c.count += 1;
-            c.total_ns += dur;
-            c.max_ns = c.max_ns.max(*dur);
-        }
-    }
-    let api = api
-        .into_iter()
-        .map(|((pid, tid), calls)| {
-            let mut calls: Vec<ApiCall> = calls.into_values().collect();
-            calls.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
-            ApiThread { pid, tid, calls }
-        })
-        .collect();
     GpuSection {
         gpus,
-        api,
-        syncs: syncs.into_values().collect(),
-        gpu_records_dropped: session.gpu_drops.values().map(|(c, s)| c + s).sum(),
+        api: a.api.threads.clone(),
+        syncs: a.api.syncs.clone(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gapscope_cupti::GpuRecord;
 
     #[test]
     fn busy_plus_idle_is_allocated_and_causes_sum_to_idle() {
-        let mut s = Session::default();
+        let mut s = crate::session::Session::default();
         for (a, b) in [(1_000u64, 2_000u64), (5_000, 9_000), (8_000, 9_500)] {
             s.gpu.push((
                 1,
@@ -326,9 +200,8 @@ mod tests {
             exit_code: Some(0),
             events: 0,
         });
-        let tl = Timeline::build(&s, crate::timeline::BuildOptions { intervals: true });
-        let d = crate::analyze::diagnose::diagnose(&s, &tl);
-        let sec = build(&s, &tl, &d);
+        let a = crate::analyze::analyze(s, &Default::default());
+        let sec = build(&a);
         let g = &sec.gpus[0];
         assert_eq!(g.allocated_ns, 20_000);
         assert_eq!(g.busy_ns, 1_000 + 4_500);

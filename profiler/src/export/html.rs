@@ -11,6 +11,7 @@ use base64::Engine;
 use super::report::Report;
 use super::summary::{self, html_escape as esc, Style};
 use super::units;
+use super::{Options, View};
 use crate::analyze::attribute::Cause;
 use crate::analyze::diagnose::Diagnosis;
 use crate::session::{Mode, SourceKind};
@@ -239,9 +240,27 @@ summary{cursor:pointer;font-weight:600}
 footer{color:#777;font-size:12px;margin-top:30px}
 "#;
 
+/// The report as one HTML page, the idle-gap flamegraph embedded.
+pub fn write(v: &View, _: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let mut svg = Vec::new();
+    super::flame::write(
+        v,
+        &Options::new(super::Format::Flamegraph(super::FlameKind::Idle)),
+        &mut svg,
+    )?;
+    let tl = &v.analysis.timeline;
+    write_html(
+        &v.report,
+        &v.analysis.diagnosis,
+        (tl.start, tl.end),
+        Some(&svg),
+        out,
+    )
+}
+
 /// Writes the report as one HTML page. `idle_svg` is the idle-gap
 /// flamegraph, embedded as a data: frame so its own script runs isolated.
-pub fn write_html(
+fn write_html(
     r: &Report,
     d: &Diagnosis,
     window: (u64, u64),

@@ -1,9 +1,12 @@
-//! Everything a session turns into for people and scripts: the report model
-//! and its text, markdown, JSON and HTML forms, flamegraphs and the timeline.
+//! Renderers: each turns an [`Analysis`] into one output and reads nothing
+//! else. Every one has the same signature, `write(&View, &Options, out)`;
+//! a new format is a module here, a [`Format`] variant and an arm in
+//! [`write`].
 
 pub mod flame;
 mod gpu_report;
 pub mod html;
+mod json;
 mod ranks;
 pub mod report;
 mod summary;
@@ -11,87 +14,98 @@ pub mod trace;
 pub use crate::units;
 
 use std::io::{self, Write};
+use std::path::Path;
 
-pub use report::{build as build_report, Report, SCHEMA};
-pub use summary::Style;
+use crate::analyze::Analysis;
+pub use flame::FlameKind;
+pub use report::{Report, SCHEMA};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Text,
     Json,
     Markdown,
-    /// Needs the analysis, not only the report: see [`write_html_report`].
+    /// One self-contained page: the report, the idle-gap flamegraph, the
+    /// busy/idle strip.
     Html,
+    /// An interactive SVG flamegraph.
+    Flamegraph(FlameKind),
+    /// The same stacks in folded text (`frame;frame;leaf weight`).
+    Folded(FlameKind),
+    /// Chrome trace event JSON for Perfetto UI.
+    Timeline,
 }
 
 impl Format {
+    /// Every output, for whoever must try them all.
+    pub const ALL: [Format; 11] = [
+        Format::Text,
+        Format::Json,
+        Format::Markdown,
+        Format::Html,
+        Format::Flamegraph(FlameKind::Cpu),
+        Format::Flamegraph(FlameKind::OffCpu),
+        Format::Flamegraph(FlameKind::Idle),
+        Format::Folded(FlameKind::Cpu),
+        Format::Folded(FlameKind::OffCpu),
+        Format::Folded(FlameKind::Idle),
+        Format::Timeline,
+    ];
+
     pub fn extension(self) -> &'static str {
         match self {
             Format::Text => "txt",
             Format::Json => "json",
             Format::Markdown => "md",
             Format::Html => "html",
+            Format::Flamegraph(_) => "svg",
+            Format::Folded(_) => "folded",
+            Format::Timeline => "json",
         }
     }
 }
 
-/// The text, markdown and JSON reports.
-pub fn write_report(report: &Report, format: Format, mut out: impl Write) -> io::Result<()> {
-    match format {
-        Format::Text => summary::write_summary(report, Style::Text, out),
-        Format::Markdown => summary::write_summary(report, Style::Markdown, out),
-        Format::Html => Err(io::Error::other(
-            "the HTML report is written from the analysis (write_html_report)",
-        )),
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut out, report)?;
-            writeln!(out)
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub format: Format,
+    /// The part of the recording the timeline shows (absolute ns); all of
+    /// it when None.
+    pub window: Option<(u64, u64)>,
+}
+
+impl Options {
+    pub fn new(format: Format) -> Options {
+        Options {
+            format,
+            window: None,
         }
     }
 }
 
-/// A session analysed once, for the report and every export.
-pub struct Analysis {
-    pub tl: crate::timeline::Timeline,
-    pub diagnosis: crate::analyze::diagnose::Diagnosis,
+/// An analysis with its report model, built once for every renderer.
+pub struct View<'a> {
+    pub analysis: &'a Analysis,
     pub report: Report,
 }
 
-pub fn analyze(session: &crate::session::Session) -> Analysis {
-    let tl = crate::timeline::Timeline::build(
-        session,
-        crate::timeline::BuildOptions { intervals: true },
-    );
-    let diagnosis = crate::analyze::diagnose::diagnose(session, &tl);
-    let report = report::build_with(session, &tl, &diagnosis);
-    Analysis {
-        tl,
-        diagnosis,
-        report,
+impl<'a> View<'a> {
+    pub fn new(analysis: &'a Analysis) -> View<'a> {
+        View {
+            analysis,
+            report: report::build(analysis),
+        }
     }
 }
 
-/// The idle-gap flamegraph as SVG bytes.
-pub fn idle_flamegraph_svg(session: &crate::session::Session, a: &Analysis) -> io::Result<Vec<u8>> {
-    let lines = flame::folded(session, &a.tl, &a.diagnosis, flame::FlameKind::Idle);
-    let mut svg = Vec::new();
-    flame::write_svg(session, flame::FlameKind::Idle, &lines, &mut svg)?;
-    Ok(svg)
-}
-
-pub fn write_html_report(
-    session: &crate::session::Session,
-    a: &Analysis,
-    out: impl Write,
-) -> io::Result<()> {
-    let svg = idle_flamegraph_svg(session, a)?;
-    html::write_html(
-        &a.report,
-        &a.diagnosis,
-        (a.tl.start, a.tl.end),
-        Some(&svg),
-        out,
-    )
+/// Renders `v` as `opts` asks.
+pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    match opts.format {
+        Format::Text | Format::Markdown => summary::write(v, opts, out),
+        Format::Json => json::write(v, opts, out),
+        Format::Html => html::write(v, opts, out),
+        Format::Flamegraph(_) | Format::Folded(_) => flame::write(v, opts, out),
+        Format::Timeline => trace::write(v, opts, out),
+    }
 }
 
 /// Recordings longer than this get a timeline of their middle only in the
@@ -113,159 +127,104 @@ pub fn bundle_timeline_window(start: u64, end: u64) -> Option<(u64, u64)> {
 /// timeline beside the session; `exports: false` writes the text, markdown
 /// and JSON reports only. Returns a line for the user when the timeline
 /// covers part of the recording only.
-pub fn write_bundle(
-    dir: &std::path::Path,
-    session: &crate::session::Session,
-    a: &Analysis,
-    exports: bool,
-) -> io::Result<Option<String>> {
+pub fn write_bundle(dir: &Path, v: &View, exports: bool) -> io::Result<Option<String>> {
     use crate::output::write_file;
-    for format in [Format::Text, Format::Json, Format::Markdown] {
-        write_file(&dir.join(format!("report.{}", format.extension())), |w| {
-            write_report(&a.report, format, w)
-        })?;
+    let a = v.analysis;
+    let mut outputs = vec![
+        ("report.txt".to_string(), Options::new(Format::Text)),
+        ("report.json".to_string(), Options::new(Format::Json)),
+        ("report.md".to_string(), Options::new(Format::Markdown)),
+    ];
+    let (start, end) = (a.timeline.start, a.timeline.end);
+    let window = bundle_timeline_window(start, end);
+    if exports {
+        for kind in [FlameKind::Cpu, FlameKind::OffCpu, FlameKind::Idle] {
+            outputs.push((
+                format!("{}.svg", kind.file_stem()),
+                Options::new(Format::Flamegraph(kind)),
+            ));
+        }
+        outputs.push(("report.html".into(), Options::new(Format::Html)));
+        outputs.push((
+            "trace.json".into(),
+            Options {
+                format: Format::Timeline,
+                window,
+            },
+        ));
+    }
+    for (name, opts) in &outputs {
+        write_file(&dir.join(name), |mut w| write(v, opts, &mut w))?;
     }
     if !exports {
         return Ok(None);
     }
-    for kind in [flame::FlameKind::Cpu, flame::FlameKind::OffCpu] {
-        let lines = flame::folded(session, &a.tl, &a.diagnosis, kind);
-        write_file(&dir.join(format!("{}.svg", kind.file_stem())), |w| {
-            flame::write_svg(session, kind, &lines, w)
-        })?;
-    }
-    let idle = idle_flamegraph_svg(session, a)?;
-    write_file(
-        &dir.join(format!("{}.svg", flame::FlameKind::Idle.file_stem())),
-        |w| w.write_all(&idle),
-    )?;
-    write_file(&dir.join("report.html"), |w| {
-        html::write_html(
-            &a.report,
-            &a.diagnosis,
-            (a.tl.start, a.tl.end),
-            Some(&idle),
-            w,
-        )
-    })?;
-    let window = bundle_timeline_window(a.tl.start, a.tl.end);
-    write_file(&dir.join("trace.json"), |w| {
-        trace::write_timeline(session, &a.tl, &a.diagnosis, window, w)
-    })?;
     Ok(window.map(|(s, e)| {
-        let secs = |t: u64| (t - a.tl.start) as f64 / 1e9;
+        let secs = |t: u64| (t - start) as f64 / 1e9;
         format!(
             "trace.json shows seconds {:.0}..{:.0} of {:.0}; for another part: gapscope export {} --timeline --window START..END -o part.json",
             secs(s),
             secs(e),
-            secs(a.tl.end),
+            secs(end),
             dir.display()
         )
     }))
 }
 
-/// What `gapscope export` writes.
-#[derive(Clone, Debug)]
-pub enum Export {
-    Flamegraph {
-        kind: flame::FlameKind,
-        folded: bool,
-    },
-    /// `window`: `START..END` in seconds from the start, as typed.
-    Timeline { window: Option<String> },
+/// One analysed input of a multi-input report, with the name it goes by.
+pub struct Labelled {
+    pub label: String,
+    pub analysis: Analysis,
 }
 
-pub fn write_export(
-    session: &crate::session::Session,
-    what: &Export,
-    out: impl Write,
-) -> io::Result<()> {
-    let a = analyze(session);
-    match what {
-        Export::Flamegraph { kind, folded } => {
-            let lines = flame::folded(session, &a.tl, &a.diagnosis, *kind);
-            if *folded {
-                flame::write_folded(&lines, out)
-            } else {
-                flame::write_svg(session, *kind, &lines, out)
-            }
-        }
-        Export::Timeline { window } => {
-            let window = window
-                .as_deref()
-                .map(|w| trace::parse_window(w, a.tl.start, a.tl.end))
-                .transpose()
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-            trace::write_timeline(session, &a.tl, &a.diagnosis, window, out)
-        }
-    }
-}
-
-/// Reports for one or more loaded sessions or traces; with several (one per
-/// rank), a cross-rank table follows. `hta` adds HTA's per-stream idle
-/// breakdown.
-pub fn write_reports(
-    loaded: &[crate::inputs::Loaded],
-    format: Format,
-    hta: bool,
-    mut out: impl Write,
-) -> io::Result<()> {
-    if format == Format::Html {
-        if hta {
+/// Reports for one or more analyses; with several (one per rank), a
+/// cross-rank table follows. Where the analyses carry HTA's per-stream
+/// idle breakdown, it is shown too.
+pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -> io::Result<()> {
+    let hta = inputs.iter().any(|l| l.analysis.hta.is_some());
+    match format {
+        Format::Text | Format::Markdown | Format::Json => {}
+        Format::Html if hta => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "--hta is not part of the HTML report; use --format text, md or json",
-            ));
+            ))
         }
-        let [one] = loaded else {
+        Format::Html if inputs.len() != 1 => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "the HTML report takes one session or trace, not {} (write one per rank)",
-                    loaded.len()
+                    inputs.len()
                 ),
-            ));
-        };
-        return write_html_report(&one.session, &analyze(&one.session), out);
+            ))
+        }
+        _ if inputs.len() != 1 => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{format:?} takes one session or trace"),
+            ))
+        }
+        _ => {}
     }
-    let reports: Vec<Report> = loaded.iter().map(|l| build_report(&l.session)).collect();
-    let htas: Vec<_> = loaded
-        .iter()
-        .map(|l| hta.then(|| crate::kineto::hta::per_stream_idle(&l.session)))
-        .collect();
+    let views: Vec<View> = inputs.iter().map(|l| View::new(&l.analysis)).collect();
+    if views.len() == 1 {
+        return write(&views[0], &Options::new(format), &mut out);
+    }
     if format == Format::Json {
-        let with_hta = |r: &Report, h: &Option<_>| {
-            let mut v = serde_json::to_value(r).expect("report serializes");
-            if let Some(h) = h {
-                v["hta_per_stream"] = serde_json::to_value(h).expect("table serializes");
-            }
-            v
-        };
-        let v = if reports.len() == 1 {
-            with_hta(&reports[0], &htas[0])
-        } else {
-            serde_json::json!({
-                "schema": "gapscope.ranks/1",
-                "ranks": reports.iter().zip(&htas).zip(loaded).map(|((r, h), l)| {
-                    serde_json::json!({"label": l.label, "report": with_hta(r, h)})
-                }).collect::<Vec<_>>(),
-                "cross_rank": ranks::rows(loaded, &reports),
-            })
-        };
+        let v = serde_json::json!({
+            "schema": "gapscope.ranks/1",
+            "ranks": views.iter().zip(inputs).map(|(v, l)| {
+                serde_json::json!({"label": l.label, "report": json::value(v)})
+            }).collect::<Vec<_>>(),
+            "cross_rank": ranks::rows(inputs, &views),
+        });
         serde_json::to_writer_pretty(&mut out, &v)?;
         return writeln!(out);
     }
-    for ((r, h), l) in reports.iter().zip(&htas).zip(loaded) {
-        if reports.len() > 1 {
-            writeln!(out, "\n=== {} ===", l.label)?;
-        }
-        write_report(r, format, &mut out)?;
-        if let Some(h) = h {
-            ranks::write_hta(h, &mut out)?;
-        }
+    for (v, l) in views.iter().zip(inputs) {
+        writeln!(out, "\n=== {} ===", l.label)?;
+        write(v, &Options::new(format), &mut out)?;
     }
-    if reports.len() > 1 {
-        ranks::write_table(loaded, &reports, &mut out)?;
-    }
-    Ok(())
+    ranks::write_table(inputs, &views, &mut out)
 }

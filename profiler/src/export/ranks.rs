@@ -5,11 +5,9 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::report::Report;
-use super::units;
+use super::{units, Labelled, View};
 use crate::analyze::cause::{Cause, IdleByCause};
-use crate::inputs::Loaded;
-use crate::kineto::hta::StreamIdle;
+use crate::analyze::hta::{Bucket, StreamIdle};
 
 #[derive(Serialize)]
 pub struct RankRow {
@@ -28,11 +26,12 @@ pub struct RankRow {
     pub slowest: bool,
 }
 
-pub fn rows(loaded: &[Loaded], reports: &[Report]) -> Vec<RankRow> {
-    let mut rows: Vec<RankRow> = loaded
+pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
+    let mut rows: Vec<RankRow> = inputs
         .iter()
-        .zip(reports)
-        .map(|(l, r)| {
+        .zip(views)
+        .map(|(l, v)| {
+            let r = &v.report;
             let span = r.gpus.iter().map(|g| g.span_ns).max().unwrap_or(0);
             let busy = r.gpus.iter().map(|g| g.busy_ns).sum::<u64>();
             let communication = r
@@ -94,9 +93,9 @@ fn meet_in_collectives(rows: &[RankRow]) -> bool {
     rows.iter().all(|r| r.communication_ns > 0)
 }
 
-pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) -> io::Result<()> {
+pub fn write_table(inputs: &[Labelled], views: &[View], out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "\nAcross ranks")?;
-    let rows = rows(loaded, reports);
+    let rows = rows(inputs, views);
     let collectives = meet_in_collectives(&rows);
     for r in rows {
         let comm = if collectives {
@@ -124,7 +123,7 @@ pub fn write_table(loaded: &[Loaded], reports: &[Report], out: &mut impl Write) 
     Ok(())
 }
 
-pub fn write_hta(table: &BTreeMap<u32, StreamIdle>, out: &mut impl Write) -> io::Result<()> {
+pub fn write_hta(table: &BTreeMap<u32, StreamIdle>, out: &mut dyn Write) -> io::Result<()> {
     writeln!(
         out,
         "\nIdle per stream, by Holistic Trace Analysis's rules (µs)"
@@ -135,7 +134,7 @@ pub fn write_hta(table: &BTreeMap<u32, StreamIdle>, out: &mut impl Write) -> io:
         "STREAM", "HOST_WAIT (n)", "KERNEL_WAIT (n)", "OTHER (n)"
     )?;
     for (stream, s) in table {
-        let cell = |b: &crate::kineto::hta::Bucket| format!("{} ({})", b.idle_us, b.n);
+        let cell = |b: &Bucket| format!("{} ({})", b.idle_us, b.n);
         writeln!(
             out,
             "  {:>8} {:>22} {:>22} {:>22}",

@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::session::{Frame, Mode, Session, StopReason};
-use crate::timeline::{syscall_name, OffKind, ThreadTimeline, Timeline};
+use crate::analyze::{Analysis, Names};
+use crate::session::{Frame, Mode, StopReason};
+use crate::timeline::{syscall_name, OffKind, ThreadTimeline};
 
 pub use crate::analyze::recommend::{Recommendation, Topic};
 
@@ -203,9 +204,10 @@ pub struct GpuSourceReport {
     pub clock: String,
 }
 
-/// Resolves stack hashes to frame names, from the session's symbols.
+/// Resolves stack hashes to frame names: symbols where the recording had
+/// them, addresses where it did not.
 struct Stacks<'a> {
-    session: &'a Session,
+    names: &'a Names,
 }
 
 impl Stacks<'_> {
@@ -213,11 +215,11 @@ impl Stacks<'_> {
         if hash == 0 {
             return Vec::new();
         }
-        if let Some(frames) = self.session.symbols.get(&hash) {
+        if let Some(frames) = self.names.frames(hash) {
             return frames.iter().map(frame_name).collect();
         }
-        match self.session.stacks.get(&hash) {
-            Some(s) => s.addrs.iter().map(|a| format!("{a:#x}")).collect(),
+        match self.names.addrs(hash) {
+            Some(addrs) => addrs.iter().map(|a| format!("{a:#x}")).collect(),
             None => vec!["[stack lost]".into()],
         }
     }
@@ -319,32 +321,12 @@ fn bytes(b: crate::timeline::thread::Bytes) -> BytesReport {
     }
 }
 
-/// Builds the report of a session.
-pub fn build(session: &Session) -> Report {
-    // Thread intervals are only needed to check GPU launches against the
-    // eBPF thread states.
-    let tl = Timeline::build(
-        session,
-        crate::timeline::BuildOptions {
-            intervals: !session.gpu.is_empty()
-                || session
-                    .events
-                    .iter()
-                    .any(|e| matches!(e, crate::session::Event::CudaCall { .. })),
-        },
-    );
-    let diagnosis = crate::analyze::diagnose::diagnose(session, &tl);
-    build_with(session, &tl, &diagnosis)
-}
-
-/// The report from an already built timeline and diagnosis.
-pub fn build_with(
-    session: &Session,
-    tl: &Timeline,
-    diagnosis: &crate::analyze::diagnose::Diagnosis,
-) -> Report {
-    let header = session.header();
-    let stacks = Stacks { session };
+/// The report model of an analysis.
+pub fn build(a: &Analysis) -> Report {
+    let tl = &a.timeline;
+    let facts = &a.facts;
+    let header = &facts.header;
+    let stacks = Stacks { names: &a.names };
     let period_ns = 1_000_000_000 / header.sample_hz.max(1);
 
     let threads: Vec<ThreadReport> = tl
@@ -385,29 +367,14 @@ pub fn build_with(
         })
         .collect();
 
-    let footer = session.footer.as_ref();
+    let footer = facts.footer.as_ref();
     let exit_code = footer.and_then(|f| f.exit_code).or_else(|| {
         tl.processes
             .get(&header.target_pid)
             .and_then(|p| p.exit_code)
     });
-    let gpu = super::gpu_report::build(session, tl, diagnosis);
-    let advice = crate::analyze::recommend::build(session, tl, diagnosis);
-    let mut notes = session.notes.clone();
-    notes.extend(stack_depth_note(session, tl));
-    let lossy = &diagnosis.lossy_windows;
-    if !lossy.is_empty() {
-        let lost: u64 = lossy.iter().map(|(s, e)| e - s).sum();
-        notes.push(format!(
-            "events were lost in {} window(s), {} of the recording ({} to {} after the start): \
-             thread states or GPU activity there may be incomplete, and GPU idle inside them \
-             is counted as unattributed rather than guessed",
-            lossy.len(),
-            super::units::duration(lost),
-            super::units::duration(lossy[0].0.saturating_sub(tl.start)),
-            super::units::duration(lossy[lossy.len() - 1].1.saturating_sub(tl.start)),
-        ));
-    }
+    let gpu = super::gpu_report::build(a);
+    let lossy = &a.diagnosis.lossy_windows;
 
     Report {
         schema: SCHEMA,
@@ -421,16 +388,16 @@ pub fn build_with(
             end: tl.end,
         },
         drops: DropsInfo {
-            cpu_events: session.drops.cpu_events(),
-            gpu_records: session.drops.gpu_records + gpu.gpu_records_dropped,
-            cpu_by_kind: session.drops.cpu_by_kind.iter().cloned().collect(),
+            cpu_events: facts.drops.cpu_events(),
+            gpu_records: facts.drops.gpu_records + facts.gpu_records_dropped,
+            cpu_by_kind: facts.drops.cpu_by_kind.iter().cloned().collect(),
             inferred_switches: tl.all_threads().iter().map(|t| t.inferred_switches).sum(),
             lossy_windows_ns: lossy
                 .iter()
                 .map(|&(start, end)| Window { start, end })
                 .collect(),
-            gpu_records_incomplete: session.gpu_skipped.values().map(|(i, _)| i).sum(),
-            gpu_blind: session
+            gpu_records_incomplete: facts.gpu_records_incomplete,
+            gpu_blind: facts
                 .gpu_blind
                 .iter()
                 .map(|b| BlindSpan {
@@ -443,11 +410,11 @@ pub fn build_with(
         },
         threads,
         gpus: gpu.gpus,
-        recommendations: advice.recommendations,
-        verdict: advice.verdict,
+        recommendations: a.advice.recommendations.clone(),
+        verdict: a.advice.verdict.clone(),
         cuda_api: gpu.api,
         cuda_syncs: gpu.syncs,
-        gpu_sources: session
+        gpu_sources: facts
             .gpu_sources
             .iter()
             .map(|g| GpuSourceReport {
@@ -468,45 +435,18 @@ pub fn build_with(
             sample_hz: header.sample_hz,
             start_unix_ns: header.start_unix_ns,
             duration_ns: tl.end - tl.start,
-            events: session.events.len() as u64,
+            events: facts.events,
             stop_reason: footer.map(|f| match f.reason {
                 StopReason::TargetExited => "target exited",
                 StopReason::Duration => "duration reached",
                 StopReason::Interrupted => "interrupted",
             }),
-            truncated: session.truncated.clone(),
-            collector_cpu_ns: session.collector.map(|c| c.cpu_ns),
-            collector_peak_rss_bytes: session.collector.map(|c| c.peak_rss_bytes),
-            rank: session.rank,
+            truncated: facts.truncated.clone(),
+            collector_cpu_ns: facts.collector.map(|c| c.cpu_ns),
+            collector_peak_rss_bytes: facts.collector.map(|c| c.peak_rss_bytes),
+            rank: facts.rank,
         },
         processes,
-        notes,
+        notes: a.notes.clone(),
     }
-}
-
-/// Debian's and most distributions' glibc lack frame pointers, so a user
-/// stack captured inside libc often stops there. Say so when it matters.
-fn stack_depth_note(session: &Session, tl: &Timeline) -> Option<String> {
-    let mut total = 0u64;
-    let mut short_in_libc = 0u64;
-    for t in tl.all_threads() {
-        for (&(_, ustack, _), &ns) in &t.off_stacks {
-            total += ns;
-            let short = session.symbols.get(&ustack).is_some_and(|frames| {
-                frames.len() <= 2
-                    && frames
-                        .first()
-                        .is_some_and(|f| f.module.starts_with("libc.so"))
-            });
-            if short {
-                short_in_libc += ns;
-            }
-        }
-    }
-    (total > 0 && short_in_libc * 4 >= total).then(|| {
-        "user stacks that block inside glibc are short: this system's libc is built without \
-         frame pointers, so unwinding stops there (times and syscalls are exact; only the \
-         call chain above libc is missing)"
-            .to_string()
-    })
 }

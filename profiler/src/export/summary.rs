@@ -6,6 +6,7 @@ use std::io::{self, Write};
 
 use super::report::{Report, StackReport, ThreadReport};
 use super::units;
+use super::{Format, Options, View};
 use crate::session::{Mode, SourceKind};
 use crate::timeline::OffKind;
 
@@ -71,6 +72,19 @@ enum Block {
     Line(String),
     Table(Table),
     Bullets(Vec<String>),
+}
+
+/// The text or markdown report, with HTA's table where it was asked for.
+pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let style = match opts.format {
+        Format::Markdown => Style::Markdown,
+        _ => Style::Text,
+    };
+    write_summary(&v.report, style, &mut *out)?;
+    if let Some(h) = &v.analysis.hta {
+        super::ranks::write_hta(h, out)?;
+    }
+    Ok(())
 }
 
 pub fn write_summary(report: &Report, style: Style, mut out: impl Write) -> io::Result<()> {

@@ -10,10 +10,8 @@ use std::io::{self, Write};
 use gapscope_cupti::record::{copy_kind, memory_kind};
 use gapscope_cupti::GpuRecord;
 
-use crate::analyze::api_name;
-use crate::analyze::diagnose::Diagnosis;
-use crate::session::SourceKind;
-use crate::session::{Event, Session};
+use super::{Options, View};
+use crate::timeline::gpu::CallName;
 use crate::timeline::{syscall_name, State, Timeline};
 
 // Trace viewers read pid and tid as 32-bit integers. Real Linux ids stay
@@ -31,8 +29,6 @@ const GPU_ID_LIMIT: u32 = 1 << 20;
 const IDLE_TID: u32 = 1 << 30;
 /// The recording itself, as a process: where it lost events.
 const RECORDING_PID: u32 = GPU_PID_BASE - 1;
-/// Syscalls shorter than this are left out (they are in the report).
-const MIN_SYSCALL_NS: u64 = 10_000;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Track {
@@ -80,7 +76,6 @@ struct Writer<'a, W: Write> {
     named_pids: HashSet<u32>,
     next_synthetic: u32,
     tl: &'a Timeline,
-    session: &'a Session,
     gpu_names: HashMap<u32, String>,
 }
 
@@ -130,8 +125,8 @@ impl<W: Write> Writer<'_, W> {
             .get(&pid)
             .map(|p| p.comm.clone())
             .or_else(|| {
-                self.session
-                    .processes
+                self.tl
+                    .retired_processes
                     .iter()
                     .find(|p| p.pid == pid)
                     .map(|p| p.comm.clone())
@@ -354,16 +349,13 @@ pub fn parse_window(spec: &str, start: u64, end: u64) -> Result<(u64, u64), Stri
     Ok((a, b))
 }
 
-/// Writes the timeline of `[window]` (absolute CLOCK_MONOTONIC ns; the whole
-/// recording when None). `tl` must carry intervals.
-pub fn write_timeline(
-    session: &Session,
-    tl: &Timeline,
-    d: &Diagnosis,
-    window: Option<(u64, u64)>,
-    out: impl Write,
-) -> io::Result<()> {
-    let window = window.unwrap_or((tl.start, tl.end));
+/// Writes the timeline of `opts.window` (absolute CLOCK_MONOTONIC ns; the
+/// whole recording when None). The analysis must keep its intervals
+/// (`AnalyzeOptions::pictures`).
+pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let a = v.analysis;
+    let (tl, d) = (&a.timeline, &a.diagnosis);
+    let window = opts.window.unwrap_or((tl.start, tl.end));
     let mut w = Writer {
         out,
         first: true,
@@ -374,25 +366,20 @@ pub fn write_timeline(
         named_pids: HashSet::new(),
         next_synthetic: 0,
         tl,
-        session,
         gpu_names: d
             .gpus
             .iter()
             .map(|g| (g.gpu.device, g.gpu.name.clone()))
             .collect(),
     };
-    let simulated = session
-        .gpu_sources
-        .iter()
-        .any(|g| g.kind == SourceKind::Simulated);
     write!(
         w.out,
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"generator\":{},\"window_s\":\"{:.6}..{:.6}\",\"recording_s\":{:.6}{}}},\n\"traceEvents\":[\n",
-        esc(&format!("gapscope {}", session.header().gapscope_version)),
+        esc(&format!("gapscope {}", a.facts.header.gapscope_version)),
         (window.0 - tl.start) as f64 / 1e9,
         (window.1 - tl.start) as f64 / 1e9,
         (tl.end - tl.start) as f64 / 1e9,
-        if simulated {
+        if a.facts.simulated() {
             ",\"note\":\"SIMULATED GPU: gapscope's test and demo workload\""
         } else {
             ""
@@ -425,98 +412,69 @@ pub fn write_timeline(
     }
     // Profiler ops (traces): on the thread's own track when there are no
     // states to share it with.
-    let traced = !session.events.is_empty();
-    for op in &session.host_ops {
+    let traced = a.facts.events > 0;
+    for ((pid, tid), ops) in &tl.gpu.host_ops {
         let track = if traced {
-            Track::Ops(op.pid, op.tid)
+            Track::Ops(*pid, *tid)
         } else {
-            Track::Thread(op.pid, op.tid)
+            Track::Thread(*pid, *tid)
         };
-        w.slice(track, &op.cat, &op.name, (op.start, op.end), "")?;
-    }
-    // Syscalls and libcuda calls seen by eBPF.
-    for e in &session.events {
-        match e {
-            Event::Syscall {
-                ts,
-                pid,
-                tid,
-                dur,
-                nr,
-                ret,
-                ..
-            } if *dur >= MIN_SYSCALL_NS => {
-                w.slice(
-                    Track::Syscalls(*pid, *tid),
-                    "syscall",
-                    &syscall_name(*nr),
-                    (*ts, ts + dur),
-                    &format!(r#""ret":{ret}"#),
-                )?;
-            }
-            Event::CudaCall {
-                ts,
-                pid,
-                tid,
-                dur,
-                function,
-                arg,
-            } => {
-                w.slice(
-                    Track::Cuda(*pid, *tid),
-                    "cuda_api",
-                    function,
-                    (*ts, ts + dur),
-                    &format!(r#""arg":{arg}"#),
-                )?;
-            }
-            _ => {}
+        for op in ops {
+            w.slice(track, &op.cat, &op.name, (op.start, op.end), "")?;
         }
     }
-    // CUDA API calls from the GPU source, remembered for the flows to the
-    // work they launched.
-    let mut launched: HashMap<(u32, u32), (u32, u32, u64)> = HashMap::new();
-    for (pid, r) in &session.gpu {
-        if let GpuRecord::Api {
-            domain,
-            cbid,
-            start,
-            end,
-            tid,
-            correlation,
-            ..
-        } = r
-        {
-            let drawn = w.slice(
-                Track::Cuda(*pid, *tid),
-                "cuda_api",
-                &api_name(*domain, *cbid),
-                (*start, *end),
-                &format!(r#""correlation":{correlation}"#),
+    // Syscalls seen by eBPF.
+    for t in tl.all_threads() {
+        for sc in t.long_syscalls.iter().flatten() {
+            w.slice(
+                Track::Syscalls(t.pid, t.tid),
+                "syscall",
+                &syscall_name(sc.nr),
+                (sc.ts, sc.ts + sc.dur),
+                &format!(r#""ret":{}"#, sc.ret),
             )?;
-            if let Some((hpid, htid)) = drawn {
-                launched.insert((*pid, *correlation), (hpid, htid, *start));
+        }
+    }
+    // CUDA calls: from the GPU source, remembered for the flows to the
+    // work they launched; from libcuda uprobes, with their argument.
+    let mut launched: HashMap<(u32, u32), (u32, u32, u64)> = HashMap::new();
+    for (&(pid, tid), calls) in &tl.gpu.calls {
+        for c in calls {
+            let args = match (&c.name, c.correlation) {
+                (CallName::Uprobe { arg, .. }, _) => format!(r#""arg":{arg}"#),
+                (_, Some(corr)) => format!(r#""correlation":{corr}"#),
+                (_, None) => String::new(),
+            };
+            let drawn = w.slice(
+                Track::Cuda(pid, tid),
+                "cuda_api",
+                &c.name.name(),
+                (c.start, c.end),
+                &args,
+            )?;
+            if let (Some((hpid, htid)), Some(corr)) = (drawn, c.correlation) {
+                launched.insert((pid, corr), (hpid, htid, c.start));
             }
         }
     }
-    for (pid, r) in &session.gpu {
-        if let GpuRecord::Range {
-            start,
-            end,
-            tid,
-            name,
-            domain,
-        } = r
-        {
-            let args = format!(r#""domain":{}"#, esc(domain));
-            w.slice(Track::Nvtx(*pid, *tid), "nvtx", name, (*start, *end), &args)?;
+    for (&(pid, tid), ranges) in &tl.gpu.ranges {
+        for r in ranges {
+            let args = format!(r#""domain":{}"#, esc(&r.domain));
+            w.slice(
+                Track::Nvtx(pid, tid),
+                "nvtx",
+                &r.name,
+                (r.start, r.end),
+                &args,
+            )?;
         }
     }
     let mut flow_id = 0u64;
-    for (pid, r) in &session.gpu {
-        let Some((dev, stream, start, end, corr, name, args)) = gpu_work(r) else {
+    for work in tl.gpu.devices.iter().flat_map(|d| &d.work) {
+        let Some((dev, stream, start, end, corr, name, args)) = gpu_work(&work.record) else {
             continue;
         };
+        let pid = &work.pid;
         let Some(gpu_track) = w.slice(
             Track::Stream(dev, stream),
             "gpu",

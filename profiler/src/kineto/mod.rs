@@ -2,7 +2,6 @@
 //! recording produces: GPU work by device and stream, runtime/driver calls
 //! linked by correlation id, host ops as slices of their threads.
 
-pub mod hta;
 mod parse;
 
 use std::collections::{BTreeMap, HashMap};

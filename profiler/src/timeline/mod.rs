@@ -1,8 +1,9 @@
-//! The merged model of a recording: per-thread state accounts on one clock
-//! (CLOCK_MONOTONIC ns), built from a session by replaying its events in
-//! time order.
+//! The merged model of a recording on one clock (CLOCK_MONOTONIC ns): per
+//! host thread, its states and what it did, built by replaying the events in
+//! time order; per GPU, its work with the calls that launched it (`gpu`).
 
 pub mod classify;
+pub mod gpu;
 mod syscall_names;
 pub mod thread;
 
@@ -10,7 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::session::{Event, Session};
 pub use classify::{syscall_name, OffKind};
-pub use thread::{Interval, OffCpu, State, ThreadTimeline};
+pub use gpu::GpuSide;
+pub use thread::{Interval, OffCpu, State, ThreadTimeline, LONG_SYSCALL_NS};
 
 #[derive(Clone, Debug, Default)]
 pub struct ProcessTimeline {
@@ -37,6 +39,7 @@ pub struct Timeline {
     /// maps above hold the latest of each id).
     pub retired: Vec<ThreadTimeline>,
     pub retired_processes: Vec<ProcessTimeline>,
+    pub gpu: GpuSide,
 }
 
 impl Timeline {
@@ -62,8 +65,8 @@ impl Timeline {
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BuildOptions {
-    /// Keep every state interval (the gap analysis needs them; the per-thread
-    /// report does not).
+    /// Keep every state interval, sample and long syscall (the gap analysis
+    /// and the pictures need them; the per-thread report does not).
     pub intervals: bool,
 }
 
@@ -81,7 +84,11 @@ fn thread_mut(
 }
 
 impl Timeline {
-    pub fn build(session: &Session, opts: BuildOptions) -> Timeline {
+    /// Replays the session's events; its GPU records and profiler ops move
+    /// into the timeline's GPU side.
+    pub fn build(session: &mut Session, opts: BuildOptions) -> Timeline {
+        let gpu = GpuSide::build(session);
+        let session = &*session;
         let header = session.header();
         let start = header.start_ns;
         // Records are written in ring-buffer order, which differs from time
@@ -118,6 +125,7 @@ impl Timeline {
             fd_paths: HashMap::new(),
             retired: Vec::new(),
             retired_processes: Vec::new(),
+            gpu,
         };
         for p in &session.processes {
             let e = tl.processes.entry(p.pid).or_default();
@@ -151,6 +159,11 @@ impl Timeline {
         for t in tl.threads.values_mut() {
             t.finish(end);
         }
+        for t in tl.threads.values_mut().chain(tl.retired.iter_mut()) {
+            if let Some(v) = t.sample_times.as_mut() {
+                v.sort_unstable();
+            }
+        }
         // Threads whose names came only from /proc or fork keep those.
         for t in tl.threads.values_mut().chain(tl.retired.iter_mut()) {
             if t.comm.is_empty() {
@@ -167,7 +180,11 @@ impl Timeline {
         match e {
             Event::Switch { ts, out, in_, .. } => {
                 if let Some(o) = out {
-                    thread_mut(&mut self.threads, o.pid, o.tid, *ts, keep).switch_out(*ts, o);
+                    let t = thread_mut(&mut self.threads, o.pid, o.tid, *ts, keep);
+                    if o.preempted {
+                        *t.preempted_by.entry(o.next.0).or_default() += 1;
+                    }
+                    t.switch_out(*ts, o);
                 }
                 if let Some((pid, tid)) = in_ {
                     thread_mut(&mut self.threads, *pid, *tid, *ts, keep).switch_in(*ts);
@@ -196,13 +213,13 @@ impl Timeline {
                 tid,
                 dur,
                 nr,
+                fd,
                 fd_kind,
                 ret,
-                ..
             } => {
                 let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.evidence_of_running(*ts);
-                t.syscall(*ts, *nr, *dur, *fd_kind, *ret);
+                t.syscall(*ts, *nr, *dur, *fd, *fd_kind, *ret);
             }
             Event::Sample {
                 ts,
@@ -214,7 +231,7 @@ impl Timeline {
             } => {
                 let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.evidence_of_running(*ts);
-                t.sample(*ustack, *kstack);
+                t.sample(*ts, *ustack, *kstack);
             }
             Event::Fault { ts, pid, tid, .. } => {
                 let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);

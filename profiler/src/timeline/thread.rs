@@ -85,6 +85,24 @@ enum Cur {
     Dead,
 }
 
+/// Syscalls shorter than this are only counted, not kept one by one.
+pub const LONG_SYSCALL_NS: u64 = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LongSyscall {
+    pub ts: u64,
+    pub dur: u64,
+    pub nr: i32,
+    pub ret: i64,
+}
+
+/// Bytes read from one fd, and how many reads of each size.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FileReads {
+    pub bytes: u64,
+    pub sizes: BTreeMap<u64, u64>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct SyscallStat {
     pub count: u64,
@@ -137,6 +155,16 @@ pub struct ThreadTimeline {
     /// Context switches the kernel did not report but other events prove
     /// (see `evidence_of_running`).
     pub inferred_switches: u64,
+    /// Reads from files and block devices that moved data, by fd: the
+    /// evidence of an input pipeline waiting on storage.
+    pub file_reads: BTreeMap<i32, FileReads>,
+    /// Who took the CPU when the thread was preempted: switches by pid.
+    pub preempted_by: BTreeMap<u32, u64>,
+    /// With intervals: cpu-clock samples as (time, user stack, kernel
+    /// stack), in time order, to name what the thread ran at a moment.
+    pub sample_times: Option<Vec<(u64, u64, u64)>>,
+    /// With intervals: syscalls of [`LONG_SYSCALL_NS`] or more, in order.
+    pub long_syscalls: Option<Vec<LongSyscall>>,
     cur: Cur,
     since: u64,
     /// Latest moment the thread is known to have been on a CPU.
@@ -165,6 +193,10 @@ impl ThreadTimeline {
             intervals: keep_intervals.then(Vec::new),
             io_spans: keep_intervals.then(Vec::new),
             inferred_switches: 0,
+            file_reads: BTreeMap::new(),
+            preempted_by: BTreeMap::new(),
+            sample_times: keep_intervals.then(Vec::new),
+            long_syscalls: keep_intervals.then(Vec::new),
             cur,
             since: start,
             last_ran: start,
@@ -346,7 +378,17 @@ impl ThreadTimeline {
         }
     }
 
-    pub fn syscall(&mut self, ts: u64, nr: i32, dur: u64, fd_kind: FdKind, ret: i64) {
+    pub fn syscall(&mut self, ts: u64, nr: i32, dur: u64, fd: i32, fd_kind: FdKind, ret: i64) {
+        if dur >= LONG_SYSCALL_NS {
+            if let Some(v) = self.long_syscalls.as_mut() {
+                v.push(LongSyscall { ts, dur, nr, ret });
+            }
+        }
+        if ret > 0 && matches!(fd_kind, FdKind::File | FdKind::Block) && io_dir(nr) == IoDir::Read {
+            let r = self.file_reads.entry(fd).or_default();
+            r.bytes += ret as u64;
+            *r.sizes.entry(ret as u64).or_default() += 1;
+        }
         if let Some(spans) = self.io_spans.as_mut() {
             let kind = match byte_class(fd_kind) {
                 ByteClass::File => Some(OffKind::File),
@@ -370,8 +412,11 @@ impl ThreadTimeline {
         }
     }
 
-    pub fn sample(&mut self, ustack: u64, kstack: u64) {
+    pub fn sample(&mut self, ts: u64, ustack: u64, kstack: u64) {
         *self.samples.entry((ustack, kstack)).or_default() += 1;
+        if let Some(v) = self.sample_times.as_mut() {
+            v.push((ts, ustack, kstack));
+        }
     }
 
     pub fn off_total(&self) -> u64 {
@@ -497,10 +542,10 @@ mod tests {
     #[test]
     fn bytes_by_direction_and_kind() {
         let mut t = ThreadTimeline::forked(1, 1, 0, false);
-        t.syscall(0, 0, 10, FdKind::File, 4096);
-        t.syscall(0, 0, 10, FdKind::File, -11);
-        t.syscall(0, 45, 10, FdKind::SockInet, 100);
-        t.syscall(0, 1, 10, FdKind::Pipe, 7);
+        t.syscall(0, 0, 10, 3, FdKind::File, 4096);
+        t.syscall(0, 0, 10, 3, FdKind::File, -11);
+        t.syscall(0, 45, 10, 4, FdKind::SockInet, 100);
+        t.syscall(0, 1, 10, 5, FdKind::Pipe, 7);
         assert_eq!(t.read_bytes.file, 4096);
         assert_eq!(t.read_bytes.net, 100);
         assert_eq!(t.write_bytes.ipc, 7);

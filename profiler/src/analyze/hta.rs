@@ -7,12 +7,11 @@
 //! classified as *host_wait* (the next work was launched after the stream
 //! went idle), *kernel_wait* (shorter than 30 µs) or *other*.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
-use crate::session::Session;
+use crate::timeline::GpuSide;
 
 pub const KERNEL_WAIT_US: i64 = 30;
 
@@ -44,19 +43,11 @@ fn as_double(ns: u64) -> f64 {
 }
 
 /// Per stream id: HTA's idle breakdown.
-pub fn per_stream_idle(s: &Session) -> BTreeMap<u32, StreamIdle> {
-    let mut launch: HashMap<u32, f64> = HashMap::new();
-    for (_, r) in &s.gpu {
-        if let GpuRecord::Api {
-            correlation, start, ..
-        } = r
-        {
-            launch.entry(*correlation).or_insert(as_double(*start));
-        }
-    }
-    let mut steps: Vec<u64> = s
+pub fn per_stream_idle(side: &GpuSide) -> BTreeMap<u32, StreamIdle> {
+    let mut steps: Vec<u64> = side
         .host_ops
-        .iter()
+        .values()
+        .flatten()
         .filter(|o| o.name.starts_with("ProfilerStep#"))
         .map(|o| o.start)
         .collect();
@@ -64,42 +55,20 @@ pub fn per_stream_idle(s: &Session) -> BTreeMap<u32, StreamIdle> {
     let cutoff = (steps.len() >= 2).then(|| *steps.last().unwrap());
 
     let mut streams: BTreeMap<u32, Vec<(i64, i64, f64)>> = BTreeMap::new();
-    for (_, r) in &s.gpu {
-        let (stream, start, end, corr) = match r {
-            GpuRecord::Kernel {
-                stream,
-                start,
-                end,
-                correlation,
-                ..
-            }
-            | GpuRecord::Memcpy {
-                stream,
-                start,
-                end,
-                correlation,
-                ..
-            }
-            | GpuRecord::Memset {
-                stream,
-                start,
-                end,
-                correlation,
-                ..
-            } => (*stream, *start, *end, *correlation),
-            _ => continue,
-        };
-        let Some(&launched) = launch.get(&corr) else {
+    for w in side.devices.iter().flat_map(|d| &d.work) {
+        let Some((_, launch_start)) = w.launch else {
             continue;
         };
+        let launched = as_double(launch_start);
         if cutoff.is_some_and(|c| launched >= as_double(c)) {
             continue;
         }
+        let (start, end) = w.span();
         let ts = as_double(start);
         let start_us = ts.ceil() as i64;
         let end_us = (ts + as_double(end - start)).floor() as i64;
         streams
-            .entry(stream)
+            .entry(w.stream())
             .or_default()
             .push((start_us, end_us, launched));
     }

@@ -1,0 +1,25 @@
+//! The report as JSON (`gapscope.report/1`, schema in docs/), with HTA's
+//! per-stream table under `hta_per_stream` when it was asked for.
+
+use std::io::{self, Write};
+
+use super::{Options, View};
+
+/// The report as a JSON value (for documents that hold several).
+pub fn value(v: &View) -> serde_json::Value {
+    let mut val = serde_json::to_value(&v.report).expect("report serializes");
+    if let Some(h) = &v.analysis.hta {
+        val["hta_per_stream"] = serde_json::to_value(h).expect("table serializes");
+    }
+    val
+}
+
+pub fn write(v: &View, _: &Options, mut out: &mut dyn Write) -> io::Result<()> {
+    if v.analysis.hta.is_some() {
+        serde_json::to_writer_pretty(&mut out, &value(v))?;
+    } else {
+        // Straight from the model: fields in the contract's order.
+        serde_json::to_writer_pretty(&mut out, &v.report)?;
+    }
+    writeln!(out)
+}
