@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::session::{self, Session};
+use crate::session;
 
 /// A scratch file per process (and thread) for the path-based readers.
 fn scratch(ext: &str) -> PathBuf {
@@ -18,8 +18,9 @@ fn scratch(ext: &str) -> PathBuf {
     ))
 }
 
-/// Everything a user can ask of a session, into the void.
-fn analyse_all(s: Session) {
+/// Everything a user can ask of a session, into the void; returns the
+/// JSON report.
+fn analyse_all(s: impl Into<crate::session::Source>) -> Vec<u8> {
     use crate::analyze::{analyze, AnalyzeOptions};
     use crate::export::{write, Format, Options, View};
     let a = analyze(
@@ -33,6 +34,9 @@ fn analyse_all(s: Session) {
     for format in Format::ALL {
         let _ = write(&v, &Options::new(format), &mut std::io::sink());
     }
+    let mut json = Vec::new();
+    let _ = write(&v, &Options::new(Format::Json), &mut json);
+    json
 }
 
 /// Bytes as a whole session file.
@@ -40,7 +44,17 @@ pub fn session_file(data: &[u8]) {
     let path = scratch("gsz");
     if std::fs::write(&path, data).is_ok() {
         if let Ok(s) = session::read_session(&path) {
-            analyse_all(s);
+            let whole = analyse_all(s);
+            // The streamed reading must come to the same report as the
+            // whole one.
+            let outline = session::read_outline(&path).expect("read once already");
+            let streamed = analyse_all(outline);
+            assert!(
+                whole == streamed,
+                "streamed and whole readings differ:\n{}\n---\n{}",
+                String::from_utf8_lossy(&whole),
+                String::from_utf8_lossy(&streamed)
+            );
         }
     }
     let _ = std::fs::remove_file(&path);

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::kineto::{self, KinetoError};
-use crate::session::{self, Session, SessionError};
+use crate::session::{self, SessionError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -22,7 +22,9 @@ pub enum LoadError {
 pub struct Loaded {
     /// The file it came from, for multi-rank tables.
     pub label: String,
-    pub session: Session,
+    /// An imported trace in memory, or a session file's outline (its
+    /// events are streamed when it is analysed).
+    pub source: session::Source,
 }
 
 fn is_session(path: &Path) -> bool {
@@ -38,12 +40,12 @@ fn load_file(path: &Path) -> Result<Loaded, LoadError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let session = if !is_session(path) && kineto::looks_like_trace(path) {
-        kineto::import(path)?
+    let source = if !is_session(path) && kineto::looks_like_trace(path) {
+        kineto::import(path)?.into()
     } else {
-        session::read_session(path)?
+        session::read_outline(path)?.into()
     };
-    Ok(Loaded { label, session })
+    Ok(Loaded { label, source })
 }
 
 pub fn load(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {

@@ -252,7 +252,7 @@ fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>
 /// prints the text report: what is printed is exactly what `report` shows.
 fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
     let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
-    let s = session::read_session(&rec.session).map_err(|e| e.to_string())?;
+    let s = session::read_outline(&rec.session).map_err(|e| e.to_string())?;
     let a = analyze(
         s,
         &AnalyzeOptions {
@@ -423,7 +423,7 @@ fn main() -> ExitCode {
                     .into_iter()
                     .map(|l| Labelled {
                         label: l.label,
-                        analysis: analyze(l.session, &opts),
+                        analysis: analyze(l.source, &opts),
                     })
                     .collect();
                 write_out(output.as_deref(), |w| {
@@ -447,12 +447,12 @@ fn main() -> ExitCode {
             };
             match gapscope::inputs::load(std::slice::from_ref(&path)) {
                 Ok(mut loaded) if loaded.len() == 1 => {
-                    let session = loaded.pop().expect("one").session;
+                    let source = loaded.pop().expect("one").source;
                     let opts = AnalyzeOptions {
                         pictures: true,
                         hta: false,
                     };
-                    let a = analyze(session, &opts);
+                    let a = analyze(source, &opts);
                     let window = match window
                         .as_deref()
                         .map(|w| export::trace::parse_window(w, a.timeline.start, a.timeline.end))

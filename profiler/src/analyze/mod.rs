@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 pub use gapscope_cupti::cbid::{api_name, cbid_of};
 
 use crate::session::{
-    CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Rank, Session, SessionHeader,
-    SourceKind, Stack,
+    CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Outline, Rank, Session,
+    SessionHeader, Source, SourceKind, Stack,
 };
 use crate::timeline::{BuildOptions, Timeline};
 
@@ -107,18 +107,56 @@ pub struct Analysis {
 }
 
 /// The pipeline: session → timeline → attribution → advice. Takes the
-/// session: its records move into the timeline rather than being copied.
-pub fn analyze(mut session: Session, opts: &AnalyzeOptions) -> Analysis {
-    let events = session.events.len() as u64;
-    let intervals = opts.pictures
-        || !session.gpu.is_empty()
-        || session
-            .events
-            .iter()
-            .any(|e| matches!(e, Event::CudaCall { .. }));
-    let timeline = Timeline::build(&mut session, BuildOptions { intervals });
-    // Everything the timeline needed from the events is in it now.
-    session.events = Vec::new();
+/// session: its records move into the timeline rather than being copied. A
+/// session file's events are streamed through the timeline, never held.
+pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Analysis {
+    match source.into() {
+        Source::InMemory(mut session) => {
+            let events = session.events.len() as u64;
+            let intervals = opts.pictures
+                || !session.gpu.is_empty()
+                || session
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::CudaCall { .. }));
+            let timeline = Timeline::build(&mut session, BuildOptions { intervals });
+            // Everything the timeline needed from the events is in it now.
+            session.events = Vec::new();
+            conclude(session, timeline, events, opts)
+        }
+        Source::File(outline) => {
+            let intervals = opts.pictures || !outline.session.gpu.is_empty() || outline.cuda_calls;
+            let Outline {
+                mut session,
+                events: stream,
+                ..
+            } = outline;
+            let mut timeline = Timeline::begin(&mut session, BuildOptions { intervals });
+            let mut events = 0u64;
+            let mut last = None;
+            let replay = stream.replay(|e| {
+                events += 1;
+                last = Some(e.ts());
+                timeline.apply(&e);
+            });
+            match replay {
+                Ok(dropped) => crate::session::note_dropped(&mut session, dropped),
+                // The file went away between the passes: what was replayed stands.
+                Err(e) => session.notes.push(format!("reading the events again: {e}")),
+            }
+            timeline.end(&session, last);
+            conclude(session, timeline, events, opts)
+        }
+    }
+}
+
+/// Everything after the timeline.
+fn conclude(
+    mut session: Session,
+    timeline: Timeline,
+    events: u64,
+    opts: &AnalyzeOptions,
+) -> Analysis {
     let diagnosis = diagnose::diagnose(&session, &timeline);
     let names = Names {
         symbols: std::mem::take(&mut session.symbols),

@@ -14,12 +14,8 @@ pub fn value(v: &View) -> serde_json::Value {
     val
 }
 
+/// Keys in alphabetical order, wherever the report is written.
 pub fn write(v: &View, _: &Options, mut out: &mut dyn Write) -> io::Result<()> {
-    if v.analysis.hta.is_some() {
-        serde_json::to_writer_pretty(&mut out, &value(v))?;
-    } else {
-        // Straight from the model: fields in the contract's order.
-        serde_json::to_writer_pretty(&mut out, &v.report)?;
-    }
+    serde_json::to_writer_pretty(&mut out, &value(v))?;
     writeln!(out)
 }

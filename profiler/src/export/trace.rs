@@ -423,36 +423,59 @@ pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
             w.slice(track, &op.cat, &op.name, (op.start, op.end), "")?;
         }
     }
-    // Syscalls seen by eBPF.
+    // What eBPF saw, in time order: syscalls and libcuda calls.
+    enum Seen<'a> {
+        Syscall(&'a crate::timeline::thread::LongSyscall),
+        Uprobe(&'a crate::timeline::gpu::Call, u64),
+    }
+    let mut seen: Vec<(u64, (u32, u32), Seen)> = Vec::new();
     for t in tl.all_threads() {
         for sc in t.long_syscalls.iter().flatten() {
-            w.slice(
-                Track::Syscalls(t.pid, t.tid),
-                "syscall",
-                &syscall_name(sc.nr),
-                (sc.ts, sc.ts + sc.dur),
-                &format!(r#""ret":{}"#, sc.ret),
-            )?;
+            seen.push((sc.ts, (t.pid, t.tid), Seen::Syscall(sc)));
         }
     }
-    // CUDA calls: from the GPU source, remembered for the flows to the
-    // work they launched; from libcuda uprobes, with their argument.
+    for (&t, calls) in &tl.gpu.calls {
+        for c in calls {
+            if let CallName::Uprobe { arg, .. } = c.name {
+                seen.push((c.start, t, Seen::Uprobe(c, arg)));
+            }
+        }
+    }
+    seen.sort_by_key(|s| s.0);
+    for (ts, (pid, tid), what) in seen {
+        match what {
+            Seen::Syscall(sc) => w.slice(
+                Track::Syscalls(pid, tid),
+                "syscall",
+                &syscall_name(sc.nr),
+                (ts, ts + sc.dur),
+                &format!(r#""ret":{}"#, sc.ret),
+            )?,
+            Seen::Uprobe(c, arg) => w.slice(
+                Track::Cuda(pid, tid),
+                "cuda_api",
+                &c.name.name(),
+                (c.start, c.end),
+                &format!(r#""arg":{arg}"#),
+            )?,
+        };
+    }
+    // CUDA calls from the GPU source, remembered for the flows to the work
+    // they launched.
     let mut launched: HashMap<(u32, u32), (u32, u32, u64)> = HashMap::new();
     for (&(pid, tid), calls) in &tl.gpu.calls {
         for c in calls {
-            let args = match (&c.name, c.correlation) {
-                (CallName::Uprobe { arg, .. }, _) => format!(r#""arg":{arg}"#),
-                (_, Some(corr)) => format!(r#""correlation":{corr}"#),
-                (_, None) => String::new(),
+            let (CallName::Api(..), Some(corr)) = (&c.name, c.correlation) else {
+                continue;
             };
             let drawn = w.slice(
                 Track::Cuda(pid, tid),
                 "cuda_api",
                 &c.name.name(),
                 (c.start, c.end),
-                &args,
+                &format!(r#""correlation":{corr}"#),
             )?;
-            if let (Some((hpid, htid)), Some(corr)) = (drawn, c.correlation) {
+            if let Some((hpid, htid)) = drawn {
                 launched.insert((pid, corr), (hpid, htid, c.start));
             }
         }

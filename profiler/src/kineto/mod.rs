@@ -259,7 +259,8 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
          `gapscope run` for those)"
             .into(),
     );
-    crate::session::sanitize(&mut s);
+    let dropped = crate::session::sanitize(&mut s);
+    crate::session::note_dropped(&mut s, dropped);
     Ok(s)
 }
 

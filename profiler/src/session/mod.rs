@@ -11,8 +11,8 @@ mod reader;
 mod writer;
 
 pub use model::*;
-pub(crate) use reader::sanitize;
-pub use reader::{read_session, Session, SessionReader};
+pub(crate) use reader::{note_dropped, sanitize};
+pub use reader::{read_outline, read_session, EventStream, Outline, Session, SessionReader};
 pub use writer::{wrap_records, SessionWriter};
 
 use std::path::{Path, PathBuf};
@@ -50,6 +50,25 @@ pub enum SessionError {
     NoHeader { path: PathBuf },
     #[error("encoding a session record: {0}")]
     Encode(#[from] postcard::Error),
+}
+
+/// A session to analyse: one in memory (imported, or built by a test), or
+/// the outline of a file whose events are streamed from it.
+pub enum Source {
+    InMemory(Session),
+    File(Outline),
+}
+
+impl From<Session> for Source {
+    fn from(s: Session) -> Source {
+        Source::InMemory(s)
+    }
+}
+
+impl From<Outline> for Source {
+    fn from(o: Outline) -> Source {
+        Source::File(o)
+    }
 }
 
 /// A session path as given by the user: the file itself or a run directory.

@@ -233,11 +233,149 @@ impl Session {
 
 /// Reads a session file (or the session in a run directory).
 pub fn read_session(path: &Path) -> Result<Session, SessionError> {
+    let mut events = Vec::new();
+    let (mut s, _) = read_records(path, |e| events.push(e))?;
+    s.events = events;
+    let dropped = sanitize(&mut s);
+    note_dropped(&mut s, dropped);
+    into_time_order(&mut s.events);
+    finish(&mut s);
+    Ok(s)
+}
+
+/// A session read for an analysis that streams its events: everything but
+/// the events in memory, and what it takes to replay them in time order
+/// holding only a short window of them (see [`EventStream::replay`]).
+pub struct Outline {
+    /// The session without its events.
+    pub session: Session,
+    pub events: EventStream,
+    /// The recording holds libcuda calls seen by uprobes.
+    pub cuda_calls: bool,
+}
+
+/// A session file's events, to be read again in time order.
+pub struct EventStream {
+    path: PathBuf,
+    /// Records the first pass read, so that the second reads the same ones
+    /// even if the file grows meanwhile.
+    records: u64,
+    /// How far behind the latest earlier event an event came, at most: the
+    /// second pass holds events back this long to put them in time order.
+    lateness: u64,
+    /// Where events may lie and still be believed (see [`sanitize`]).
+    window: (u64, u64),
+    /// Non-event records dropped by [`sanitize`].
+    dropped: usize,
+}
+
+/// Reads everything of a session but its events, noting how out of order
+/// they are.
+pub fn read_outline(path: &Path) -> Result<Outline, SessionError> {
+    let mut latest = 0u64;
+    let mut lateness = 0u64;
+    let mut cuda_calls = false;
+    let (mut s, records) = read_records(path, |e| {
+        let ts = e.ts();
+        lateness = lateness.max(latest.saturating_sub(ts));
+        latest = latest.max(ts);
+        cuda_calls |= matches!(e, Event::CudaCall { .. });
+    })?;
+    let dropped = sanitize(&mut s);
+    finish(&mut s);
+    let window = window(&s);
+    Ok(Outline {
+        session: s,
+        events: EventStream {
+            path: super::resolve_path(path),
+            records,
+            lateness,
+            window,
+            dropped,
+        },
+        cuda_calls,
+    })
+}
+
+impl EventStream {
+    /// The events, in time order (stably, as [`read_session`] orders
+    /// them) and past the same checks; then `done` gets how many were
+    /// dropped as timed outside the recording, with the outline's own.
+    pub fn replay(&self, mut each: impl FnMut(Event)) -> Result<usize, SessionError> {
+        let reader = SessionReader::open(&self.path)?;
+        let (lo, hi) = self.window;
+        let keep = |e: &Event| match e {
+            Event::Syscall { ts, dur, .. } | Event::CudaCall { ts, dur, .. } => {
+                let end = ts.saturating_add(*dur);
+                (lo..=hi).contains(ts) && (lo..=hi).contains(&end)
+            }
+            e => (lo..=hi).contains(&e.ts()),
+        };
+        let mut held: std::collections::BinaryHeap<Held> = Default::default();
+        let mut latest = 0u64;
+        let mut dropped = 0usize;
+        let mut seq = 0u64;
+        for record in reader.take(self.records as usize) {
+            let Record::Event(e) = record else {
+                continue;
+            };
+            let ts = e.ts();
+            latest = latest.max(ts);
+            if !keep(&e) {
+                dropped += 1;
+                continue;
+            }
+            seq += 1;
+            held.push(Held { ts, seq, event: e });
+            // No event still to come can be earlier than this: the first
+            // pass measured how late any of them came.
+            let ready = latest.saturating_sub(self.lateness);
+            while held.peek().is_some_and(|h| h.ts < ready) {
+                each(held.pop().expect("peeked").event);
+            }
+        }
+        while let Some(h) = held.pop() {
+            each(h.event);
+        }
+        Ok(self.dropped + dropped)
+    }
+}
+
+/// An event held back for ordering: earliest first, then in file order.
+struct Held {
+    ts: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, o: &Held) -> bool {
+        (self.ts, self.seq) == (o.ts, o.seq)
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, o: &Held) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Held {
+    // Reversed: BinaryHeap pops its greatest.
+    fn cmp(&self, o: &Held) -> std::cmp::Ordering {
+        (o.ts, o.seq).cmp(&(self.ts, self.seq))
+    }
+}
+
+/// Reads every record, grouped by type, handing the events to `event`;
+/// also returns how many records it read.
+fn read_records(path: &Path, mut event: impl FnMut(Event)) -> Result<(Session, u64), SessionError> {
     let path = super::resolve_path(path);
     let mut reader = SessionReader::open(&path)?;
     let mut s = Session::default();
     let mut first = true;
+    let mut records = 0u64;
     for record in reader.by_ref() {
+        records += 1;
         if first {
             if !matches!(record, Record::Header(_)) {
                 return Err(SessionError::NoHeader { path });
@@ -246,7 +384,7 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
         }
         match record {
             Record::Header(h) => s.header = Some(h),
-            Record::Event(e) => s.events.push(e),
+            Record::Event(e) => event(e),
             Record::Stack(st) => {
                 s.stacks.insert(st.hash, st);
             }
@@ -294,12 +432,22 @@ pub fn read_session(path: &Path) -> Result<Session, SessionError> {
         return Err(SessionError::Empty { path });
     }
     s.truncated = reader.truncated().map(str::to_string);
-    sanitize(&mut s);
-    into_time_order(&mut s.events);
+    Ok((s, records))
+}
+
+fn finish(s: &mut Session) {
     if s.truncated.is_none() && s.footer.is_none() {
         s.truncated = Some("the recording did not finish (no end record)".into());
     }
-    Ok(s)
+}
+
+/// Says how many records timed outside the recording were left out.
+pub(crate) fn note_dropped(s: &mut Session, dropped: usize) {
+    if dropped > 0 {
+        s.notes.push(format!(
+            "{dropped} records timed outside the recording were ignored (a damaged file?)"
+        ));
+    }
 }
 
 /// Puts events into time order, stably and in place, once for every reader
@@ -332,10 +480,25 @@ const MAX_SPAN_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
 /// (drained after the end, GPU work queued before the start).
 const SLACK_NS: u64 = 60 * 1_000_000_000;
 
+/// Where records may lie and still be believed, once the footer is
+/// checked.
+fn window(s: &Session) -> (u64, u64) {
+    let start = s.header().start_ns;
+    let limit = start.saturating_add(MAX_SPAN_NS);
+    let lo = start.saturating_sub(SLACK_NS);
+    let hi = s
+        .footer
+        .as_ref()
+        .map_or(limit, |f| f.end_ns)
+        .saturating_add(SLACK_NS);
+    (lo, hi)
+}
+
 /// Drops what a damaged file cannot mean: an end before the start, and
 /// records timed far outside the recording. The analysis can then trust
-/// that every time and duration lies inside a bounded window.
-pub(crate) fn sanitize(s: &mut Session) {
+/// that every time and duration lies inside a bounded window. Returns how
+/// many records it dropped.
+pub(crate) fn sanitize(s: &mut Session) -> usize {
     let start = s.header().start_ns;
     let limit = start.saturating_add(MAX_SPAN_NS);
     if s.footer
@@ -346,12 +509,7 @@ pub(crate) fn sanitize(s: &mut Session) {
         s.truncated
             .get_or_insert_with(|| "its end record is damaged".into());
     }
-    let lo = start.saturating_sub(SLACK_NS);
-    let hi = s
-        .footer
-        .as_ref()
-        .map_or(limit, |f| f.end_ns)
-        .saturating_add(SLACK_NS);
+    let (lo, hi) = window(s);
     let ok = |t: u64| (lo..=hi).contains(&t);
     let span = |a: u64, b: u64| ok(a) && ok(b) && b >= a;
     let before = s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len();
@@ -376,10 +534,5 @@ pub(crate) fn sanitize(s: &mut Session) {
     s.gpu_lost.retain(|l| span(l.start, l.end));
     s.gpu_blind.retain(|b| span(b.start, b.end));
     s.drop_readings.retain(|d| ok(d.ts));
-    let dropped = before - (s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len());
-    if dropped > 0 {
-        s.notes.push(format!(
-            "{dropped} records timed outside the recording were ignored (a damaged file?)"
-        ));
-    }
+    before - (s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len())
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use gapscope_cupti::{ApiDomain, GpuRecord};
 
-use crate::session::{Event, HostOp, NvmlDevice, Session, SourceKind};
+use crate::session::{HostOp, NvmlDevice, Session, SourceKind};
 
 pub type Tid = (u32, u32);
 
@@ -144,8 +144,9 @@ pub struct GpuSide {
 }
 
 impl GpuSide {
-    /// Takes the session's GPU records and host ops (the timeline owns them
-    /// from here on) and the libcuda calls among its events.
+    /// Takes the session's GPU records and host ops: the timeline owns them
+    /// from here on. (The libcuda calls among its events come as they are
+    /// replayed.)
     pub fn build(session: &mut Session) -> GpuSide {
         let records = std::mem::take(&mut session.gpu);
         let mut side = GpuSide::default();
@@ -212,31 +213,6 @@ impl GpuSide {
                 GpuRecord::Marker { .. } => {}
             }
         }
-        for e in &session.events {
-            if let Event::CudaCall {
-                ts,
-                pid,
-                tid,
-                dur,
-                function,
-                arg,
-            } = e
-            {
-                side.calls.entry((*pid, *tid)).or_default().push(Call {
-                    start: *ts,
-                    end: ts + dur,
-                    role: api_role(function),
-                    name: CallName::Uprobe {
-                        function: function.clone(),
-                        arg: *arg,
-                    },
-                    correlation: None,
-                });
-            }
-        }
-        for calls in side.calls.values_mut() {
-            calls.sort_by_key(|c| c.start);
-        }
         for op in std::mem::take(&mut session.host_ops) {
             side.host_ops.entry((op.pid, op.tid)).or_default().push(op);
         }
@@ -295,6 +271,20 @@ impl GpuSide {
         }
         side.devices = by_dev.into_values().collect();
         side
+    }
+
+    /// A libcuda call a uprobe saw (calls are put in order at the end).
+    pub(super) fn uprobe_call(&mut self, pid: u32, tid: u32, ts: u64, dur: u64, f: &str, arg: u64) {
+        self.calls.entry((pid, tid)).or_default().push(Call {
+            start: ts,
+            end: ts + dur,
+            role: api_role(f),
+            name: CallName::Uprobe {
+                function: f.to_string(),
+                arg,
+            },
+            correlation: None,
+        });
     }
 
     pub fn device_name(&self, id: u32) -> Option<&str> {

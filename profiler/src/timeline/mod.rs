@@ -40,6 +40,8 @@ pub struct Timeline {
     pub retired: Vec<ThreadTimeline>,
     pub retired_processes: Vec<ProcessTimeline>,
     pub gpu: GpuSide,
+    /// Keep intervals, samples and long syscalls (`BuildOptions`).
+    keep: bool,
 }
 
 impl Timeline {
@@ -87,45 +89,51 @@ impl Timeline {
     /// Replays the session's events; its GPU records and profiler ops move
     /// into the timeline's GPU side.
     pub fn build(session: &mut Session, opts: BuildOptions) -> Timeline {
-        let gpu = GpuSide::build(session);
-        let session = &*session;
-        let header = session.header();
-        let start = header.start_ns;
+        let mut tl = Timeline::begin(session, opts);
         // Records are written in ring-buffer order, which differs from time
         // order by at most a few microseconds across CPUs; the reader puts
         // them in time order, and a session built another way is sorted
         // here (by reference, leaving it as it is).
-        let by_time: Vec<&Event> = if session.events.is_sorted_by_key(Event::ts) {
-            Vec::new()
+        let mut last = None;
+        if session.events.is_sorted_by_key(Event::ts) {
+            for e in &session.events {
+                tl.apply(e);
+            }
+            last = session.events.last().map(Event::ts);
         } else {
             let mut v: Vec<&Event> = session.events.iter().collect();
             v.sort_by_key(|e| e.ts());
-            v
-        };
-        // A session cut short ends at the last moment it is known to have
-        // been recording: its last event or its last periodic drops record.
-        let last_seen = by_time
-            .last()
-            .copied()
-            .or_else(|| session.events.last())
-            .map_or(start, Event::ts)
-            .max(session.drops.ts);
-        let end = session
-            .footer
-            .as_ref()
-            .map(|f| f.end_ns)
-            .unwrap_or(last_seen)
-            .max(start);
+            for e in &v {
+                tl.apply(e);
+            }
+            if let Some(e) = v.last() {
+                last = Some(e.ts());
+            }
+        }
+        tl.end(session, last);
+        tl
+    }
 
+    /// A timeline before any event: the threads, processes and fds known at
+    /// the start, and the GPU side (the session's GPU records and profiler
+    /// ops move into it). Feed it events in time order with [`apply`], then
+    /// close it with [`end`].
+    ///
+    /// [`apply`]: Timeline::apply
+    /// [`end`]: Timeline::end
+    pub fn begin(session: &mut Session, opts: BuildOptions) -> Timeline {
+        let gpu = GpuSide::build(session);
+        let start = session.header().start_ns;
         let mut tl = Timeline {
             start,
-            end,
+            end: start,
             threads: BTreeMap::new(),
             processes: BTreeMap::new(),
             fd_paths: HashMap::new(),
             retired: Vec::new(),
             retired_processes: Vec::new(),
             gpu,
+            keep: opts.intervals,
         };
         for p in &session.processes {
             let e = tl.processes.entry(p.pid).or_default();
@@ -145,38 +153,47 @@ impl Timeline {
                 ThreadTimeline::seeded(seed, start, opts.intervals),
             );
         }
+        tl
+    }
 
-        let keep = opts.intervals;
-        if by_time.is_empty() {
-            for e in &session.events {
-                tl.apply(e, keep);
-            }
-        } else {
-            for e in by_time {
-                tl.apply(e, keep);
-            }
-        }
-        for t in tl.threads.values_mut() {
+    /// Closes every account at the end of the recording. `last_event`: the
+    /// time of the last event applied.
+    pub fn end(&mut self, session: &Session, last_event: Option<u64>) {
+        // A session cut short ends at the last moment it is known to have
+        // been recording: its last event or its last periodic drops record.
+        let last_seen = last_event.unwrap_or(self.start).max(session.drops.ts);
+        let end = session
+            .footer
+            .as_ref()
+            .map(|f| f.end_ns)
+            .unwrap_or(last_seen)
+            .max(self.start);
+        self.end = end;
+        for t in self.threads.values_mut() {
             t.finish(end);
         }
-        for t in tl.threads.values_mut().chain(tl.retired.iter_mut()) {
+        for t in self.threads.values_mut().chain(self.retired.iter_mut()) {
             if let Some(v) = t.sample_times.as_mut() {
                 v.sort_unstable();
             }
         }
+        for calls in self.gpu.calls.values_mut() {
+            calls.sort_by_key(|c| c.start);
+        }
         // Threads whose names came only from /proc or fork keep those.
-        for t in tl.threads.values_mut().chain(tl.retired.iter_mut()) {
+        for t in self.threads.values_mut().chain(self.retired.iter_mut()) {
             if t.comm.is_empty() {
-                if let Some(p) = tl.processes.get(&t.pid) {
+                if let Some(p) = self.processes.get(&t.pid) {
                     t.comm = p.comm.clone();
                 }
             }
         }
-        tl
     }
 
-    /// One event into the thread and process accounts.
-    fn apply(&mut self, e: &Event, keep: bool) {
+    /// One event into the thread and process accounts; events come in time
+    /// order.
+    pub fn apply(&mut self, e: &Event) {
+        let keep = self.keep;
         match e {
             Event::Switch { ts, out, in_, .. } => {
                 if let Some(o) = out {
@@ -306,8 +323,16 @@ impl Timeline {
             Event::Open { pid, fd, path, .. } => {
                 self.fd_paths.insert((*pid, *fd), path.clone());
             }
-            Event::CudaCall { ts, pid, tid, .. } => {
+            Event::CudaCall {
+                ts,
+                pid,
+                tid,
+                dur,
+                function,
+                arg,
+            } => {
                 thread_mut(&mut self.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
+                self.gpu.uprobe_call(*pid, *tid, *ts, *dur, function, *arg);
             }
         }
     }
