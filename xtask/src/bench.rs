@@ -2,8 +2,10 @@
 //! measured in the same run. Overhead alternates bare and profiled runs of
 //! fixed-work workloads and takes the median ratio; throughput finds the
 //! highest event rate recorded without drops; offline times `report` on
-//! synthetic sessions and a synthetic PyTorch trace. One table at the end,
-//! each target marked met or not, with what bounds it when not.
+//! synthetic sessions (1 M, 10 M and, where memory and disk allow, 100 M
+//! events) and a synthetic PyTorch trace. One table at the end, each target
+//! marked met or not, with what bounds it when not. `cargo xtask bench
+//! offline` (any of overhead, throughput, offline, kineto) runs only those.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,6 +26,8 @@ enum Verdict {
     Missed(String),
     /// A figure without a target.
     Info,
+    /// Not run here; the row says why.
+    NotRun,
 }
 
 struct Row {
@@ -47,11 +51,13 @@ impl Bench {
 
 /// Runs a command to completion; returns (wall seconds, peak RSS bytes).
 fn measure(cmd: &mut Command) -> Result<(f64, u64)> {
+    measure_into(cmd, Stdio::null())
+}
+
+/// `measure`, its standard output going to `stdout`.
+fn measure_into(cmd: &mut Command, stdout: Stdio) -> Result<(f64, u64)> {
     let start = Instant::now();
-    let child = cmd
-        .stdout(Stdio::null())
-        .spawn()
-        .with_context(|| describe(cmd))?;
+    let child = cmd.stdout(stdout).spawn().with_context(|| describe(cmd))?;
     let mut status = 0;
     // SAFETY: an all-zero rusage is valid; wait4 fills it for our child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -60,8 +66,19 @@ fn measure(cmd: &mut Command) -> Result<(f64, u64)> {
     if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } != pid {
         bail!("wait4 failed for {}", describe(cmd));
     }
+    if libc::WIFSIGNALED(status) {
+        bail!(
+            "{} killed by signal {} (SIGKILL: likely the OOM killer; SIGABRT: an allocation failed)",
+            describe(cmd),
+            libc::WTERMSIG(status)
+        );
+    }
     if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        bail!("{} failed ({status})", describe(cmd));
+        bail!(
+            "{} failed (exit {})",
+            describe(cmd),
+            libc::WEXITSTATUS(status)
+        );
     }
     Ok((start.elapsed().as_secs_f64(), usage.ru_maxrss as u64 * 1024))
 }
@@ -476,56 +493,232 @@ fn throughput(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
+/// The offline cases, in events. Those from `OFFLINE_GUARDED` up run only
+/// when the peak RSS projected from the case before them fits in half of
+/// MemAvailable and the disk has room for the file: 100 M events (about an
+/// hour of a busy job) take ~660 MiB on disk and, with the report holding
+/// every event, ~22× that in memory.
+const OFFLINE_EVENTS: [u64; 3] = [1_000_000, 10_000_000, 100_000_000];
+const OFFLINE_GUARDED: u64 = 100_000_000;
+const OFFLINE_TARGET: &str = "≥ 10 M events/s · ≤ 2× the file";
+
+/// What one offline case measured, for projecting the next.
+struct OfflineRun {
+    events: u64,
+    rss: u64,
+    size: u64,
+}
+
+/// What gs-synth says it wrote.
+struct Synth {
+    events: u64,
+    gpu_records: u64,
+}
+
+/// The number just before `label` in `line`.
+fn count_before(line: &str, label: &str) -> Option<u64> {
+    let head = &line[..line.find(label)?];
+    head.rsplit(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())?
+        .parse()
+        .ok()
+}
+
+/// Writes a synthetic session of `n` events; its counts from gs-synth's
+/// last line (`gs-synth: N events: C CPU events, G GPU records (…) in …`).
+fn synth(b: &Bench, path: &Path, n: u64) -> Result<Synth> {
+    let mut cmd = Command::new(b.bin("gs-synth"));
+    cmd.arg(path).arg(n.to_string());
+    let out = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| describe(&cmd))?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("{} failed: {}", describe(&cmd), text.trim());
+    }
+    let line = text.lines().last().unwrap_or_default();
+    match (
+        count_before(line, " events:"),
+        count_before(line, " GPU records"),
+    ) {
+        (Some(events), Some(gpu_records)) => Ok(Synth {
+            events,
+            gpu_records,
+        }),
+        _ => bail!("gs-synth: no counts in {line:?}"),
+    }
+}
+
+/// A field of /proc/meminfo, in bytes.
+fn meminfo(field: &str) -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
+/// Bytes an unprivileged writer can still put on the file system of `dir`.
+fn disk_free(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is valid; statvfs fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs to fill.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
+}
+
+/// Why a case of `n` events should not run here, projected linearly from
+/// the case before it; None when it fits.
+fn offline_refusal(b: &Bench, n: u64, before: Option<&OfflineRun>) -> Option<String> {
+    let Some(before) = before else {
+        return Some("not run: no smaller case measured to project its peak from".into());
+    };
+    let scale = n as f64 / before.events as f64;
+    let peak = before.rss as f64 * scale;
+    let file = before.size as f64 * scale;
+    let basis = format!(
+        "{:.2} GiB at {:.0}M events × {scale:.1}",
+        gib(before.rss as f64),
+        before.events as f64 / 1e6
+    );
+    let mut why = Vec::new();
+    match meminfo("MemAvailable") {
+        Some(avail) if peak <= avail as f64 / 2.0 => {}
+        Some(avail) => why.push(format!(
+            "projected {:.1} GiB peak ({basis}), {:.1} GiB available (MemAvailable; it runs \
+             when the projection fits in half)",
+            gib(peak),
+            gib(avail as f64)
+        )),
+        None => why.push("no MemAvailable in /proc/meminfo to check its projected peak".into()),
+    }
+    // The file, and as much again for the file system's slack and whatever
+    // else is writing there.
+    match disk_free(&b.dir) {
+        Some(free) if 2.0 * file <= free as f64 => {}
+        Some(free) => why.push(format!(
+            "projected {:.2} GiB file, {:.2} GiB free under {} (it runs with twice the file free)",
+            gib(file),
+            gib(free as f64),
+            b.dir.display()
+        )),
+        None => why.push(format!("free space under {} unknown", b.dir.display())),
+    }
+    (!why.is_empty()).then(|| format!("not run: {}", why.join("; ")))
+}
+
 fn offline(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
-    for n in [1_000_000u64, 10_000_000] {
+    let mut before: Option<OfflineRun> = None;
+    for n in OFFLINE_EVENTS {
+        let case = format!("offline: report of a {}M-event session", n / 1_000_000);
+        let guarded = n >= OFFLINE_GUARDED;
+        if guarded {
+            if let Some(why) = offline_refusal(b, n, before.as_ref()) {
+                eprintln!("xtask: bench: offline, {n} events: {why}");
+                rows.push(Row {
+                    case,
+                    measured: why,
+                    target: OFFLINE_TARGET.into(),
+                    verdict: Verdict::NotRun,
+                });
+                continue;
+            }
+        }
         eprintln!("xtask: bench: offline, {n} events");
         let path = b.dir.join(format!("synthetic-{n}.gsz"));
-        quiet(
-            Command::new(b.bin("gs-synth"))
-                .arg(&path)
-                .arg(n.to_string()),
-        )?;
-        let size = std::fs::metadata(&path)?.len();
-        let (secs, rss) = measure(
-            Command::new(b.bin("gapscope"))
-                .args(["report", "--format", "json"])
-                .arg(&path),
-        )?;
-        let rate = n as f64 / secs;
-        let mem = rss as f64 / size as f64;
-        let mut missed = Vec::new();
-        if rate < 10e6 {
-            missed.push(
-                "speed: decoding every record, then per-thread state machines and the \
-                 attribution over all of them",
-            );
-        }
-        if mem > 2.0 {
-            missed.push(
-                "memory: the analysis holds every event in memory (about 80 B each in the \
-                 model, plus its state intervals) against about 7 B each compressed on disk; \
-                 meeting 2× takes a streaming analysis over a bounded window",
-            );
-        }
-        rows.push(Row {
-            case: format!("offline: report of a {}M-event session", n / 1_000_000),
-            measured: format!(
-                "{secs:.2} s = {:.1} M events/s · peak RSS {} MiB = {mem:.1}× the file ({} MiB, {:.1} B/event)",
-                rate / 1e6,
-                rss >> 20,
-                size >> 20,
-                size as f64 / n as f64
-            ),
-            target: "≥ 10 M events/s · ≤ 2× the file".into(),
-            verdict: if missed.is_empty() {
-                Verdict::Met
-            } else {
-                Verdict::Missed(missed.join("; "))
-            },
-        });
+        let result = offline_case(b, &path, &case, n);
         let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path.with_extension("json"));
+        match result {
+            Ok((row, run)) => {
+                rows.push(row);
+                before = Some(run);
+            }
+            // The projection was wrong (or the OOM killer disagreed): the
+            // row says so and the rest of the bench goes on.
+            Err(e) if guarded => rows.push(Row {
+                case,
+                measured: format!("failed: {e:#}"),
+                target: OFFLINE_TARGET.into(),
+                verdict: Verdict::Missed("the report did not complete".into()),
+            }),
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
+}
+
+fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, OfflineRun)> {
+    let made = synth(b, path, n)?;
+    let size = std::fs::metadata(path)?.len();
+    let json = path.with_extension("json");
+    let (secs, rss) = measure_into(
+        Command::new(b.bin("gapscope"))
+            .args(["report", "--format", "json"])
+            .arg(path),
+        std::fs::File::create(&json)?.into(),
+    )?;
+    // The report's own count of CPU events read, against what was written.
+    let report: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let read = report["session"]["events"].as_u64();
+    let cpu_events = made.events - made.gpu_records;
+    if read != Some(cpu_events) {
+        bail!(
+            "{}: the report read {read:?} CPU events, gs-synth wrote {cpu_events}",
+            path.display()
+        );
+    }
+    let events = made.events;
+    let rate = events as f64 / secs;
+    let mem = rss as f64 / size as f64;
+    let mut missed = Vec::new();
+    if rate < 10e6 {
+        missed.push(
+            "speed: decoding every record, then per-thread state machines and the \
+             attribution over all of them",
+        );
+    }
+    if mem > 2.0 {
+        missed.push(
+            "memory: the analysis holds every event in memory (about 80 B each in the \
+             model, plus its state intervals) against about 7 B each compressed on disk; \
+             meeting 2× takes a streaming analysis over a bounded window",
+        );
+    }
+    let row = Row {
+        case: case.into(),
+        measured: format!(
+            "{secs:.2} s = {:.1} M events/s · peak RSS {} MiB = {mem:.1}× the file ({} MiB, {:.1} B/event) \
+             · {:.2} M CPU events + {:.2} M GPU records",
+            rate / 1e6,
+            rss >> 20,
+            size >> 20,
+            size as f64 / events as f64,
+            cpu_events as f64 / 1e6,
+            made.gpu_records as f64 / 1e6
+        ),
+        target: OFFLINE_TARGET.into(),
+        verdict: if missed.is_empty() {
+            Verdict::Met
+        } else {
+            Verdict::Missed(missed.join("; "))
+        },
+    };
+    Ok((row, OfflineRun { events, rss, size }))
 }
 
 fn kineto(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
@@ -589,9 +782,23 @@ fn generate_kineto(path: &Path, mib: u64) -> Result<u64> {
     Ok(std::fs::metadata(path)?.len())
 }
 
-pub fn bench() -> Result<()> {
-    if !is_root() {
-        bail!("the overhead and throughput cases record with eBPF: sudo -E cargo xtask bench");
+/// The cases, in the order they run; `cargo xtask bench CASE…` runs only
+/// those named.
+const CASES: [&str; 4] = ["overhead", "throughput", "offline", "kineto"];
+
+pub fn bench(args: &[String]) -> Result<()> {
+    if let Some(bad) = args.iter().find(|a| !CASES.contains(&a.as_str())) {
+        bail!(
+            "unknown bench case {bad:?}: cargo xtask bench [{}]…",
+            CASES.join("|")
+        );
+    }
+    let run = |case: &str| args.is_empty() || args.iter().any(|a| a == case);
+    if (run("overhead") || run("throughput")) && !is_root() {
+        bail!(
+            "the overhead and throughput cases record with eBPF: sudo -E cargo xtask bench \
+             (`cargo xtask bench offline kineto` needs no root)"
+        );
     }
     setup(false)?;
     let b = Bench {
@@ -607,17 +814,26 @@ pub fn bench() -> Result<()> {
     std::fs::create_dir_all(&b.dir)?;
     let started = Instant::now();
     let mut rows = Vec::new();
-    overhead(&b, &mut rows)?;
-    throughput(&b, &mut rows)?;
-    offline(&b, &mut rows)?;
-    kineto(&b, &mut rows)?;
+    type Case = fn(&Bench, &mut Vec<Row>) -> Result<()>;
+    let cases: [Case; 4] = [overhead, throughput, offline, kineto];
+    for (name, case) in CASES.iter().zip(cases) {
+        if run(name) {
+            case(&b, &mut rows)?;
+        }
+    }
 
-    println!("gapscope bench · {}", machine());
+    let only = if args.is_empty() {
+        String::new()
+    } else {
+        format!(" · only {}", args.join(", "))
+    };
+    println!("gapscope bench · {}{only}", machine());
     for r in &rows {
         let mark = match &r.verdict {
             Verdict::Met => "MET",
             Verdict::Missed(_) => "NOT MET",
             Verdict::Info => "",
+            Verdict::NotRun => "NOT RUN",
         };
         println!("\n{}  [{}]  {mark}", r.case, r.target);
         println!("  {}", r.measured);

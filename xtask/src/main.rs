@@ -7,7 +7,8 @@
 //!   test      formatting, lints, then every test (BPF tests need root)
 //!   vmlinux   regenerate ebpf/vmlinux.h from this kernel's BTF
 //!   gpu-bundle  one folder to check the CUPTI path on a machine with a GPU
-//!   bench     speed and memory, each against a baseline measured in the same run
+//!   bench     speed and memory, each against a baseline measured in the same run:
+//!             `bench [overhead|throughput|offline|kineto]…` runs only those cases
 //!   fuzz      run the fuzz targets (cargo-fuzz): `fuzz [TARGET] [SECS]`
 
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use anyhow::{bail, Context, Result};
 mod bench;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench|fuzz [TARGET] [SECS]>";
+    "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
 
 /// The fuzz targets (fuzz/fuzz_targets/), and how many executions each gets
 /// in the gate (about 10–15 s apiece here: the targets differ in speed by
@@ -530,7 +531,7 @@ fn dispatch() -> Result<()> {
         "test" => test(),
         "vmlinux" => vmlinux(),
         "gpu-bundle" => gpu_bundle(),
-        "bench" => bench::bench(),
+        "bench" => bench::bench(&std::env::args().skip(2).collect::<Vec<_>>()),
         "fuzz" => {
             let args: Vec<String> = std::env::args().skip(2).collect();
             let target = args.iter().find(|a| a.parse::<u64>().is_err());
