@@ -50,13 +50,18 @@ impl GpuListener {
     }
 }
 
-/// All GPU connections of one recording.
+/// All GPU connections of one recording. What it keeps is bounded by the
+/// processes alive: a finished stream's task and socket are let go as the
+/// next connections are made, and a process is forgotten once it has left
+/// the tree.
 pub struct GpuStreams {
     tasks: JoinSet<()>,
     tx: UnboundedSender<Record>,
+    /// Live processes connected to (attach), so each is connected once.
     connected: HashSet<u32>,
-    /// Attach-mode streams, kept to ask each shim to stop at the end.
-    attached: Vec<std::sync::Arc<UnixStream>>,
+    /// Attach-mode streams still being read, to ask each shim to stop at the
+    /// end; the serving task owns the stream and drops it when it ends.
+    attached: Vec<std::sync::Weak<UnixStream>>,
     stop_accepting: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -261,6 +266,8 @@ impl GpuStreams {
                     },
                     _ = &mut stopped => break,
                 };
+                // Let go of the streams that have ended.
+                while conns.try_join_next().is_some() {}
                 match peer_pid(&stream) {
                     Some(pid) if in_tree(pid, root) => {
                         conns.spawn(serve(std::sync::Arc::new(stream), pid, tx.clone()));
@@ -279,8 +286,12 @@ impl GpuStreams {
     }
 
     /// Connects to the shim of each of `pids` that has one listening
-    /// (attach), once per process.
+    /// (attach), once per process. `pids` are the processes alive now: any
+    /// other is forgotten (a pid used again is another process).
     pub fn connect(&mut self, pids: impl IntoIterator<Item = u32>) {
+        let pids: HashSet<u32> = pids.into_iter().collect();
+        self.connected.retain(|pid| pids.contains(pid));
+        self.prune();
         for pid in pids {
             if self.connected.contains(&pid) {
                 continue;
@@ -299,18 +310,24 @@ impl GpuStreams {
             }
             self.connected.insert(pid);
             let stream = std::sync::Arc::new(stream);
-            self.attached.push(stream.clone());
+            self.attached.push(std::sync::Arc::downgrade(&stream));
             self.tasks.spawn(serve(stream, pid, self.tx.clone()));
         }
+    }
+
+    /// Lets go of the tasks and sockets of streams that have ended.
+    fn prune(&mut self) {
+        while self.tasks.try_join_next().is_some() {}
+        self.attached.retain(|s| s.strong_count() > 0);
     }
 
     /// Lets the streams finish: attach-mode shims are asked to stop (they
     /// flush and close), then every stream gets `grace` to reach its end.
     pub async fn finish(mut self, grace: Duration) {
-        for s in &self.attached {
+        for s in self.attached.iter().filter_map(std::sync::Weak::upgrade) {
             // SAFETY: shutting down the write half of a socket we hold.
             unsafe {
-                libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&**s), libc::SHUT_WR);
+                libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*s), libc::SHUT_WR);
             }
         }
         if let Some(stop) = self.stop_accepting.take() {
@@ -321,5 +338,54 @@ impl GpuStreams {
         })
         .await;
         self.tasks.abort_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Attach to a tree whose CUDA processes come and go: the streams of
+    /// those that ended are let go (task, socket) and their pids forgotten.
+    #[test]
+    fn ended_streams_are_let_go() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut streams = GpuStreams::new(tx);
+            const PROCESSES: u32 = 2_000;
+            const AT_ONCE: u32 = 50;
+            let mut most = 0;
+            for round in 0..PROCESSES / AT_ONCE {
+                let mut ours = Vec::new();
+                for k in 0..AT_ONCE {
+                    // Pids no process has; each stream's process exits at once.
+                    let pid = 50_000_000 + round * AT_ONCE + k;
+                    let (a, b) = UnixStream::pair().unwrap();
+                    let a = Arc::new(a);
+                    streams.connected.insert(pid);
+                    streams.attached.push(Arc::downgrade(&a));
+                    streams.tasks.spawn(serve(a, pid, streams.tx.clone()));
+                    ours.push(b);
+                }
+                drop(ours);
+                for _ in 0..200 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    streams.connect(std::iter::empty());
+                    if streams.tasks.is_empty() {
+                        break;
+                    }
+                }
+                most = most.max(streams.tasks.len() + streams.attached.len());
+                assert!(streams.connected.is_empty());
+                while rx.try_recv().is_ok() {}
+            }
+            assert!(most < AT_ONCE as usize, "{most}");
+            assert!(streams.attached.is_empty());
+        });
     }
 }

@@ -1,6 +1,7 @@
 //! Recording: start or attach to the target tree, stream kernel records into
 //! the session until the target exits, the duration passes or the user
-//! interrupts, then symbolize and close the session.
+//! interrupts, then symbolize what is left and close the session (stacks of
+//! processes that exited are symbolized along the way, see `sink`).
 
 pub mod bpf;
 pub mod gpu;
@@ -326,9 +327,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
 
 /// libcuda files mapped by the tree's processes (from the maps snapshots).
 fn libcuda_in_use(sink: &Sink) -> Vec<PathBuf> {
-    sink.maps
-        .iter()
-        .flat_map(|m| &m.ranges)
+    sink.mapped()
         .filter(|r| {
             std::path::Path::new(&r.path)
                 .file_name()
@@ -493,6 +492,7 @@ async fn event_loop(
                     if let Ok(d) = tracer.drops() {
                         sink.drops_record(&d);
                     }
+                    sink.maintain();
                     if let Err(e) = sink.writer.flush() {
                         sink.error.get_or_insert(e);
                     }
@@ -566,7 +566,8 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Drains what is left, detaches, symbolizes and closes the session.
+/// Drains what is left, detaches, symbolizes the stacks still waiting and
+/// closes the session.
 fn finish(
     tracer: &mut Tracer,
     mut sink: Sink,
@@ -583,10 +584,7 @@ fn finish(
     if let Some(e) = sink.error.take() {
         return Err(e.into());
     }
-    let symbols = symbolize::symbolize(&sink.stacks, &sink.maps);
-    for chunk in split_symbols(symbols) {
-        sink.push(Record::Symbols(chunk));
-    }
+    sink.finish_symbols();
     let exit_code = exit_code.or(sink.target_exit);
     sink.push(Record::Cost(crate::session::CollectorCost {
         cpu_ns: sink.cpu_while_recording,
@@ -612,29 +610,4 @@ fn finish(
         drops: drops.cpu_events(),
         target_left_running,
     })
-}
-
-/// Keeps each Symbols record to a bounded size.
-fn split_symbols(all: crate::session::Symbols) -> Vec<crate::session::Symbols> {
-    use crate::session::Symbols;
-    const PER_RECORD: usize = 2048;
-    let mut out = Vec::new();
-    for stacks in all.stacks.chunks(PER_RECORD) {
-        let mut chunk = Symbols::default();
-        let mut remap = std::collections::HashMap::new();
-        for (hash, idx) in stacks {
-            let idx = idx
-                .iter()
-                .map(|&i| {
-                    *remap.entry(i).or_insert_with(|| {
-                        chunk.frames.push(all.frames[i as usize].clone());
-                        (chunk.frames.len() - 1) as u32
-                    })
-                })
-                .collect();
-            chunk.stacks.push((*hash, idx));
-        }
-        out.push(chunk);
-    }
-    out
 }

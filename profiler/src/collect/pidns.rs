@@ -91,6 +91,13 @@ pub fn connect_control(pid: u32) -> io::Result<UnixStream> {
 /// How often the thread map of a process may be reread at most.
 const REREAD: Duration = Duration::from_secs(1);
 
+/// How long the ids of a thread that has ended are kept, from the first
+/// reread that finds it gone. Its last API records can come after it ended:
+/// the shim sends what it has every 250 ms and when its process exits, so a
+/// minute is far more than any of them takes; keeping ended threads for
+/// good would keep every thread a long-lived process ever had.
+const ENDED_THREAD_KEPT: Duration = Duration::from_secs(60);
+
 /// Turns the namespace-local pid and tids in a shim's CUDA API records
 /// into the ids we (and eBPF) use, for a process in another pid namespace;
 /// does nothing for one in ours.
@@ -99,8 +106,9 @@ pub struct HostIds {
     pid: u32,
     /// Its pid in its own namespace; None when that namespace is ours.
     nspid: Option<u32>,
-    /// Namespace-local tid -> ours.
-    tids: HashMap<u32, u32>,
+    /// Namespace-local tid -> ours, and since when the thread has been
+    /// found gone (None while alive).
+    tids: HashMap<u32, (u32, Option<Instant>)>,
     read_at: Option<Instant>,
 }
 
@@ -126,17 +134,34 @@ impl HostIds {
         if self.read_at.is_some_and(|t| t.elapsed() < REREAD) {
             return;
         }
-        self.read_at = Some(Instant::now());
+        let now = Instant::now();
+        self.read_at = Some(now);
         let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
             return;
         };
-        for task in dir.flatten() {
-            let Some(ours) = task.file_name().to_str().and_then(|s| s.parse().ok()) else {
-                continue;
-            };
-            if let Some(theirs) = innermost_id(&task.path().join("status")) {
-                self.tids.insert(theirs, ours);
+        let alive: Vec<(u32, u32)> = dir
+            .flatten()
+            .filter_map(|task| {
+                let ours = task.file_name().to_str()?.parse().ok()?;
+                Some((innermost_id(&task.path().join("status"))?, ours))
+            })
+            .collect();
+        self.saw(alive, now);
+    }
+
+    /// Takes in the threads alive at `now` (namespace-local tid, ours) and
+    /// forgets those found gone [`ENDED_THREAD_KEPT`] ago or more.
+    fn saw(&mut self, alive: impl IntoIterator<Item = (u32, u32)>, now: Instant) {
+        let alive: HashMap<u32, u32> = alive.into_iter().collect();
+        self.tids.retain(|theirs, (_, gone)| {
+            if alive.contains_key(theirs) {
+                return true;
             }
+            let since = *gone.get_or_insert(now);
+            now.duration_since(since) < ENDED_THREAD_KEPT
+        });
+        for (theirs, ours) in alive {
+            self.tids.insert(theirs, (ours, None));
         }
     }
 
@@ -144,7 +169,7 @@ impl HostIds {
         if !self.tids.contains_key(&tid) {
             self.reread();
         }
-        self.tids.get(&tid).copied()
+        self.tids.get(&tid).map(|&(ours, _)| ours)
     }
 
     /// Rewrites the pid and tid of API records. A thread that ended before
@@ -209,5 +234,38 @@ mod tests {
         let before = records.clone();
         ids.translate(&mut records);
         assert_eq!(records, before);
+    }
+
+    /// A long-lived process whose threads come and go: the ids of ended
+    /// threads are kept for a while, for their last records, then
+    /// forgotten, so the map holds what is alive, not every thread ever.
+    #[test]
+    fn ended_threads_are_forgotten_after_a_while() {
+        let mut ids = HostIds {
+            pid: 4242,
+            nspid: Some(1),
+            tids: HashMap::new(),
+            read_at: None,
+        };
+        let t0 = Instant::now();
+        let main = (1, 4242);
+        // One short-lived thread per second for three hours.
+        const THREADS: u32 = 3 * 3600;
+        for i in 0..THREADS {
+            let now = t0 + Duration::from_secs(i as u64);
+            ids.saw([main, (i + 2, 100_000 + i)], now);
+            assert!(ids.tids.len() <= 2 + 2 * ENDED_THREAD_KEPT.as_secs() as usize);
+            // The one before last ended a second ago: still translated.
+            if i > 0 {
+                assert_eq!(ids.tids[&(i + 1)].0, 100_000 + i - 1);
+            }
+        }
+        assert!(ids.tids.len() < THREADS as usize / 100);
+        assert_eq!(ids.tids[&1].0, 4242);
+        // Found gone a minute ago or more: forgotten.
+        let later = t0 + Duration::from_secs(THREADS as u64) + ENDED_THREAD_KEPT;
+        ids.saw([main], later);
+        ids.saw([main], later + ENDED_THREAD_KEPT);
+        assert_eq!(ids.tids.len(), 1);
     }
 }

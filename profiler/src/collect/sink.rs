@@ -1,28 +1,80 @@
 //! Where kernel records go while recording: decoded, written to the session
 //! in arrival order, with the process metadata they call for gathered while
 //! the processes are still alive.
+//!
+//! What the sink holds is bounded by what is alive, not by how long the
+//! recording runs. Stacks wait here, with the maps snapshots that resolve
+//! them, only until they are symbolized: a process's once it has exited
+//! (batched, see [`DEAD_BATCH`]), everyone's once too many wait
+//! ([`MAX_PENDING_STACKS`]), a process's once it has too many snapshots
+//! ([`MAX_SNAPSHOTS`]), and what is left at the end. An exited process's
+//! maps and bookkeeping go with its last stacks. A reader of the session
+//! gets the same stacks, maps and symbols as when everything was symbolized
+//! at the end; some Symbols records just come earlier in the file.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::bpf::{abi, decode};
+use super::symbolize;
 use super::{launch, procfs};
 use crate::session::SourceKind;
-use crate::session::{Drops, Event, ProcMaps, Record, SessionError, SessionWriter, Stack};
+use crate::session::{
+    Drops, Event, MapRange, ProcMaps, Record, SessionError, SessionWriter, Stack,
+};
 
 /// Re-read a process's maps at most this often when a stack falls outside
 /// the snapshot we have (a library loaded since).
 const MAPS_REFRESH: Duration = Duration::from_millis(100);
 
+/// Stacks waiting to be symbolized, at most; reaching it symbolizes them
+/// all. A stack is at most 127 frames (1 KiB), so this keeps them under
+/// 16 MiB even when all are as deep as the kernel captures, while a steady
+/// workload (whose distinct stacks level off well below this) never reaches
+/// it and is symbolized in one pass at the end, as before.
+const MAX_PENDING_STACKS: usize = 16_384;
+
+/// Exited processes whose stacks wait to be symbolized, at most; reaching it
+/// symbolizes them in one batch and frees their maps. Batching reads each
+/// binary they share once per batch rather than once per process (a
+/// DataLoader respawns its workers every epoch); 64 processes of a few
+/// snapshots of some hundred ranges each are a few MiB.
+const DEAD_BATCH: usize = 64;
+
+/// How long an exited process's maps stay after its exit record: a stack
+/// captured on another CPU while its last thread was exiting can come just
+/// after that record (microseconds; one drain later at most).
+const DEAD_GRACE: Duration = Duration::from_secs(1);
+
+/// Maps snapshots kept per process. A process that keeps mapping new code
+/// (a JIT) gets a new snapshot whenever a stack falls outside the last one,
+/// up to one per [`MAPS_REFRESH`]; past this many, its waiting stacks are
+/// symbolized with all of them and only the newest is kept, which covers
+/// every address it can still have on a stack. 32 snapshots of a few
+/// hundred ranges are a few MiB at most.
+const MAX_SNAPSHOTS: usize = 32;
+
+/// What is kept of one process of the tree.
+#[derive(Default)]
+struct ProcState {
+    /// Its executable mappings as read, oldest first; never two equal ones
+    /// in a row (an equal one resolves the same).
+    snapshots: Vec<Vec<MapRange>>,
+    /// When its maps were last read.
+    read_at: Option<Instant>,
+    /// When it exited.
+    exited: Option<Instant>,
+}
+
 pub struct Sink {
     pub writer: SessionWriter,
     pub target_pid: u32,
-    /// User and kernel stacks seen, for symbolization at the end.
-    pub stacks: HashMap<u64, Stack>,
-    pub maps: Vec<ProcMaps>,
-    maps_read: HashMap<u32, Instant>,
-    /// Index into `maps` of each process's newest snapshot.
-    latest_maps: HashMap<u32, usize>,
+    /// User and kernel stacks seen and not yet symbolized.
+    stacks: HashMap<u64, Stack>,
+    /// Processes seen, until their last stacks are symbolized after exit.
+    procs: HashMap<u32, ProcState>,
+    /// Symbolizes batches of stacks off the event loop.
+    symbolizer: Option<symbolize::Worker>,
     /// Processes of the tree that have not exited.
     pub live: HashSet<u32>,
     pub events: u64,
@@ -31,7 +83,7 @@ pub struct Sink {
     pub target_exit: Option<i32>,
     /// First write error; recording stops when set.
     pub error: Option<SessionError>,
-    /// Processes whose libcuda calls the uprobes have seen.
+    /// Live processes whose libcuda calls the uprobes have seen.
     uprobed: HashSet<u32>,
     /// gapscope's own CPU time between attaching and stopping.
     pub cpu_while_recording: u64,
@@ -43,9 +95,8 @@ impl Sink {
             writer,
             target_pid,
             stacks: HashMap::new(),
-            maps: Vec::new(),
-            maps_read: HashMap::new(),
-            latest_maps: HashMap::new(),
+            procs: HashMap::new(),
+            symbolizer: None,
             live: HashSet::new(),
             events: 0,
             malformed: 0,
@@ -65,9 +116,17 @@ impl Sink {
         }
     }
 
+    /// Every executable mapping of the snapshots held now.
+    pub fn mapped(&self) -> impl Iterator<Item = &MapRange> {
+        self.procs
+            .values()
+            .flat_map(|p| &p.snapshots)
+            .flat_map(|ranges| ranges.iter())
+    }
+
     /// Snapshots a process's executable mappings now.
     pub fn snapshot_maps(&mut self, pid: u32) {
-        self.maps_read.insert(pid, Instant::now());
+        self.procs.entry(pid).or_default().read_at = Some(Instant::now());
         if let Some(ranges) = procfs::exec_maps(pid) {
             self.store_maps(ProcMaps { pid, ranges });
         }
@@ -75,15 +134,25 @@ impl Sink {
 
     fn store_maps(&mut self, maps: ProcMaps) {
         self.push(Record::Maps(maps.clone()));
-        self.latest_maps.insert(maps.pid, self.maps.len());
-        self.maps.push(maps);
+        let pid = maps.pid;
+        let p = self.procs.entry(pid).or_default();
+        if p.snapshots.last() == Some(&maps.ranges) {
+            return;
+        }
+        p.snapshots.push(maps.ranges);
+        if p.snapshots.len() > MAX_SNAPSHOTS {
+            let stacks = self.take_stacks(|s| !s.kernel && s.pid == pid);
+            let maps = self.maps_of(stacks.values());
+            self.submit(stacks, maps);
+            let p = self.procs.get_mut(&pid).expect("stored above");
+            p.snapshots.drain(..p.snapshots.len() - 1);
+        }
     }
 
     fn covers(&self, pid: u32, addrs: &[u64]) -> bool {
-        let Some(&i) = self.latest_maps.get(&pid) else {
+        let Some(ranges) = self.procs.get(&pid).and_then(|p| p.snapshots.last()) else {
             return false;
         };
-        let ranges = &self.maps[i].ranges;
         addrs
             .iter()
             .all(|&a| ranges.iter().any(|r| r.start <= a && a < r.end))
@@ -95,21 +164,28 @@ impl Sink {
             self.malformed += 1;
             return;
         };
+        self.handle_record(record);
+    }
+
+    /// Handles one decoded kernel record.
+    fn handle_record(&mut self, record: Record) {
         self.events += 1;
         match &record {
             Record::Stack(s) if !s.kernel => {
-                let fresh = self
-                    .maps_read
-                    .get(&s.pid)
-                    .is_some_and(|t| t.elapsed() < MAPS_REFRESH);
-                if !self.covers(s.pid, &s.addrs) && !fresh {
+                let (exited, fresh) = match self.procs.get(&s.pid) {
+                    Some(p) => (
+                        p.exited.is_some(),
+                        p.read_at.is_some_and(|t| t.elapsed() < MAPS_REFRESH),
+                    ),
+                    None => (false, false),
+                };
+                // An exited process's maps are gone, or another's by now.
+                if !exited && !fresh && !self.covers(s.pid, &s.addrs) {
                     self.snapshot_maps(s.pid);
                 }
-                self.stacks.insert(s.hash, s.clone());
+                self.pend(s.clone());
             }
-            Record::Stack(s) => {
-                self.stacks.insert(s.hash, s.clone());
-            }
+            Record::Stack(s) => self.pend(s.clone()),
             Record::Event(Event::Fork {
                 pid,
                 parent_pid,
@@ -119,6 +195,11 @@ impl Sink {
             }) => {
                 self.live.insert(*pid);
                 let (pid, parent_pid, comm) = (*pid, *parent_pid, comm.clone());
+                // A pid used again: the process that had it is gone, and
+                // its stacks are symbolized with its own maps first.
+                if self.procs.get(&pid).is_some_and(|p| p.exited.is_some()) {
+                    self.retire(&[pid]);
+                }
                 self.push(record);
                 self.push(Record::Process(crate::session::ProcessInfo {
                     pid,
@@ -128,8 +209,12 @@ impl Sink {
                 }));
                 // A fork starts with its parent's mappings: inherit the
                 // snapshot so a child that exits quickly still symbolizes.
-                if let Some(&i) = self.latest_maps.get(&parent_pid) {
-                    let ranges = self.maps[i].ranges.clone();
+                let inherited = self
+                    .procs
+                    .get(&parent_pid)
+                    .and_then(|p| p.snapshots.last())
+                    .cloned();
+                if let Some(ranges) = inherited {
                     self.store_maps(ProcMaps { pid, ranges });
                 }
                 return;
@@ -165,6 +250,8 @@ impl Sink {
                 ..
             }) => {
                 self.live.remove(pid);
+                self.uprobed.remove(pid);
+                self.procs.entry(*pid).or_default().exited = Some(Instant::now());
                 if *pid == self.target_pid {
                     self.target_exit = Some(launch::exit_code_of(*status));
                 }
@@ -172,6 +259,158 @@ impl Sink {
             _ => {}
         }
         self.push(record);
+    }
+
+    /// Keeps a stack for symbolization; symbolizes every waiting one when
+    /// there are too many.
+    fn pend(&mut self, stack: Stack) {
+        self.stacks.insert(stack.hash, stack);
+        if self.stacks.len() < MAX_PENDING_STACKS {
+            return;
+        }
+        // A stack that came within MAPS_REFRESH of its process's last
+        // snapshot and falls outside it waits for the next one, which is
+        // taken now rather than never.
+        let mut stale: Vec<u32> = self
+            .stacks
+            .values()
+            .filter(|s| !s.kernel && !self.covers(s.pid, &s.addrs))
+            .map(|s| s.pid)
+            .filter(|pid| self.procs.get(pid).is_some_and(|p| p.exited.is_none()))
+            .collect();
+        stale.sort_unstable();
+        stale.dedup();
+        for pid in stale {
+            self.snapshot_maps(pid);
+        }
+        let stacks = std::mem::take(&mut self.stacks);
+        let maps = self.maps_of(stacks.values());
+        self.submit(stacks, maps);
+    }
+
+    /// Removes and returns the waiting stacks that `f` selects.
+    fn take_stacks(&mut self, f: impl Fn(&Stack) -> bool) -> HashMap<u64, Stack> {
+        let hashes: Vec<u64> = self
+            .stacks
+            .values()
+            .filter(|s| f(s))
+            .map(|s| s.hash)
+            .collect();
+        hashes
+            .into_iter()
+            .filter_map(|h| self.stacks.remove_entry(&h))
+            .collect()
+    }
+
+    /// The snapshots of the processes whose user stacks these are.
+    fn maps_of<'a>(&self, stacks: impl Iterator<Item = &'a Stack>) -> Vec<ProcMaps> {
+        let mut pids: Vec<u32> = stacks.filter(|s| !s.kernel).map(|s| s.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.into_iter()
+            .filter_map(|pid| Some((pid, self.procs.get(&pid)?)))
+            .flat_map(|(pid, p)| {
+                p.snapshots.iter().map(move |ranges| ProcMaps {
+                    pid,
+                    ranges: ranges.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Symbolizes the waiting stacks of exited processes `pids` and forgets
+    /// the processes.
+    fn retire(&mut self, pids: &[u32]) {
+        let set: HashSet<u32> = pids.iter().copied().collect();
+        let stacks = self.take_stacks(|s| !s.kernel && set.contains(&s.pid));
+        let maps = pids
+            .iter()
+            .filter_map(|pid| Some((*pid, self.procs.remove(pid)?)))
+            .flat_map(|(pid, p)| {
+                p.snapshots
+                    .into_iter()
+                    .map(move |ranges| ProcMaps { pid, ranges })
+            })
+            .collect();
+        self.submit(stacks, maps);
+    }
+
+    fn submit(&mut self, stacks: HashMap<u64, Stack>, maps: Vec<ProcMaps>) {
+        if stacks.is_empty() {
+            return;
+        }
+        self.symbolizer
+            .get_or_insert_with(symbolize::Worker::start)
+            .submit(stacks, maps);
+    }
+
+    /// Writes the symbols of batches done, and lets exited processes go:
+    /// at once when none of their stacks wait, in a batch once
+    /// [`DEAD_BATCH`] of them have stacks waiting. The event loop calls it
+    /// once a second.
+    pub fn maintain(&mut self) {
+        self.maintain_at(Instant::now());
+    }
+
+    fn maintain_at(&mut self, now: Instant) {
+        let ripe: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| {
+                p.exited
+                    .is_some_and(|t| now.duration_since(t) >= DEAD_GRACE)
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        if !ripe.is_empty() {
+            let waiting: HashSet<u32> = self
+                .stacks
+                .values()
+                .filter(|s| !s.kernel)
+                .map(|s| s.pid)
+                .collect();
+            let (with, without): (Vec<u32>, Vec<u32>) =
+                ripe.into_iter().partition(|pid| waiting.contains(pid));
+            for pid in without {
+                self.procs.remove(&pid);
+            }
+            if with.len() >= DEAD_BATCH {
+                self.retire(&with);
+            }
+        }
+        self.write_symbols(false);
+    }
+
+    fn write_symbols(&mut self, wait: bool) {
+        let done = match (wait, &mut self.symbolizer) {
+            (_, None) => return,
+            (false, Some(w)) => w.ready(),
+            (true, Some(_)) => self.symbolizer.take().expect("matched").finish(),
+        };
+        for symbols in done {
+            for chunk in symbolize::split(symbols) {
+                self.push(Record::Symbols(chunk));
+            }
+        }
+    }
+
+    /// Symbolizes every stack still waiting and writes all symbols; at the
+    /// end of a recording.
+    pub fn finish_symbols(&mut self) {
+        let stacks = std::mem::take(&mut self.stacks);
+        let mut pids: Vec<u32> = self.procs.keys().copied().collect();
+        pids.sort_unstable();
+        let maps = pids
+            .into_iter()
+            .filter_map(|pid| Some((pid, self.procs.remove(&pid)?)))
+            .flat_map(|(pid, p)| {
+                p.snapshots
+                    .into_iter()
+                    .map(move |ranges| ProcMaps { pid, ranges })
+            })
+            .collect();
+        self.submit(stacks, maps);
+        self.write_symbols(true);
     }
 
     /// Records the kernel's drop counters (cumulative; the last one wins).
@@ -189,5 +428,266 @@ impl Sink {
         };
         self.push(Record::Drops(drops.clone()));
         drops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{read_session, Frame, Mode, Session};
+
+    /// Pids no process can have (pid_max is at most 2^22).
+    const FAKE: u32 = 50_000_000;
+
+    fn sink_in(dir: &std::path::Path) -> Sink {
+        let writer = SessionWriter::create(&dir.join(crate::session::FILE_NAME)).unwrap();
+        let mut sink = Sink::new(writer, FAKE);
+        sink.push(Record::Header(super::super::header(
+            Mode::Attach,
+            FAKE,
+            Vec::new(),
+            99,
+        )));
+        sink
+    }
+
+    fn read_back(mut sink: Sink) -> Session {
+        sink.finish_symbols();
+        assert!(sink.error.is_none());
+        let path = sink.writer.path().to_path_buf();
+        sink.writer.finish().unwrap();
+        read_session(&path).unwrap()
+    }
+
+    fn fork(pid: u32, parent_pid: u32) -> Record {
+        Record::Event(Event::Fork {
+            ts: crate::clock::monotonic_ns(),
+            pid,
+            tid: pid,
+            parent_pid,
+            parent_tid: parent_pid,
+            thread: false,
+            comm: "worker".into(),
+        })
+    }
+
+    fn exit(pid: u32) -> Record {
+        Record::Event(Event::Exit {
+            ts: crate::clock::monotonic_ns(),
+            pid,
+            tid: pid,
+            status: 0,
+            group_dead: true,
+            comm: "worker".into(),
+        })
+    }
+
+    fn stack(hash: u64, pid: u32, addrs: Vec<u64>) -> Record {
+        Record::Stack(Stack {
+            hash,
+            pid,
+            kernel: pid == 0,
+            addrs,
+        })
+    }
+
+    fn special(start: u64, name: String) -> Vec<MapRange> {
+        vec![MapRange {
+            start,
+            end: start + 0x1000,
+            offset: 0,
+            path: name,
+        }]
+    }
+
+    fn first_function(s: &Session, hash: u64) -> &str {
+        let frames: &Vec<Frame> = s.symbols.get(&hash).expect("stack symbolized");
+        &frames[0].function
+    }
+
+    /// Ten thousand short-lived processes, each with stacks of its own (and
+    /// kernel stacks, and libcuda calls), pids used again: the sink keeps at
+    /// most a batch of them, where keeping every process's stacks and maps
+    /// to the end would hold all, and every stack still resolves through
+    /// the maps of the process it came from.
+    #[test]
+    fn short_lived_processes_do_not_accumulate() {
+        const PROCESSES: u64 = 10_000;
+        const PIDS: u64 = 700; // each used again ~14 times
+        const USER_STACKS: u64 = 3;
+        const KERNEL_STACKS: u64 = 2;
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink_in(dir.path());
+        let parent = FAKE;
+        sink.live.insert(parent);
+        sink.store_maps(ProcMaps {
+            pid: parent,
+            ranges: special(0x1000, "[parent]".into()),
+        });
+        let mut expected = Vec::new();
+        let mut hash = 1;
+        let (mut most_stacks, mut most_procs) = (0, 0);
+        for i in 0..PROCESSES {
+            let pid = FAKE + 1 + (i % PIDS) as u32;
+            sink.handle_record(fork(pid, parent));
+            // Its own code, as the snapshot after its exec would show.
+            sink.store_maps(ProcMaps {
+                pid,
+                ranges: special(0x10_0000, format!("[process-{i}]")),
+            });
+            for k in 0..USER_STACKS {
+                sink.handle_record(stack(hash, pid, vec![0x10_0000 + k, 0x1000]));
+                expected.push((hash, format!("[process-{i}]")));
+                hash += 2;
+            }
+            for k in 0..KERNEL_STACKS {
+                sink.handle_record(stack(hash, 0, vec![0xffff_ffff_8100_0000 + i, k]));
+                hash += 2;
+            }
+            sink.handle_record(Record::Event(Event::CudaCall {
+                ts: crate::clock::monotonic_ns(),
+                pid,
+                tid: pid,
+                dur: 1,
+                function: "cuLaunchKernel".into(),
+                arg: 0,
+            }));
+            sink.handle_record(exit(pid));
+            if i % 50 == 49 {
+                // A second of the event loop's ticks later.
+                sink.maintain_at(Instant::now() + DEAD_GRACE);
+                assert!(sink.procs.len() <= DEAD_BATCH + 1, "{}", sink.procs.len());
+                assert!(sink.live.len() <= 1 && sink.uprobed.is_empty());
+            }
+            most_stacks = most_stacks.max(sink.stacks.len());
+            most_procs = most_procs.max(sink.procs.len());
+            let snapshots: usize = sink.procs.values().map(|p| p.snapshots.len()).sum();
+            assert!(snapshots <= 2 * (DEAD_BATCH + 50) + 1, "{snapshots}");
+        }
+        // Far more than the bounds came through; no more than them stayed.
+        let total_stacks = (PROCESSES * (USER_STACKS + KERNEL_STACKS)) as usize;
+        assert!(total_stacks > 2 * MAX_PENDING_STACKS);
+        assert!((PROCESSES * KERNEL_STACKS) as usize > MAX_PENDING_STACKS);
+        assert!(most_stacks < MAX_PENDING_STACKS, "{most_stacks}");
+        assert!(PROCESSES as usize > 10 * (DEAD_BATCH + 50));
+        assert!(most_procs <= DEAD_BATCH + 50 + 1, "{most_procs}");
+
+        let s = read_back(sink);
+        for (hash, name) in &expected {
+            assert_eq!(first_function(&s, *hash), name, "stack {hash}");
+        }
+        assert_eq!(s.symbols.len(), total_stacks);
+    }
+
+    #[inline(never)]
+    fn marker_function_for_exited_process() -> usize {
+        marker_function_for_exited_process as *const () as usize
+    }
+
+    /// A batch of exited processes is symbolized from their binaries while
+    /// recording, and their state goes with it.
+    #[test]
+    fn exited_processes_symbolize_from_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink_in(dir.path());
+        let me = std::process::id();
+        sink.live.insert(me);
+        sink.snapshot_maps(me);
+        let addr = marker_function_for_exited_process() as u64;
+        let children = DEAD_BATCH as u32 + 6;
+        for c in 0..children {
+            let pid = FAKE + c;
+            sink.handle_record(fork(pid, me));
+            sink.handle_record(stack(2 * c as u64 + 1, pid, vec![addr]));
+            sink.handle_record(exit(pid));
+        }
+        assert_eq!(sink.procs.len(), children as usize + 1);
+        // Not before the grace: a stack may still be on its way.
+        sink.maintain_at(Instant::now());
+        assert_eq!(sink.procs.len(), children as usize + 1);
+        sink.maintain_at(Instant::now() + DEAD_GRACE);
+        assert_eq!(sink.procs.len(), 1, "only the live process stays");
+        assert!(sink.stacks.is_empty());
+        let s = read_back(sink);
+        for c in 0..children {
+            let f = first_function(&s, 2 * c as u64 + 1);
+            assert!(f.contains("marker_function_for_exited_process"), "{f}");
+        }
+    }
+
+    /// A live process that keeps mapping new code keeps a bounded number of
+    /// snapshots, and each stack resolves through the mapping it was in.
+    #[test]
+    fn a_jit_keeps_a_bounded_number_of_snapshots() {
+        const REGIONS: u64 = 2_000;
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink_in(dir.path());
+        let pid = FAKE;
+        sink.live.insert(pid);
+        for j in 0..REGIONS {
+            // The last few regions stay mapped; older ones are gone.
+            let ranges = (j.saturating_sub(3)..=j)
+                .flat_map(|r| special(0x1000_0000 + r * 0x1000, format!("[jit-{r}]")))
+                .collect();
+            sink.store_maps(ProcMaps { pid, ranges });
+            sink.handle_record(stack(2 * j + 1, pid, vec![0x1000_0000 + j * 0x1000 + 8]));
+            assert!(sink.procs[&pid].snapshots.len() <= MAX_SNAPSHOTS);
+        }
+        assert!(REGIONS as usize > 10 * MAX_SNAPSHOTS);
+        let s = read_back(sink);
+        for j in 0..REGIONS {
+            assert_eq!(first_function(&s, 2 * j + 1), format!("[jit-{j}]"));
+        }
+    }
+
+    /// Everything symbolized at the end, as before, when nothing forces a
+    /// batch earlier: one pass, the same Symbols records.
+    #[test]
+    fn short_recording_is_symbolized_once_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink_in(dir.path());
+        let pid = FAKE;
+        sink.live.insert(pid);
+        sink.store_maps(ProcMaps {
+            pid,
+            ranges: special(0x1000, "[a]".into()),
+        });
+        // An equal snapshot is written but not kept twice.
+        sink.store_maps(ProcMaps {
+            pid,
+            ranges: special(0x1000, "[a]".into()),
+        });
+        assert_eq!(sink.procs[&pid].snapshots.len(), 1);
+        let mut stacks = HashMap::new();
+        for h in 0..100u64 {
+            let s = Stack {
+                hash: 2 * h + 1,
+                pid,
+                kernel: false,
+                addrs: vec![0x1000 + h],
+            };
+            stacks.insert(s.hash, s.clone());
+            sink.handle_record(Record::Stack(s));
+        }
+        sink.handle_record(exit(pid));
+        sink.maintain_at(Instant::now() + DEAD_GRACE);
+        let path = sink.writer.path().to_path_buf();
+        let s = read_back(sink);
+        let want = symbolize::symbolize(
+            &stacks,
+            &[ProcMaps {
+                pid,
+                ranges: special(0x1000, "[a]".into()),
+            }],
+        );
+        let written: Vec<crate::session::Symbols> = crate::session::SessionReader::open(&path)
+            .unwrap()
+            .filter_map(|r| match r {
+                Record::Symbols(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(written, symbolize::split(want));
+        assert_eq!(s.maps.len(), 2);
     }
 }

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::mpsc;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
@@ -142,6 +143,113 @@ pub fn symbolize(stacks: &HashMap<u64, Stack>, maps: &[ProcMaps]) -> Symbols {
         out.stacks.push((*hash, idx));
     }
     out
+}
+
+/// Keeps each Symbols record to a bounded size.
+pub(crate) fn split(all: Symbols) -> Vec<Symbols> {
+    const PER_RECORD: usize = 2048;
+    let mut out = Vec::new();
+    for stacks in all.stacks.chunks(PER_RECORD) {
+        let mut chunk = Symbols::default();
+        let mut remap = HashMap::new();
+        for (hash, idx) in stacks {
+            let idx = idx
+                .iter()
+                .map(|&i| {
+                    *remap.entry(i).or_insert_with(|| {
+                        chunk.frames.push(all.frames[i as usize].clone());
+                        (chunk.frames.len() - 1) as u32
+                    })
+                })
+                .collect();
+            chunk.stacks.push((*hash, idx));
+        }
+        out.push(chunk);
+    }
+    out
+}
+
+/// Stacks to symbolize together, with the maps of every process they
+/// belong to.
+struct Batch {
+    stacks: HashMap<u64, Stack>,
+    maps: Vec<ProcMaps>,
+}
+
+/// Symbolizes batches of stacks on a thread of its own while recording, so
+/// that the event loop keeps draining the ring buffer meanwhile (a batch
+/// reads the symbol tables of every binary involved, which takes long for
+/// large libraries). Each batch gets a fresh blazesym symbolizer, as the
+/// one pass at the end of a recording always did: nothing is cached from
+/// one batch to the next, so the worker holds no more than the batch it is
+/// on.
+pub(crate) struct Worker {
+    /// None once the thread is gone (or never started): batches are then
+    /// symbolized by the caller.
+    jobs: Option<mpsc::SyncSender<Batch>>,
+    done: mpsc::Receiver<Symbols>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Results of batches symbolized by the caller.
+    inline: Vec<Symbols>,
+}
+
+impl Worker {
+    pub(crate) fn start() -> Worker {
+        // One batch waits while another is symbolized: a caller that hands
+        // over batches faster than they are symbolized waits for the worker
+        // rather than queueing stacks without bound.
+        let (jobs, inbox) = mpsc::sync_channel::<Batch>(1);
+        let (results, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("gapscope-symbols".into())
+            .spawn(move || {
+                for batch in inbox {
+                    if results.send(symbolize(&batch.stacks, &batch.maps)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .ok();
+        Worker {
+            jobs: thread.is_some().then_some(jobs),
+            done,
+            thread,
+            inline: Vec::new(),
+        }
+    }
+
+    /// Hands over stacks and the maps that resolve them.
+    pub(crate) fn submit(&mut self, stacks: HashMap<u64, Stack>, maps: Vec<ProcMaps>) {
+        if stacks.is_empty() {
+            return;
+        }
+        let batch = Batch { stacks, maps };
+        let batch = match &self.jobs {
+            Some(jobs) => match jobs.send(batch) {
+                Ok(()) => return,
+                Err(mpsc::SendError(batch)) => batch,
+            },
+            None => batch,
+        };
+        self.jobs = None;
+        self.inline.push(symbolize(&batch.stacks, &batch.maps));
+    }
+
+    /// Results ready now, without waiting.
+    pub(crate) fn ready(&mut self) -> Vec<Symbols> {
+        let mut out = std::mem::take(&mut self.inline);
+        out.extend(self.done.try_iter());
+        out
+    }
+
+    /// Waits for every batch handed over and returns what is left.
+    pub(crate) fn finish(mut self) -> Vec<Symbols> {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.ready()
+    }
 }
 
 fn is_tracer_frame(f: &str) -> bool {
