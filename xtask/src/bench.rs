@@ -694,9 +694,10 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
     }
     if mem > 2.0 {
         missed.push(
-            "memory: the analysis holds every event in memory (about 80 B each in the \
-             model, plus its state intervals) against about 7 B each compressed on disk; \
-             meeting 2× takes a streaming analysis over a bounded window",
+            "memory: CPU events are replayed from the file, but every GPU record (the \
+             timeline's GPU work and CUDA calls) and every thread's state intervals and I/O \
+             spans are held for the attribution, against about 7 B per event compressed on \
+             disk; meeting 2× takes the attribution over a bounded window too",
         );
     }
     let row = Row {
