@@ -49,6 +49,44 @@ fn exporters_match_their_golden_files() {
     }
 }
 
+/// `report` streams a session file's events and keeps only the thread
+/// states the attribution reads; the pictures read it whole and keep them
+/// all. Both must come to the same report, number for number.
+#[test]
+fn streamed_and_whole_analyses_agree() {
+    use gapscope::analyze::{analyze, AnalyzeOptions};
+    use gapscope::export::{write, Format, Options, View};
+    let path = golden_session();
+    let json = |a: &gapscope::analyze::Analysis| {
+        let mut out = Vec::new();
+        write(&View::new(a), &Options::new(Format::Json), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    };
+    let whole = analyze(
+        gapscope::session::read_session(&path).unwrap(),
+        &AnalyzeOptions {
+            pictures: true,
+            hta: false,
+        },
+    );
+    let streamed = analyze(
+        gapscope::session::read_outline(&path).unwrap(),
+        &AnalyzeOptions::default(),
+    );
+    // The lean analysis kept fewer thread states (this recording's GPU is
+    // idle a third of the time, so about two thirds): otherwise this
+    // proves nothing.
+    let intervals = |a: &gapscope::analyze::Analysis| -> usize {
+        a.timeline
+            .all_threads()
+            .iter()
+            .map(|t| t.intervals.as_ref().map_or(0, Vec::len))
+            .sum()
+    };
+    assert!(intervals(&streamed) * 4 < intervals(&whole) * 3);
+    assert_eq!(json(&whole), json(&streamed));
+}
+
 /// A timestamp or duration in µs, as written (3 decimals), back to ns.
 fn ns(v: &Value) -> u64 {
     let us = v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));

@@ -119,7 +119,13 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Analysis {
                     .events
                     .iter()
                     .any(|e| matches!(e, Event::CudaCall { .. }));
-            let timeline = Timeline::build(&mut session, BuildOptions { intervals });
+            let timeline = Timeline::build(
+                &mut session,
+                BuildOptions {
+                    intervals,
+                    pictures: opts.pictures,
+                },
+            );
             // Everything the timeline needed from the events is in it now.
             session.events = Vec::new();
             conclude(session, timeline, events, opts)
@@ -131,7 +137,13 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Analysis {
                 events: stream,
                 ..
             } = outline;
-            let mut timeline = Timeline::begin(&mut session, BuildOptions { intervals });
+            let mut timeline = Timeline::begin(
+                &mut session,
+                BuildOptions {
+                    intervals,
+                    pictures: opts.pictures,
+                },
+            );
             let mut events = 0u64;
             let mut last = None;
             let replay = stream.replay(|e| {

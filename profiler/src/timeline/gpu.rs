@@ -273,6 +273,51 @@ impl GpuSide {
         side
     }
 
+    /// Where the attribution will read thread states: the holes between
+    /// each GPU's busy spans (a superset of the holes inside any window),
+    /// and the calls that launched kernels (the clock checks).
+    pub fn wanted(&self) -> super::Wanted {
+        let mut gaps = Vec::new();
+        for d in &self.devices {
+            // Work is in start order: merging as it comes gives the busy
+            // spans, the holes lie between them.
+            let mut busy_until: Option<u64> = None;
+            for w in &d.work {
+                let (s, e) = w.span();
+                match busy_until {
+                    Some(until) if s > until => {
+                        gaps.push((until, s));
+                        busy_until = Some(e);
+                    }
+                    Some(until) => busy_until = Some(until.max(e)),
+                    None => busy_until = Some(e),
+                }
+            }
+        }
+        gaps.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(gaps.len());
+        for (s, e) in gaps {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        let mut launches: HashMap<Tid, Vec<u64>> = HashMap::new();
+        for w in self.devices.iter().flat_map(|d| &d.work) {
+            if let (GpuRecord::Kernel { .. }, Some((t, at))) = (&w.record, w.launch) {
+                launches.entry(t).or_default().push(at);
+            }
+        }
+        for v in launches.values_mut() {
+            v.sort_unstable();
+            v.dedup();
+        }
+        super::Wanted {
+            gaps: merged,
+            launches,
+        }
+    }
+
     /// A libcuda call a uprobe saw (calls are put in order at the end).
     pub(super) fn uprobe_call(&mut self, pid: u32, tid: u32, ts: u64, dur: u64, f: &str, arg: u64) {
         self.calls.entry((pid, tid)).or_default().push(Call {

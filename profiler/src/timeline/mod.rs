@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::session::{Event, Session};
 pub use classify::{syscall_name, OffKind};
 pub use gpu::GpuSide;
-pub use thread::{Interval, OffCpu, State, ThreadTimeline, LONG_SYSCALL_NS};
+pub use thread::{Interval, Keep, OffCpu, State, ThreadTimeline, Wanted, LONG_SYSCALL_NS};
 
 #[derive(Clone, Debug, Default)]
 pub struct ProcessTimeline {
@@ -40,8 +40,8 @@ pub struct Timeline {
     pub retired: Vec<ThreadTimeline>,
     pub retired_processes: Vec<ProcessTimeline>,
     pub gpu: GpuSide,
-    /// Keep intervals, samples and long syscalls (`BuildOptions`).
-    keep: bool,
+    /// What threads keep beyond their accounts.
+    keep: Keep,
 }
 
 impl Timeline {
@@ -67,22 +67,25 @@ impl Timeline {
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BuildOptions {
-    /// Keep every state interval, sample and long syscall (the gap analysis
-    /// and the pictures need them; the per-thread report does not).
+    /// Keep the state intervals the GPU attribution reads (the per-thread
+    /// report needs none).
     pub intervals: bool,
+    /// Keep every state interval, sample and long syscall: the pictures and
+    /// the timeline export draw them all.
+    pub pictures: bool,
 }
 
 /// The thread an event is about, created on first sight.
-fn thread_mut(
-    threads: &mut BTreeMap<(u32, u32), ThreadTimeline>,
+fn thread_mut<'a>(
+    threads: &'a mut BTreeMap<(u32, u32), ThreadTimeline>,
     pid: u32,
     tid: u32,
     ts: u64,
-    keep: bool,
-) -> &mut ThreadTimeline {
+    keep: &Keep,
+) -> &'a mut ThreadTimeline {
     threads
         .entry((pid, tid))
-        .or_insert_with(|| ThreadTimeline::first_seen(pid, tid, ts, keep))
+        .or_insert_with(|| ThreadTimeline::first_seen(pid, tid, ts, keep.clone()))
 }
 
 impl Timeline {
@@ -124,6 +127,13 @@ impl Timeline {
     pub fn begin(session: &mut Session, opts: BuildOptions) -> Timeline {
         let gpu = GpuSide::build(session);
         let start = session.header().start_ns;
+        let keep = if opts.pictures {
+            Keep::Everything
+        } else if opts.intervals {
+            Keep::Gaps(std::sync::Arc::new(gpu.wanted()))
+        } else {
+            Keep::Accounts
+        };
         let mut tl = Timeline {
             start,
             end: start,
@@ -133,7 +143,7 @@ impl Timeline {
             retired: Vec::new(),
             retired_processes: Vec::new(),
             gpu,
-            keep: opts.intervals,
+            keep,
         };
         for p in &session.processes {
             let e = tl.processes.entry(p.pid).or_default();
@@ -150,7 +160,7 @@ impl Timeline {
         for seed in &session.threads {
             tl.threads.insert(
                 (seed.pid, seed.tid),
-                ThreadTimeline::seeded(seed, start, opts.intervals),
+                ThreadTimeline::seeded(seed, start, tl.keep.clone()),
             );
         }
         tl
@@ -193,7 +203,7 @@ impl Timeline {
     /// One event into the thread and process accounts; events come in time
     /// order.
     pub fn apply(&mut self, e: &Event) {
-        let keep = self.keep;
+        let keep = &self.keep;
         match e {
             Event::Switch { ts, out, in_, .. } => {
                 if let Some(o) = out {
@@ -264,7 +274,7 @@ impl Timeline {
                 comm,
                 ..
             } => {
-                let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep);
+                let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep.clone());
                 t.comm = comm.clone();
                 // A new task with the id of one seen before: the kernel
                 // reused it, the earlier one is over.

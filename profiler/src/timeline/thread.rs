@@ -3,6 +3,7 @@
 //! what it did in syscalls and where its stacks were.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use super::classify::{byte_class, io_dir, offcpu_kind, ByteClass, IoDir, OffKind};
 use crate::session::{FdKind, SwitchOut, ThreadSeed};
@@ -129,6 +130,75 @@ impl Bytes {
     }
 }
 
+/// What of a thread's life to keep beyond its accounts.
+#[derive(Clone, Debug, Default)]
+pub enum Keep {
+    /// Totals only (the per-thread report).
+    #[default]
+    Accounts,
+    /// Every state interval, I/O span, sample and long syscall (pictures,
+    /// the timeline export).
+    Everything,
+    /// The state intervals and I/O spans the GPU attribution and the clock
+    /// checks read: those overlapping an idle gap or holding a launch, and
+    /// the one just before each of them.
+    Gaps(Arc<Wanted>),
+}
+
+impl From<bool> for Keep {
+    fn from(everything: bool) -> Keep {
+        if everything {
+            Keep::Everything
+        } else {
+            Keep::Accounts
+        }
+    }
+}
+
+/// Where the analysis will look at thread states.
+#[derive(Debug, Default)]
+pub struct Wanted {
+    /// Disjoint, sorted.
+    pub gaps: Vec<(u64, u64)>,
+    /// Per thread, sorted: when it called to launch GPU work.
+    pub launches: HashMap<(u32, u32), Vec<u64>>,
+}
+
+/// A thread's place in [`Wanted`]: its states close in time order, so
+/// cursors only move forward.
+#[derive(Clone, Debug)]
+struct Sieve {
+    wanted: Arc<Wanted>,
+    gap: usize,
+    io_gap: usize,
+    launch: usize,
+    /// The last interval left out, kept if the next one is wanted (the
+    /// attribution asks what came just before a state).
+    held: Option<Interval>,
+}
+
+impl Sieve {
+    fn overlaps_gap(gaps: &[(u64, u64)], cursor: &mut usize, s: u64, e: u64) -> bool {
+        while *cursor < gaps.len() && gaps[*cursor].1 <= s {
+            *cursor += 1;
+        }
+        gaps.get(*cursor).is_some_and(|g| g.0 < e)
+    }
+
+    fn wants(&mut self, tid: (u32, u32), s: u64, e: u64) -> bool {
+        if Self::overlaps_gap(&self.wanted.gaps, &mut self.gap, s, e) {
+            return true;
+        }
+        let Some(l) = self.wanted.launches.get(&tid) else {
+            return false;
+        };
+        while self.launch < l.len() && l[self.launch] < s {
+            self.launch += 1;
+        }
+        l.get(self.launch).is_some_and(|&t| t < e)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ThreadTimeline {
     pub pid: u32,
@@ -165,6 +235,7 @@ pub struct ThreadTimeline {
     pub sample_times: Option<Vec<(u64, u64, u64)>>,
     /// With intervals: syscalls of [`LONG_SYSCALL_NS`] or more, in order.
     pub long_syscalls: Option<Vec<LongSyscall>>,
+    sieve: Option<Sieve>,
     cur: Cur,
     since: u64,
     /// Latest moment the thread is known to have been on a CPU.
@@ -174,7 +245,19 @@ pub struct ThreadTimeline {
 }
 
 impl ThreadTimeline {
-    fn new(pid: u32, tid: u32, start: u64, cur: Cur, keep_intervals: bool) -> ThreadTimeline {
+    fn new(pid: u32, tid: u32, start: u64, cur: Cur, keep: Keep) -> ThreadTimeline {
+        let keep_intervals = !matches!(keep, Keep::Accounts);
+        let everything = matches!(keep, Keep::Everything);
+        let sieve = match keep {
+            Keep::Gaps(wanted) => Some(Sieve {
+                wanted,
+                gap: 0,
+                io_gap: 0,
+                launch: 0,
+                held: None,
+            }),
+            _ => None,
+        };
         ThreadTimeline {
             pid,
             tid,
@@ -195,8 +278,9 @@ impl ThreadTimeline {
             inferred_switches: 0,
             file_reads: BTreeMap::new(),
             preempted_by: BTreeMap::new(),
-            sample_times: keep_intervals.then(Vec::new),
-            long_syscalls: keep_intervals.then(Vec::new),
+            sample_times: everything.then(Vec::new),
+            long_syscalls: everything.then(Vec::new),
+            sieve,
             cur,
             since: start,
             last_ran: start,
@@ -205,7 +289,7 @@ impl ThreadTimeline {
     }
 
     /// A thread that existed when recording started.
-    pub fn seeded(seed: &ThreadSeed, window_start: u64, keep: bool) -> ThreadTimeline {
+    pub fn seeded(seed: &ThreadSeed, window_start: u64, keep: impl Into<Keep>) -> ThreadTimeline {
         let hint = match seed.state {
             'R' => None,
             _ => Some(OffCpu::from_seed(seed)),
@@ -215,20 +299,20 @@ impl ThreadTimeline {
             seed.tid,
             window_start,
             Cur::Unknown { hint },
-            keep,
+            keep.into(),
         );
         t.comm = seed.comm.clone();
         t
     }
 
     /// A thread created during recording: runnable until it first runs.
-    pub fn forked(pid: u32, tid: u32, ts: u64, keep: bool) -> ThreadTimeline {
-        Self::new(pid, tid, ts, Cur::Known(State::Runnable), keep)
+    pub fn forked(pid: u32, tid: u32, ts: u64, keep: impl Into<Keep>) -> ThreadTimeline {
+        Self::new(pid, tid, ts, Cur::Known(State::Runnable), keep.into())
     }
 
     /// A thread first seen mid-stream (its creation was not recorded).
-    pub fn first_seen(pid: u32, tid: u32, ts: u64, keep: bool) -> ThreadTimeline {
-        Self::new(pid, tid, ts, Cur::Unknown { hint: None }, keep)
+    pub fn first_seen(pid: u32, tid: u32, ts: u64, keep: impl Into<Keep>) -> ThreadTimeline {
+        Self::new(pid, tid, ts, Cur::Unknown { hint: None }, keep.into())
     }
 
     pub fn is_dead(&self) -> bool {
@@ -268,11 +352,22 @@ impl ThreadTimeline {
         }
         if let Some(iv) = self.intervals.as_mut() {
             if dur > 0 {
-                iv.push(Interval {
+                let interval = Interval {
                     start: self.since,
                     end: ts,
                     state,
-                });
+                };
+                match self.sieve.as_mut() {
+                    None => iv.push(interval),
+                    Some(sieve) => {
+                        if sieve.wants((self.pid, self.tid), interval.start, interval.end) {
+                            iv.extend(sieve.held.take());
+                            iv.push(interval);
+                        } else {
+                            sieve.held = Some(interval);
+                        }
+                    }
+                }
             }
         }
         self.since = ts;
@@ -396,7 +491,12 @@ impl ThreadTimeline {
                 _ => None,
             };
             if let (Some(k), IoDir::Read | IoDir::Write) = (kind, io_dir(nr)) {
-                spans.push((ts, ts + dur, k));
+                let wanted = self.sieve.as_mut().is_none_or(|s| {
+                    Sieve::overlaps_gap(&s.wanted.gaps, &mut s.io_gap, ts, ts + dur)
+                });
+                if wanted {
+                    spans.push((ts, ts + dur, k));
+                }
             }
         }
         let s = self.syscalls.entry(nr).or_default();
