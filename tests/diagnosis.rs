@@ -185,7 +185,7 @@ fn advice_quotes_the_recorded_machines_cpus_not_the_readers() {
     // The same session read as if recorded on a 96-CPU machine: the advice
     // follows the session, whatever machine reads it.
     session.header.as_mut().unwrap().nr_cpus = 96;
-    let a = gapscope::analyze::analyze(session, &Default::default());
+    let a = gapscope::analyze::analyze(session, &Default::default()).unwrap();
     let report = serde_json::to_value(gapscope::export::report::build(&a)).unwrap();
     assert_report_schema(&report);
     let t = title(&report);

@@ -68,11 +68,9 @@ fn streamed_and_whole_analyses_agree() {
             pictures: true,
             hta: false,
         },
-    );
-    let streamed = analyze(
-        gapscope::session::read_outline(&path).unwrap(),
-        &AnalyzeOptions::default(),
-    );
+    )
+    .unwrap();
+    let streamed = analyze(path.clone(), &AnalyzeOptions::default()).unwrap();
     // The lean analysis kept fewer thread states (this recording's GPU is
     // idle a third of the time, so about two thirds): otherwise this
     // proves nothing.

@@ -43,7 +43,8 @@ fn load_file(path: &Path) -> Result<Loaded, LoadError> {
     let source = if !is_session(path) && kineto::looks_like_trace(path) {
         kineto::import(path)?.into()
     } else {
-        session::read_outline(path)?.into()
+        session::check(path)?;
+        session::Source::File(path.to_path_buf())
     };
     Ok(Loaded { label, source })
 }

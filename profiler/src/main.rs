@@ -11,7 +11,6 @@ use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use gapscope::analyze::{analyze, AnalyzeOptions};
 use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
 use gapscope::export::{self, FlameKind, Format, Labelled, Options, View};
-use gapscope::session;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -252,14 +251,14 @@ fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>
 /// prints the text report: what is printed is exactly what `report` shows.
 fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
     let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
-    let s = session::read_outline(&rec.session).map_err(|e| e.to_string())?;
     let a = analyze(
-        s,
+        rec.session.clone(),
         &AnalyzeOptions {
             pictures: exports,
             hta: false,
         },
-    );
+    )
+    .map_err(|e| e.to_string())?;
     let v = View::new(&a);
     let partial_timeline =
         export::write_bundle(dir, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
@@ -419,16 +418,21 @@ fn main() -> ExitCode {
                     pictures: format == Format::Html,
                     hta,
                 };
-                let inputs: Vec<Labelled> = loaded
+                let inputs: Result<Vec<Labelled>, gapscope::session::SessionError> = loaded
                     .into_iter()
-                    .map(|l| Labelled {
-                        label: l.label,
-                        analysis: analyze(l.source, &opts),
+                    .map(|l| {
+                        Ok(Labelled {
+                            label: l.label,
+                            analysis: analyze(l.source, &opts)?,
+                        })
                     })
                     .collect();
-                write_out(output.as_deref(), |w| {
-                    export::write_reports(&inputs, format, w)
-                })
+                match inputs {
+                    Ok(inputs) => write_out(output.as_deref(), |w| {
+                        export::write_reports(&inputs, format, w)
+                    }),
+                    Err(e) => fail(e),
+                }
             }
             Err(e) => fail(e),
         },
@@ -452,7 +456,10 @@ fn main() -> ExitCode {
                         pictures: true,
                         hta: false,
                     };
-                    let a = analyze(source, &opts);
+                    let a = match analyze(source, &opts) {
+                        Ok(a) => a,
+                        Err(e) => return fail(e),
+                    };
                     let window = match window
                         .as_deref()
                         .map(|w| export::trace::parse_window(w, a.timeline.start, a.timeline.end))

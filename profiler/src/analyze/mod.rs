@@ -22,8 +22,9 @@ pub use gapscope_cupti::cbid::{api_name, cbid_of};
 
 use crate::session::{
     CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Outline, Rank, Session,
-    SessionHeader, Source, SourceKind, Stack,
+    SessionError, SessionHeader, Source, SourceKind, Stack,
 };
+use crate::timeline::gpu::{GpuRecords, GpuSide};
 use crate::timeline::{BuildOptions, Timeline};
 
 /// A map looked up once per GPU record, millions of times: a fast hasher,
@@ -108,8 +109,13 @@ pub struct Analysis {
 
 /// The pipeline: session → timeline → attribution → advice. Takes the
 /// session: its records move into the timeline rather than being copied. A
-/// session file's events are streamed through the timeline, never held.
-pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Analysis {
+/// session file is streamed: its events are replayed from the file through
+/// the timeline, never held, and its GPU records go straight to their place.
+pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Result<Analysis, SessionError> {
+    let build = |intervals| BuildOptions {
+        intervals,
+        pictures: opts.pictures,
+    };
     match source.into() {
         Source::InMemory(mut session) => {
             let events = session.events.len() as u64;
@@ -119,31 +125,23 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Analysis {
                     .events
                     .iter()
                     .any(|e| matches!(e, Event::CudaCall { .. }));
-            let timeline = Timeline::build(
-                &mut session,
-                BuildOptions {
-                    intervals,
-                    pictures: opts.pictures,
-                },
-            );
+            let timeline = Timeline::build(&mut session, build(intervals));
             // Everything the timeline needed from the events is in it now.
             session.events = Vec::new();
-            conclude(session, timeline, events, opts)
+            Ok(conclude(*session, timeline, events, opts))
         }
-        Source::File(outline) => {
-            let intervals = opts.pictures || !outline.session.gpu.is_empty() || outline.cuda_calls;
+        Source::File(path) => {
+            let mut records = GpuRecords::default();
             let Outline {
                 mut session,
                 events: stream,
-                ..
-            } = outline;
-            let mut timeline = Timeline::begin(
-                &mut session,
-                BuildOptions {
-                    intervals,
-                    pictures: opts.pictures,
-                },
-            );
+                cuda_calls,
+            } = crate::session::read_outline(&path, |pid, r| records.add(pid, r))?;
+            let (lo, hi) = stream.window();
+            let gpu_dropped = records.retain_within(lo, hi);
+            let intervals = opts.pictures || records.count > 0 || cuda_calls;
+            let gpu = GpuSide::from_records(&mut session, records);
+            let mut timeline = Timeline::begin_with(&session, gpu, build(intervals));
             let mut events = 0u64;
             let mut last = None;
             let replay = stream.replay(|e| {
@@ -152,12 +150,13 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Analysis {
                 timeline.apply(&e);
             });
             match replay {
-                Ok(dropped) => crate::session::note_dropped(&mut session, dropped),
-                // The file went away between the passes: what was replayed stands.
+                Ok(dropped) => crate::session::note_dropped(&mut session, dropped + gpu_dropped),
+                // The file went away between the passes: what was replayed
+                // stands.
                 Err(e) => session.notes.push(format!("reading the events again: {e}")),
             }
             timeline.end(&session, last);
-            conclude(session, timeline, events, opts)
+            Ok(conclude(session, timeline, events, opts))
         }
     }
 }

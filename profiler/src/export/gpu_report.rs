@@ -200,7 +200,7 @@ mod tests {
             exit_code: Some(0),
             events: 0,
         });
-        let a = crate::analyze::analyze(s, &Default::default());
+        let a = crate::analyze::analyze(s, &Default::default()).unwrap();
         let sec = build(&a);
         let g = &sec.gpus[0];
         assert_eq!(g.allocated_ns, 20_000);

@@ -11,8 +11,8 @@ mod reader;
 mod writer;
 
 pub use model::*;
+pub use reader::{check, read_outline, read_session, EventStream, Outline, Session, SessionReader};
 pub(crate) use reader::{note_dropped, sanitize};
-pub use reader::{read_outline, read_session, EventStream, Outline, Session, SessionReader};
 pub use writer::{wrap_records, SessionWriter};
 
 use std::path::{Path, PathBuf};
@@ -53,21 +53,21 @@ pub enum SessionError {
 }
 
 /// A session to analyse: one in memory (imported, or built by a test), or
-/// the outline of a file whose events are streamed from it.
+/// a session file, read as it streams.
 pub enum Source {
-    InMemory(Session),
-    File(Outline),
+    InMemory(Box<Session>),
+    File(PathBuf),
 }
 
 impl From<Session> for Source {
     fn from(s: Session) -> Source {
-        Source::InMemory(s)
+        Source::InMemory(Box::new(s))
     }
 }
 
-impl From<Outline> for Source {
-    fn from(o: Outline) -> Source {
-        Source::File(o)
+impl From<PathBuf> for Source {
+    fn from(p: PathBuf) -> Source {
+        Source::File(p)
     }
 }
 

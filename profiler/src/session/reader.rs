@@ -231,10 +231,22 @@ impl Session {
     }
 }
 
+/// Checks that a file is a session this gapscope can read, reading no
+/// further than its first record.
+pub fn check(path: &Path) -> Result<(), SessionError> {
+    let path = super::resolve_path(path);
+    let mut reader = SessionReader::open(&path)?;
+    match reader.next() {
+        Some(Record::Header(_)) => Ok(()),
+        Some(_) => Err(SessionError::NoHeader { path }),
+        None => Err(SessionError::Empty { path }),
+    }
+}
+
 /// Reads a session file (or the session in a run directory).
 pub fn read_session(path: &Path) -> Result<Session, SessionError> {
     let mut events = Vec::new();
-    let (mut s, _) = read_records(path, |e| events.push(e))?;
+    let (mut s, _) = read_records(path, |e| events.push(e), None)?;
     s.events = events;
     let dropped = sanitize(&mut s);
     note_dropped(&mut s, dropped);
@@ -270,17 +282,24 @@ pub struct EventStream {
 }
 
 /// Reads everything of a session but its events, noting how out of order
-/// they are.
-pub fn read_outline(path: &Path) -> Result<Outline, SessionError> {
+/// they are; its GPU records go to `gpu` as they are read.
+pub fn read_outline(
+    path: &Path,
+    mut gpu: impl FnMut(u32, GpuRecord),
+) -> Result<Outline, SessionError> {
     let mut latest = 0u64;
     let mut lateness = 0u64;
     let mut cuda_calls = false;
-    let (mut s, records) = read_records(path, |e| {
-        let ts = e.ts();
-        lateness = lateness.max(latest.saturating_sub(ts));
-        latest = latest.max(ts);
-        cuda_calls |= matches!(e, Event::CudaCall { .. });
-    })?;
+    let (mut s, records) = read_records(
+        path,
+        |e| {
+            let ts = e.ts();
+            lateness = lateness.max(latest.saturating_sub(ts));
+            latest = latest.max(ts);
+            cuda_calls |= matches!(e, Event::CudaCall { .. });
+        },
+        Some(&mut gpu),
+    )?;
     let dropped = sanitize(&mut s);
     finish(&mut s);
     let window = window(&s);
@@ -298,6 +317,12 @@ pub fn read_outline(path: &Path) -> Result<Outline, SessionError> {
 }
 
 impl EventStream {
+    /// Where records may lie and still be believed: GPU records taken
+    /// apart from the session are checked against it too.
+    pub fn window(&self) -> (u64, u64) {
+        self.window
+    }
+
     /// The events, in time order (stably, as [`read_session`] orders
     /// them) and past the same checks; then `done` gets how many were
     /// dropped as timed outside the recording, with the outline's own.
@@ -366,9 +391,14 @@ impl Ord for Held {
     }
 }
 
-/// Reads every record, grouped by type, handing the events to `event`;
-/// also returns how many records it read.
-fn read_records(path: &Path, mut event: impl FnMut(Event)) -> Result<(Session, u64), SessionError> {
+/// Reads every record, grouped by type, handing the events to `event` and
+/// the GPU records to `gpu` when given; also returns how many records it
+/// read.
+fn read_records(
+    path: &Path,
+    mut event: impl FnMut(Event),
+    mut gpu: Option<&mut dyn FnMut(u32, GpuRecord)>,
+) -> Result<(Session, u64), SessionError> {
     let path = super::resolve_path(path);
     let mut reader = SessionReader::open(&path)?;
     let mut s = Session::default();
@@ -408,7 +438,10 @@ fn read_records(path: &Path, mut event: impl FnMut(Event)) -> Result<(Session, u
             Record::Note(n) => s.notes.push(n),
             Record::End(f) => s.footer = Some(f),
             Record::GpuSource(g) => s.gpu_sources.push(g),
-            Record::Gpu(b) => s.gpu.extend(b.records.into_iter().map(|r| (b.pid, r))),
+            Record::Gpu(b) => match gpu.as_mut() {
+                Some(take) => b.records.into_iter().for_each(|r| take(b.pid, r)),
+                None => s.gpu.extend(b.records.into_iter().map(|r| (b.pid, r))),
+            },
             Record::GpuDrops { pid, cupti, shim } => {
                 s.gpu_drops.insert(pid, (cupti, shim));
             }
@@ -482,7 +515,7 @@ const SLACK_NS: u64 = 60 * 1_000_000_000;
 
 /// Where records may lie and still be believed, once the footer is
 /// checked.
-fn window(s: &Session) -> (u64, u64) {
+pub(crate) fn window(s: &Session) -> (u64, u64) {
     let start = s.header().start_ns;
     let limit = start.saturating_add(MAX_SPAN_NS);
     let lo = start.saturating_sub(SLACK_NS);

@@ -92,6 +92,24 @@ impl Work {
         self.record.span().expect("work records have a span")
     }
 
+    pub fn device(&self) -> u32 {
+        match &self.record {
+            GpuRecord::Kernel { device, .. }
+            | GpuRecord::Memcpy { device, .. }
+            | GpuRecord::Memset { device, .. } => *device,
+            _ => 0,
+        }
+    }
+
+    pub fn correlation(&self) -> u32 {
+        match &self.record {
+            GpuRecord::Kernel { correlation, .. }
+            | GpuRecord::Memcpy { correlation, .. }
+            | GpuRecord::Memset { correlation, .. } => *correlation,
+            _ => 0,
+        }
+    }
+
     pub fn stream(&self) -> u32 {
         match &self.record {
             GpuRecord::Kernel { stream, .. }
@@ -143,75 +161,163 @@ pub struct GpuSide {
     pub host_ops: BTreeMap<Tid, Vec<HostOp>>,
 }
 
+/// GPU records as they are read, before the timeline takes them: each kept
+/// in its place (calls by thread, work, syncs, ranges) rather than as the
+/// records themselves.
+#[derive(Default)]
+pub struct GpuRecords {
+    calls: BTreeMap<Tid, Vec<Call>>,
+    work: Vec<Work>,
+    syncs: Vec<SyncWait>,
+    ranges: BTreeMap<Tid, Vec<Range>>,
+    /// Device names the sources reported.
+    names: BTreeMap<u32, String>,
+    /// Times of markers: only counted, when they lie outside the recording.
+    markers: Vec<u64>,
+    /// A role per API id, decided once: the names repeat millions of times.
+    roles: HashMap<(ApiDomain, u32), ApiRole>,
+    /// Records taken, of any kind.
+    pub count: u64,
+}
+
+impl GpuRecords {
+    pub fn add(&mut self, pid: u32, r: GpuRecord) {
+        self.count += 1;
+        match r {
+            GpuRecord::Api {
+                domain,
+                cbid,
+                start,
+                end,
+                tid,
+                correlation,
+                ..
+            } => {
+                let role = *self
+                    .roles
+                    .entry((domain, cbid))
+                    .or_insert_with(|| api_role(&CallName::Api(domain, cbid).name()));
+                self.calls.entry((pid, tid)).or_default().push(Call {
+                    start,
+                    end,
+                    role,
+                    name: CallName::Api(domain, cbid),
+                    correlation: Some(correlation),
+                });
+            }
+            GpuRecord::Kernel { .. } | GpuRecord::Memcpy { .. } | GpuRecord::Memset { .. } => {
+                self.work.push(Work {
+                    pid,
+                    record: r,
+                    launch: None,
+                })
+            }
+            GpuRecord::Sync {
+                start,
+                end,
+                sync_type,
+                ..
+            } => self.syncs.push(SyncWait {
+                start,
+                end,
+                sync_type,
+            }),
+            GpuRecord::Range {
+                start,
+                end,
+                tid,
+                name,
+                domain,
+            } => self.ranges.entry((pid, tid)).or_default().push(Range {
+                start,
+                end,
+                name,
+                domain,
+            }),
+            GpuRecord::Device { id, name } => {
+                self.names.entry(id).or_insert(name);
+            }
+            GpuRecord::Marker { ts, .. } => self.markers.push(ts),
+        }
+    }
+
+    /// Drops what is timed outside `[lo, hi]` (or ends before it starts),
+    /// as a session's reader does; returns how many records it dropped.
+    pub fn retain_within(&mut self, lo: u64, hi: u64) -> usize {
+        let before = self.count;
+        let ok = |t: u64| (lo..=hi).contains(&t);
+        let span = |a: u64, b: u64| ok(a) && ok(b) && b >= a;
+        let mut dropped = 0usize;
+        for calls in self.calls.values_mut() {
+            let n = calls.len();
+            calls.retain(|c| span(c.start, c.end));
+            dropped += n - calls.len();
+        }
+        self.calls.retain(|_, v| !v.is_empty());
+        let n = self.work.len();
+        self.work.retain(|w| {
+            let (s, e) = w.span();
+            span(s, e)
+        });
+        dropped += n - self.work.len();
+        let n = self.syncs.len();
+        self.syncs.retain(|x| span(x.start, x.end));
+        dropped += n - self.syncs.len();
+        for ranges in self.ranges.values_mut() {
+            let n = ranges.len();
+            ranges.retain(|r| span(r.start, r.end));
+            dropped += n - ranges.len();
+        }
+        self.ranges.retain(|_, v| !v.is_empty());
+        let n = self.markers.len();
+        self.markers.retain(|&t| ok(t));
+        dropped += n - self.markers.len();
+        self.count = before - dropped as u64;
+        dropped
+    }
+}
+
 impl GpuSide {
     /// Takes the session's GPU records and host ops: the timeline owns them
     /// from here on. (The libcuda calls among its events come as they are
     /// replayed.)
     pub fn build(session: &mut Session) -> GpuSide {
-        let records = std::mem::take(&mut session.gpu);
-        let mut side = GpuSide::default();
-        let mut names: BTreeMap<u32, String> = BTreeMap::new();
-        // A role per API id, decided once: the names repeat millions of times.
-        let mut roles: HashMap<(ApiDomain, u32), ApiRole> = HashMap::new();
+        let mut records = GpuRecords::default();
+        for (pid, r) in std::mem::take(&mut session.gpu) {
+            records.add(pid, r);
+        }
+        GpuSide::from_records(session, records)
+    }
+
+    /// The GPU side from records read apart from the session (a session
+    /// file's, read as it streams), with the session's sources, device
+    /// names and host ops.
+    pub fn from_records(session: &mut Session, records: GpuRecords) -> GpuSide {
+        let GpuRecords {
+            calls,
+            work,
+            syncs,
+            ranges,
+            names,
+            ..
+        } = records;
+        let mut side = GpuSide {
+            calls,
+            syncs,
+            ranges,
+            ..Default::default()
+        };
+        // The call that launched each piece of work, by correlation id.
         let mut issuer: ahash::AHashMap<(u32, u32), (Tid, u64)> = ahash::AHashMap::new();
-        let mut work: Vec<Work> = Vec::new();
-        for (pid, r) in records {
-            match r {
-                GpuRecord::Api {
-                    domain,
-                    cbid,
-                    start,
-                    end,
-                    tid,
-                    correlation,
-                    ..
-                } => {
-                    let role = *roles
-                        .entry((domain, cbid))
-                        .or_insert_with(|| api_role(&CallName::Api(domain, cbid).name()));
-                    side.calls.entry((pid, tid)).or_default().push(Call {
-                        start,
-                        end,
-                        role,
-                        name: CallName::Api(domain, cbid),
-                        correlation: Some(correlation),
-                    });
-                    issuer.insert((pid, correlation), ((pid, tid), start));
+        for (&(pid, tid), calls) in &side.calls {
+            for c in calls {
+                if let Some(corr) = c.correlation {
+                    issuer.insert((pid, corr), ((pid, tid), c.start));
                 }
-                GpuRecord::Kernel { .. } | GpuRecord::Memcpy { .. } | GpuRecord::Memset { .. } => {
-                    work.push(Work {
-                        pid,
-                        record: r,
-                        launch: None,
-                    })
-                }
-                GpuRecord::Sync {
-                    start,
-                    end,
-                    sync_type,
-                    ..
-                } => side.syncs.push(SyncWait {
-                    start,
-                    end,
-                    sync_type,
-                }),
-                GpuRecord::Range {
-                    start,
-                    end,
-                    tid,
-                    name,
-                    domain,
-                } => side.ranges.entry((pid, tid)).or_default().push(Range {
-                    start,
-                    end,
-                    name,
-                    domain,
-                }),
-                GpuRecord::Device { id, name } => {
-                    names.entry(id).or_insert(name);
-                }
-                GpuRecord::Marker { .. } => {}
             }
+        }
+        for calls in side.calls.values_mut() {
+            calls.sort_by_key(|c| c.start);
         }
         for op in std::mem::take(&mut session.host_ops) {
             side.host_ops.entry((op.pid, op.tid)).or_default().push(op);
@@ -219,7 +325,6 @@ impl GpuSide {
         for ops in side.host_ops.values_mut() {
             ops.sort_by_key(|o| (o.start, std::cmp::Reverse(o.end)));
         }
-
         let source_of = |pid: u32| {
             session
                 .gpu_sources
@@ -229,35 +334,32 @@ impl GpuSide {
                 .unwrap_or_default()
         };
         let mut by_dev: BTreeMap<u32, Device> = BTreeMap::new();
-        for mut w in work {
-            let (device, correlation) = match &w.record {
-                GpuRecord::Kernel {
-                    device,
-                    correlation,
-                    ..
-                }
-                | GpuRecord::Memcpy {
-                    device,
-                    correlation,
-                    ..
-                }
-                | GpuRecord::Memset {
-                    device,
-                    correlation,
-                    ..
-                } => (*device, *correlation),
-                _ => unreachable!("only work is kept"),
-            };
+        let mut work = work;
+        for w in &mut work {
+            let correlation = w.correlation();
             w.launch = issuer.get(&(w.pid, correlation)).copied();
-            let d = by_dev.entry(device).or_insert_with(|| Device {
-                id: device,
+            let d = by_dev.entry(w.device()).or_insert_with(|| Device {
+                id: w.device(),
                 source: source_of(w.pid),
                 ..Default::default()
             });
             if !d.pids.contains(&w.pid) {
                 d.pids.push(w.pid);
             }
-            d.work.push(w);
+        }
+        drop(issuer);
+        // Each device's work, in file order, then by start; moved, not
+        // copied, when there is one device (the common case).
+        work.sort_by_key(Work::device);
+        let ids: Vec<u32> = by_dev.keys().copied().collect();
+        for &id in ids.iter().rev() {
+            let first = work.partition_point(|w| w.device() < id);
+            let d = by_dev.get_mut(&id).expect("listed above");
+            d.work = if first == 0 {
+                std::mem::take(&mut work)
+            } else {
+                work.split_off(first)
+            };
         }
         let nvml: BTreeMap<u32, &NvmlDevice> =
             session.nvml_devices.iter().map(|d| (d.index, d)).collect();

@@ -126,6 +126,11 @@ impl Timeline {
     /// [`end`]: Timeline::end
     pub fn begin(session: &mut Session, opts: BuildOptions) -> Timeline {
         let gpu = GpuSide::build(session);
+        Timeline::begin_with(session, gpu, opts)
+    }
+
+    /// [`begin`](Timeline::begin) with a GPU side built apart.
+    pub fn begin_with(session: &Session, gpu: GpuSide, opts: BuildOptions) -> Timeline {
         let start = session.header().start_ns;
         let keep = if opts.pictures {
             Keep::Everything
