@@ -56,6 +56,9 @@ pub struct Inputs<'a> {
     /// For threads without eBPF states (imported traces): what their host
     /// ops say, as disjoint sorted (start, end, cause) segments.
     pub ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
+    /// Merge pieces that carry on one another: for the report, which needs
+    /// only their sums; not for the pictures, which draw each state.
+    pub merge: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -65,12 +68,24 @@ pub struct Attribution {
     /// Time without GPU records that fell where the GPU could not be seen
     /// at all (a blind span): taken out of the idle time, not charged.
     pub unseen: u64,
+    /// Join a piece to the one before it when it carries on with the same
+    /// cause and thread: the sums and who is behind them stay exact, the
+    /// pictures' finer grain is lost (see [`Inputs::merge`]).
+    pub(crate) merge: bool,
 }
 
 impl Attribution {
     pub(crate) fn add(&mut self, p: Piece) {
         if p.end > p.start {
             *self.by_cause.entry(p.cause).or_default() += p.end - p.start;
+            if self.merge {
+                if let Some(last) = self.pieces.last_mut() {
+                    if last.end == p.start && last.cause == p.cause && last.thread == p.thread {
+                        last.end = p.end;
+                        return;
+                    }
+                }
+            }
             self.pieces.push(p);
         }
     }
@@ -99,7 +114,10 @@ fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
 
 pub fn attribute(inp: &Inputs) -> Attribution {
     let (lo, hi) = inp.window;
-    let mut out = Attribution::default();
+    let mut out = Attribution {
+        merge: inp.merge,
+        ..Attribution::default()
+    };
     let Some(&(first, _)) = inp.busy.first() else {
         out.add(Piece {
             start: lo,
@@ -491,6 +509,7 @@ mod tests {
             threads: &threads,
             api: &api,
             ops: &ops,
+            merge: false,
         });
         let busy_total: u64 = busy.iter().map(|(s, e)| e - s).sum();
         assert_eq!(

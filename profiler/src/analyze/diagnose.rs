@@ -20,8 +20,8 @@ pub struct Diagnosis {
     pub lossy_windows: Vec<(u64, u64)>,
 }
 
-/// `tl` must have been built with intervals.
-pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
+/// `tl` must have been built with intervals. `merge`: see [`Inputs::merge`].
+pub fn diagnose(session: &Session, tl: &Timeline, merge: bool) -> Diagnosis {
     let mut ops: HashMap<Tid, Vec<(u64, u64, Cause)>> = HashMap::new();
     for (t, thread_ops) in &tl.gpu.host_ops {
         ops.insert(
@@ -52,6 +52,7 @@ pub fn diagnose(session: &Session, tl: &Timeline) -> Diagnosis {
                 threads: &tl.threads,
                 api: &tl.gpu.calls,
                 ops: &ops,
+                merge,
             });
             super::loss::cut_unseen(&mut attribution, &blind_windows);
             super::loss::mark(&mut attribution, &lossy_windows);

@@ -74,6 +74,7 @@ fn rewrite(
     let pieces = std::mem::take(&mut attribution.pieces);
     let mut out = Attribution {
         unseen: attribution.unseen,
+        merge: attribution.merge,
         ..Attribution::default()
     };
     for p in pieces {
