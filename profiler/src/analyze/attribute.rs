@@ -56,36 +56,91 @@ pub struct Inputs<'a> {
     /// For threads without eBPF states (imported traces): what their host
     /// ops say, as disjoint sorted (start, end, cause) segments.
     pub ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
-    /// Merge pieces that carry on one another: for the report, which needs
-    /// only their sums; not for the pictures, which draw each state.
-    pub merge: bool,
+    /// Where the GPU could not be seen, and where events were lost (see
+    /// [`Attribution`]).
+    pub blind: &'a [(u64, u64)],
+    pub lossy: &'a [(u64, u64)],
+    /// Keep every piece: the pictures draw them; the report needs only
+    /// their sums.
+    pub keep_pieces: bool,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Attribution {
     pub by_cause: BTreeMap<Cause, u64>,
+    /// Idle per cause and the thread whose state decided it.
+    pub by_thread: BTreeMap<(Cause, Tid), u64>,
+    /// Every piece in time order, when kept ([`Inputs::keep_pieces`]).
     pub pieces: Vec<Piece>,
     /// Time without GPU records that fell where the GPU could not be seen
     /// at all (a blind span): taken out of the idle time, not charged.
     pub unseen: u64,
-    /// Join a piece to the one before it when it carries on with the same
-    /// cause and thread: the sums and who is behind them stay exact, the
-    /// pictures' finer grain is lost (see [`Inputs::merge`]).
-    pub(crate) merge: bool,
+    /// Where the GPU could not be seen, sorted and disjoint.
+    blind: Vec<(u64, u64)>,
+    /// Where events were lost, sorted and disjoint: idle inside is charged
+    /// to `unattributed` rather than to a cause it cannot prove (start-up
+    /// excepted: it follows from the GPU records alone).
+    lossy: Vec<(u64, u64)>,
+    keep_pieces: bool,
+}
+
+impl Default for Attribution {
+    fn default() -> Attribution {
+        Attribution::new(Vec::new(), Vec::new(), true)
+    }
 }
 
 impl Attribution {
+    pub fn new(blind: Vec<(u64, u64)>, lossy: Vec<(u64, u64)>, keep_pieces: bool) -> Attribution {
+        Attribution {
+            by_cause: BTreeMap::new(),
+            by_thread: BTreeMap::new(),
+            pieces: Vec::new(),
+            unseen: 0,
+            blind,
+            lossy,
+            keep_pieces,
+        }
+    }
+
+    /// A piece as the rules decided it: its parts in blind spans are
+    /// unseen, its parts in lossy windows unattributed.
     pub(crate) fn add(&mut self, p: Piece) {
-        if p.end > p.start {
-            *self.by_cause.entry(p.cause).or_default() += p.end - p.start;
-            if self.merge {
-                if let Some(last) = self.pieces.last_mut() {
-                    if last.end == p.start && last.cause == p.cause && last.thread == p.thread {
-                        last.end = p.end;
-                        return;
-                    }
-                }
+        if p.end <= p.start {
+            return;
+        }
+        let blind = std::mem::take(&mut self.blind);
+        split(&blind, p, |inside, part| {
+            if inside {
+                self.unseen += part.end - part.start;
+            } else if matches!(part.cause, Cause::Startup | Cause::Unattributed) {
+                self.record(part);
+            } else {
+                let lossy = std::mem::take(&mut self.lossy);
+                split(&lossy, part, |inside, part| {
+                    self.record(if inside {
+                        Piece {
+                            cause: Cause::Unattributed,
+                            thread: None,
+                            ..part
+                        }
+                    } else {
+                        part
+                    })
+                });
+                self.lossy = lossy;
             }
+        });
+        self.blind = blind;
+    }
+
+    fn record(&mut self, p: Piece) {
+        let ns = p.end - p.start;
+        *self.by_cause.entry(p.cause).or_default() += ns;
+        if let Some(t) = p.thread {
+            *self.by_thread.entry((p.cause, t)).or_default() += ns;
+        }
+        if self.keep_pieces {
             self.pieces.push(p);
         }
     }
@@ -96,6 +151,41 @@ impl Attribution {
 
     pub fn total(&self) -> u64 {
         self.by_cause.values().sum()
+    }
+}
+
+/// The parts of `p` outside and inside `windows` (sorted, disjoint), in
+/// time order, each non-empty.
+fn split(windows: &[(u64, u64)], p: Piece, mut part: impl FnMut(bool, Piece)) {
+    let mut at = p.start;
+    let first = windows.partition_point(|w| w.1 <= p.start);
+    for &(ws, we) in windows[first..].iter().take_while(|w| w.0 < p.end) {
+        let (s, e) = (ws.max(p.start), we.min(p.end));
+        if s > at {
+            part(
+                false,
+                Piece {
+                    start: at,
+                    end: s,
+                    ..p
+                },
+            );
+        }
+        let s = s.max(at);
+        if e > s {
+            part(
+                true,
+                Piece {
+                    start: s,
+                    end: e,
+                    ..p
+                },
+            );
+        }
+        at = at.max(e);
+    }
+    if at < p.end {
+        part(false, Piece { start: at, ..p });
     }
 }
 
@@ -114,10 +204,7 @@ fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
 
 pub fn attribute(inp: &Inputs) -> Attribution {
     let (lo, hi) = inp.window;
-    let mut out = Attribution {
-        merge: inp.merge,
-        ..Attribution::default()
-    };
+    let mut out = Attribution::new(inp.blind.to_vec(), inp.lossy.to_vec(), inp.keep_pieces);
     let Some(&(first, _)) = inp.busy.first() else {
         out.add(Piece {
             start: lo,
@@ -509,7 +596,9 @@ mod tests {
             threads: &threads,
             api: &api,
             ops: &ops,
-            merge: false,
+            blind: &[],
+            lossy: &[],
+            keep_pieces: true,
         });
         let busy_total: u64 = busy.iter().map(|(s, e)| e - s).sum();
         assert_eq!(

@@ -20,8 +20,9 @@ pub struct Diagnosis {
     pub lossy_windows: Vec<(u64, u64)>,
 }
 
-/// `tl` must have been built with intervals. `merge`: see [`Inputs::merge`].
-pub fn diagnose(session: &Session, tl: &Timeline, merge: bool) -> Diagnosis {
+/// `tl` must have been built with intervals. `keep_pieces`: see
+/// [`Inputs::keep_pieces`].
+pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosis {
     let mut ops: HashMap<Tid, Vec<(u64, u64, Cause)>> = HashMap::new();
     for (t, thread_ops) in &tl.gpu.host_ops {
         ops.insert(
@@ -45,17 +46,17 @@ pub fn diagnose(session: &Session, tl: &Timeline, merge: bool) -> Diagnosis {
                 .iter()
                 .map(|w| (w.start(), w.launch.map(|(t, _)| t)))
                 .collect();
-            let mut attribution = attribute::attribute(&Inputs {
+            let attribution = attribute::attribute(&Inputs {
                 window: (tl.start, tl.end),
                 busy: &gpu.busy,
                 work: &work,
                 threads: &tl.threads,
                 api: &tl.gpu.calls,
                 ops: &ops,
-                merge,
+                blind: &blind_windows,
+                lossy: &lossy_windows,
+                keep_pieces,
             });
-            super::loss::cut_unseen(&mut attribution, &blind_windows);
-            super::loss::mark(&mut attribution, &lossy_windows);
             GpuDiagnosis { gpu, attribution }
         })
         .collect();

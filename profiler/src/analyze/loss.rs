@@ -4,12 +4,12 @@
 //! which span of time they covered. Conclusions drawn from inside such a
 //! window are uncertain: thread states may miss a switch, idle may miss its
 //! feeder's activity or be a kernel that was never reported. The report
-//! lists the windows and charges the GPU idle inside them to `unattributed`
-//! rather than to a cause it cannot prove.
+//! lists the windows, and the attribution charges the GPU idle inside them
+//! to `unattributed` rather than to a cause it cannot prove (and takes the
+//! time inside blind spans out of idle altogether) as it goes
+//! (`Attribution::add`).
 
 use crate::session::Session;
-
-use super::attribute::{Attribution, Cause, Piece};
 
 /// Windows `[start, end)` (CLOCK_MONOTONIC ns) in which CPU events or GPU
 /// records were dropped, merged and sorted.
@@ -47,65 +47,6 @@ pub fn blind_windows(session: &Session) -> Vec<(u64, u64)> {
     super::intervals::union(session.gpu_blind.iter().map(|b| (b.start, b.end)).collect())
 }
 
-/// Takes the idle inside blind spans out of the attribution altogether:
-/// nothing was seen there, so it is neither idle of a cause nor idle at
-/// all. What was taken is kept as `unseen`.
-pub fn cut_unseen(attribution: &mut Attribution, blind: &[(u64, u64)]) {
-    rewrite(
-        attribution,
-        blind,
-        |_| true,
-        |out, s, e| out.unseen += e - s,
-    );
-}
-
-/// Rebuilds `attribution` piece by piece: the parts of a piece `eligible`
-/// for it that fall inside `windows` (sorted, disjoint) go to `inside`, the
-/// rest stays as it was.
-fn rewrite(
-    attribution: &mut Attribution,
-    windows: &[(u64, u64)],
-    eligible: impl Fn(&Piece) -> bool,
-    mut inside: impl FnMut(&mut Attribution, u64, u64),
-) {
-    if windows.is_empty() {
-        return;
-    }
-    let pieces = std::mem::take(&mut attribution.pieces);
-    let mut out = Attribution {
-        unseen: attribution.unseen,
-        merge: attribution.merge,
-        ..Attribution::default()
-    };
-    for p in pieces {
-        if !eligible(&p) {
-            out.add(p);
-            continue;
-        }
-        let mut at = p.start;
-        let first = windows.partition_point(|w| w.1 <= p.start);
-        for &(ws, we) in windows[first..].iter().take_while(|w| w.0 < p.end) {
-            let (s, e) = (ws.max(p.start), we.min(p.end));
-            if s > at {
-                out.add(Piece {
-                    end: s,
-                    start: at,
-                    ..p
-                });
-            }
-            let s = s.max(at);
-            if e > s {
-                inside(&mut out, s, e);
-            }
-            at = at.max(e);
-        }
-        if at < p.end {
-            out.add(Piece { start: at, ..p });
-        }
-    }
-    *attribution = out;
-}
-
 fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut prev = (session.header.as_ref().map_or(0, |h| h.start_ns), 0u64);
@@ -124,29 +65,10 @@ fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {
     out
 }
 
-/// Re-charges the idle inside lossy windows to `unattributed`. Start-up is
-/// left alone: it follows from the GPU records only. Tear-down is not: a
-/// process killed mid-run leaves a lossy window from its last record on,
-/// and the GPU may well have been busy then.
-pub fn mark(attribution: &mut Attribution, windows: &[(u64, u64)]) {
-    rewrite(
-        attribution,
-        windows,
-        |p| !matches!(p.cause, Cause::Startup | Cause::Unattributed),
-        |out, start, end| {
-            out.add(Piece {
-                start,
-                end,
-                cause: Cause::Unattributed,
-                thread: None,
-            })
-        },
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analyze::attribute::{Attribution, Cause, Piece};
     use crate::session::Drops;
 
     fn reading(ts: u64, n: u64) -> Drops {
@@ -196,7 +118,7 @@ mod tests {
 
     #[test]
     fn idle_inside_a_blind_span_is_unseen_not_idle() {
-        let mut a = Attribution::default();
+        let mut a = Attribution::new(vec![(50, 150), (350, 450), (600, 2_000)], vec![], true);
         for (s, e, c) in [
             (0, 100, Cause::Startup),
             (100, 400, Cause::InputIo),
@@ -209,8 +131,7 @@ mod tests {
                 thread: Some((1, 1)),
             });
         }
-        let before = a.total();
-        cut_unseen(&mut a, &[(50, 150), (350, 450), (600, 2_000)]);
+        let before = 100 + 300 + 400;
         assert_eq!(a.get(Cause::Startup), 50);
         assert_eq!(a.get(Cause::InputIo), 200); // 150..350
         assert_eq!(a.get(Cause::Teardown), 100); // 500..600
@@ -220,7 +141,7 @@ mod tests {
 
     #[test]
     fn idle_inside_a_window_becomes_unattributed_and_nothing_is_lost() {
-        let mut a = Attribution::default();
+        let mut a = Attribution::new(vec![], vec![(50, 150), (350, 550)], false);
         for (s, e, c) in [
             (0, 100, Cause::Startup),
             (100, 400, Cause::InputIo),
@@ -233,9 +154,10 @@ mod tests {
                 thread: Some((1, 1)),
             });
         }
-        let before: u64 = a.by_cause.values().sum();
-        mark(&mut a, &[(50, 150), (350, 550)]);
-        assert_eq!(a.by_cause.values().sum::<u64>(), before);
+        assert_eq!(a.by_cause.values().sum::<u64>(), 100 + 300 + 100);
+        // What stays charged to a cause stays with its thread.
+        assert_eq!(a.by_thread[&(Cause::InputIo, (1, 1))], 200);
+        assert!(a.pieces.is_empty());
         assert_eq!(a.get(Cause::Startup), 100);
         assert_eq!(a.get(Cause::InputIo), 200); // 150..350
         assert_eq!(a.get(Cause::Sync), 50); // 550..600

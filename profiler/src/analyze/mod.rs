@@ -168,7 +168,7 @@ fn conclude(
     events: u64,
     opts: &AnalyzeOptions,
 ) -> Analysis {
-    let diagnosis = diagnose::diagnose(&session, &timeline, !opts.pictures);
+    let diagnosis = diagnose::diagnose(&session, &timeline, opts.pictures);
     let names = Names {
         symbols: std::mem::take(&mut session.symbols),
         stacks: std::mem::take(&mut session.stacks),

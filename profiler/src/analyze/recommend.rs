@@ -87,10 +87,8 @@ pub fn build(nr_cpus: u32, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advic
         for (c, ns) in &g.attribution.by_cause {
             *idle.entry(*c).or_default() += ns;
         }
-        for p in &g.attribution.pieces {
-            if let Some(t) = p.thread {
-                *threads.entry(p.cause).or_default().entry(t).or_default() += p.end - p.start;
-            }
+        for (&(c, t), ns) in &g.attribution.by_thread {
+            *threads.entry(c).or_default().entry(t).or_default() += ns;
         }
     }
     let n_gpus = d.gpus.len().max(1) as u64;
