@@ -688,16 +688,16 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
     let mut missed = Vec::new();
     if rate < 10e6 {
         missed.push(
-            "speed: decoding every record, then per-thread state machines and the \
-             attribution over all of them",
+            "speed: two passes over the file (the first decodes every record to measure \
+             the events' order), per-thread state machines and the attribution",
         );
     }
     if mem > 2.0 {
         missed.push(
-            "memory: CPU events are replayed from the file, but every GPU record (the \
-             timeline's GPU work and CUDA calls) and every thread's state intervals and I/O \
-             spans are held for the attribution, against about 7 B per event compressed on \
-             disk; meeting 2× takes the attribution over a bounded window too",
+            "memory: CPU events are replayed from the file, but every GPU work item and \
+             CUDA call, and the thread states around every idle gap, are held for the \
+             attribution, against about 7 B per event compressed on disk; meeting 2× takes \
+             attributing each gap as the streams pass it",
         );
     }
     let row = Row {
