@@ -22,6 +22,7 @@ pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inputs;
+pub mod intervals;
 pub mod kineto;
 pub mod output;
 pub mod session;

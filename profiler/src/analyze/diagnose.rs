@@ -1,5 +1,5 @@
-//! The merged analysis of a session: per GPU, its busy timeline and the
-//! attribution of every idle nanosecond, plus each thread's CUDA calls.
+//! Per GPU: its busy timeline and the attribution of every idle nanosecond,
+//! with the recording's lossy windows and blind spans applied.
 
 use std::collections::HashMap;
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use gapscope_cupti::GpuRecord;
 
-use super::intervals::{clip, holes, total, union};
+use crate::intervals::{clip, holes, total, union};
 use crate::timeline::GpuSide;
 
 /// Gaps strictly longer than these, in ns (the report's contract).

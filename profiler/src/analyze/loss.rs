@@ -23,7 +23,7 @@ pub fn lossy_windows(session: &Session) -> Vec<(u64, u64)> {
             .map(|l| (l.start, l.end.max(l.start.saturating_add(1)))),
     );
     windows.extend(session.gpu_blind.iter().map(|b| (b.start, b.end)));
-    super::intervals::union(windows)
+    crate::intervals::union(windows)
 }
 
 /// The report's note on lossy windows, if there were any.
@@ -44,7 +44,7 @@ pub fn lossy_note(lossy: &[(u64, u64)], start: u64) -> Option<String> {
 /// Spans in which some process's GPU could not be seen at all (another
 /// CUPTI client held CUPTI; a killed process's tail), merged and sorted.
 pub fn blind_windows(session: &Session) -> Vec<(u64, u64)> {
-    super::intervals::union(session.gpu_blind.iter().map(|b| (b.start, b.end)).collect())
+    crate::intervals::union(session.gpu_blind.iter().map(|b| (b.start, b.end)).collect())
 }
 
 fn cpu_windows(session: &Session) -> Vec<(u64, u64)> {

@@ -11,7 +11,6 @@ pub mod checks;
 pub mod diagnose;
 pub mod gpu;
 pub mod hta;
-pub mod intervals;
 pub mod loss;
 pub mod nvml;
 pub mod recommend;

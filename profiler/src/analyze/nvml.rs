@@ -54,8 +54,7 @@ pub fn idle_energy_j(
         if t1 <= t0 {
             continue;
         }
-        let busy_in =
-            crate::analyze::intervals::total(&crate::analyze::intervals::clip(busy, t0, t1));
+        let busy_in = crate::intervals::total(&crate::intervals::clip(busy, t0, t1));
         let idle_ns = (t1 - t0) - busy_in;
         joules += mw as f64 / 1000.0 * idle_ns as f64 / 1e9;
     }

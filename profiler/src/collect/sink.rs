@@ -323,16 +323,20 @@ impl Sink {
     fn retire(&mut self, pids: &[u32]) {
         let set: HashSet<u32> = pids.iter().copied().collect();
         let stacks = self.take_stacks(|s| !s.kernel && set.contains(&s.pid));
-        let maps = pids
-            .iter()
-            .filter_map(|pid| Some((*pid, self.procs.remove(pid)?)))
+        let maps = self.forget(pids.iter().copied());
+        self.submit(stacks, maps);
+    }
+
+    /// Forgets the processes `pids`, returning their maps snapshots.
+    fn forget(&mut self, pids: impl IntoIterator<Item = u32>) -> Vec<ProcMaps> {
+        pids.into_iter()
+            .filter_map(|pid| Some((pid, self.procs.remove(&pid)?)))
             .flat_map(|(pid, p)| {
                 p.snapshots
                     .into_iter()
                     .map(move |ranges| ProcMaps { pid, ranges })
             })
-            .collect();
-        self.submit(stacks, maps);
+            .collect()
     }
 
     fn submit(&mut self, stacks: HashMap<u64, Stack>, maps: Vec<ProcMaps>) {
@@ -400,15 +404,7 @@ impl Sink {
         let stacks = std::mem::take(&mut self.stacks);
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
-        let maps = pids
-            .into_iter()
-            .filter_map(|pid| Some((pid, self.procs.remove(&pid)?)))
-            .flat_map(|(pid, p)| {
-                p.snapshots
-                    .into_iter()
-                    .map(move |ranges| ProcMaps { pid, ranges })
-            })
-            .collect();
+        let maps = self.forget(pids);
         self.submit(stacks, maps);
         self.write_symbols(true);
     }

@@ -92,31 +92,41 @@ impl Work {
         self.record.span().expect("work records have a span")
     }
 
-    pub fn device(&self) -> u32 {
+    /// (device, stream, correlation id).
+    fn place(&self) -> (u32, u32, u32) {
         match &self.record {
-            GpuRecord::Kernel { device, .. }
-            | GpuRecord::Memcpy { device, .. }
-            | GpuRecord::Memset { device, .. } => *device,
-            _ => 0,
+            GpuRecord::Kernel {
+                device,
+                stream,
+                correlation,
+                ..
+            }
+            | GpuRecord::Memcpy {
+                device,
+                stream,
+                correlation,
+                ..
+            }
+            | GpuRecord::Memset {
+                device,
+                stream,
+                correlation,
+                ..
+            } => (*device, *stream, *correlation),
+            _ => (0, 0, 0),
         }
     }
 
-    pub fn correlation(&self) -> u32 {
-        match &self.record {
-            GpuRecord::Kernel { correlation, .. }
-            | GpuRecord::Memcpy { correlation, .. }
-            | GpuRecord::Memset { correlation, .. } => *correlation,
-            _ => 0,
-        }
+    pub fn device(&self) -> u32 {
+        self.place().0
     }
 
     pub fn stream(&self) -> u32 {
-        match &self.record {
-            GpuRecord::Kernel { stream, .. }
-            | GpuRecord::Memcpy { stream, .. }
-            | GpuRecord::Memset { stream, .. } => *stream,
-            _ => 0,
-        }
+        self.place().1
+    }
+
+    pub fn correlation(&self) -> u32 {
+        self.place().2
     }
 }
 
@@ -244,35 +254,30 @@ impl GpuRecords {
     /// Drops what is timed outside `[lo, hi]` (or ends before it starts),
     /// as a session's reader does; returns how many records it dropped.
     pub fn retain_within(&mut self, lo: u64, hi: u64) -> usize {
-        let before = self.count;
         let ok = |t: u64| (lo..=hi).contains(&t);
         let span = |a: u64, b: u64| ok(a) && ok(b) && b >= a;
-        let mut dropped = 0usize;
+        /// Keeps what `keep` wants; returns how many it dropped.
+        fn keep_in<T>(v: &mut Vec<T>, keep: impl Fn(&T) -> bool) -> usize {
+            let n = v.len();
+            v.retain(keep);
+            n - v.len()
+        }
+        let mut dropped = 0;
         for calls in self.calls.values_mut() {
-            let n = calls.len();
-            calls.retain(|c| span(c.start, c.end));
-            dropped += n - calls.len();
+            dropped += keep_in(calls, |c| span(c.start, c.end));
         }
         self.calls.retain(|_, v| !v.is_empty());
-        let n = self.work.len();
-        self.work.retain(|w| {
+        for ranges in self.ranges.values_mut() {
+            dropped += keep_in(ranges, |r| span(r.start, r.end));
+        }
+        self.ranges.retain(|_, v| !v.is_empty());
+        dropped += keep_in(&mut self.work, |w| {
             let (s, e) = w.span();
             span(s, e)
         });
-        dropped += n - self.work.len();
-        let n = self.syncs.len();
-        self.syncs.retain(|x| span(x.start, x.end));
-        dropped += n - self.syncs.len();
-        for ranges in self.ranges.values_mut() {
-            let n = ranges.len();
-            ranges.retain(|r| span(r.start, r.end));
-            dropped += n - ranges.len();
-        }
-        self.ranges.retain(|_, v| !v.is_empty());
-        let n = self.markers.len();
-        self.markers.retain(|&t| ok(t));
-        dropped += n - self.markers.len();
-        self.count = before - dropped as u64;
+        dropped += keep_in(&mut self.syncs, |x| span(x.start, x.end));
+        dropped += keep_in(&mut self.markers, |&t| ok(t));
+        self.count -= dropped as u64;
         dropped
     }
 }
@@ -396,14 +401,7 @@ impl GpuSide {
                 }
             }
         }
-        gaps.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(gaps.len());
-        for (s, e) in gaps {
-            match merged.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => merged.push((s, e)),
-            }
-        }
+        let merged = crate::intervals::union(gaps);
         let mut launches: HashMap<Tid, Vec<u64>> = HashMap::new();
         for w in self.devices.iter().flat_map(|d| &d.work) {
             if let (GpuRecord::Kernel { .. }, Some((t, at))) = (&w.record, w.launch) {
