@@ -71,9 +71,12 @@ fn streamed_and_whole_analyses_agree() {
     )
     .unwrap();
     let streamed = analyze(path.clone(), &AnalyzeOptions::default()).unwrap();
-    // The lean analysis kept fewer thread states (this recording's GPU is
-    // idle a third of the time, so about two thirds): otherwise this
-    // proves nothing.
+    // Trying to attribute after every single event, too.
+    let eager =
+        gapscope::analyze::analyze_settling_every(path.clone(), &AnalyzeOptions::default(), 1)
+            .unwrap();
+    // The lean analysis kept fewer thread states (only those around idle
+    // gaps, let go once attributed): otherwise this proves nothing.
     let intervals = |a: &gapscope::analyze::Analysis| -> usize {
         a.timeline
             .all_threads()
@@ -83,6 +86,7 @@ fn streamed_and_whole_analyses_agree() {
     };
     assert!(intervals(&streamed) * 4 < intervals(&whole) * 3);
     assert_eq!(json(&whole), json(&streamed));
+    assert_eq!(json(&whole), json(&eager));
 }
 
 /// A timestamp or duration in µs, as written (3 decimals), back to ns.

@@ -57,7 +57,16 @@ pub fn session_file(data: &[u8]) {
             // The streamed reading, keeping only the thread states the
             // attribution reads, must come to the same report as the whole
             // one that keeps everything.
-            let streamed = json(&crate::export::View::new(&analysis(path.clone(), false)));
+            let streamed = crate::analyze::analyze_settling_every(
+                path.clone(),
+                &crate::analyze::AnalyzeOptions {
+                    pictures: false,
+                    hta: true,
+                },
+                1,
+            )
+            .expect("read once already");
+            let streamed = json(&crate::export::View::new(&streamed));
             assert!(
                 whole == streamed,
                 "streamed and whole readings differ:\n{}\n---\n{}",

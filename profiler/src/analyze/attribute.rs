@@ -63,6 +63,10 @@ pub struct Inputs<'a> {
     /// Keep every piece: the pictures draw them; the report needs only
     /// their sums.
     pub keep_pieces: bool,
+    /// Set when a thread asked about had not yet moved past the span asked
+    /// about: its states there may still change (the attribution of a
+    /// recording still being replayed; see `analyze::stream`).
+    pub unsettled: Option<&'a std::cell::Cell<bool>>,
 }
 
 #[derive(Clone, Debug)]
@@ -191,7 +195,7 @@ fn split(windows: &[(u64, u64)], p: Piece, mut part: impl FnMut(bool, Piece)) {
 
 /// The feeder most often seen issuing work: used for gaps whose closing work
 /// has no known issuer.
-fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
+pub(crate) fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
     let mut counts: HashMap<Tid, usize> = HashMap::new();
     for t in work.iter().filter_map(|w| w.1) {
         *counts.entry(t).or_default() += 1;
@@ -223,24 +227,7 @@ pub fn attribute(inp: &Inputs) -> Attribution {
     });
     let fallback = main_feeder(inp.work);
     for w in inp.busy.windows(2) {
-        let (a, b) = (w[0].1, w[1].0);
-        // The work that ended the gap: the first item starting at b.
-        let i = inp.work.partition_point(|x| x.0 < b);
-        let feeder = inp
-            .work
-            .get(i)
-            .filter(|x| x.0 == b)
-            .and_then(|x| x.1)
-            .or(fallback);
-        match feeder {
-            Some(f) => split_gap(inp, f, a, b, &mut out),
-            None => out.add(Piece {
-                start: a,
-                end: b,
-                cause: Cause::Unattributed,
-                thread: None,
-            }),
-        }
+        attribute_gap(inp, w[0].1, w[1].0, fallback, &mut out);
     }
     out.add(Piece {
         start: last.min(hi),
@@ -249,6 +236,34 @@ pub fn attribute(inp: &Inputs) -> Attribution {
         thread: None,
     });
     out
+}
+
+/// The gap `[a, b)` between two busy spans, by what its feeder (the issuer
+/// of the work that ended it, else `fallback`) was doing.
+pub(crate) fn attribute_gap(
+    inp: &Inputs,
+    a: u64,
+    b: u64,
+    fallback: Option<Tid>,
+    out: &mut Attribution,
+) {
+    // The work that ended the gap: the first item starting at b.
+    let i = inp.work.partition_point(|x| x.0 < b);
+    let feeder = inp
+        .work
+        .get(i)
+        .filter(|x| x.0 == b)
+        .and_then(|x| x.1)
+        .or(fallback);
+    match feeder {
+        Some(f) => split_gap(inp, f, a, b, out),
+        None => out.add(Piece {
+            start: a,
+            end: b,
+            cause: Cause::Unattributed,
+            thread: None,
+        }),
+    }
 }
 
 /// Intervals of `t` overlapping `[a, b)`, clipped to it; time the thread did
@@ -340,6 +355,11 @@ fn thread_pieces(
         op_pieces(inp.ops.get(&t), t, a, b, after_sync && hops == 0, out);
         return;
     };
+    if let Some(unsettled) = inp.unsettled {
+        if tl.closed_until() < b {
+            unsettled.set(true);
+        }
+    }
     let mut cur = a;
     let mut previous: Option<&State> = None;
     for (s, e, state) in states_in(tl, a, b) {
@@ -599,6 +619,7 @@ mod tests {
             blind: &[],
             lossy: &[],
             keep_pieces: true,
+            unsettled: None,
         });
         let busy_total: u64 = busy.iter().map(|(s, e)| e - s).sum();
         assert_eq!(

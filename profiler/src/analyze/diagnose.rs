@@ -20,21 +20,26 @@ pub struct Diagnosis {
     pub lossy_windows: Vec<(u64, u64)>,
 }
 
+/// What each thread's profiler ops (imported traces) say, as disjoint
+/// sorted (start, end, cause) segments.
+pub(crate) fn op_causes(tl: &Timeline) -> HashMap<Tid, Vec<(u64, u64, Cause)>> {
+    tl.gpu
+        .host_ops
+        .iter()
+        .map(|(t, ops)| {
+            let causes = ops
+                .iter()
+                .map(|o| (o.start, o.end, attribute::op_cause(&o.name)))
+                .collect();
+            (*t, attribute::flatten_ops(causes))
+        })
+        .collect()
+}
+
 /// `tl` must have been built with intervals. `keep_pieces`: see
 /// [`Inputs::keep_pieces`].
 pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosis {
-    let mut ops: HashMap<Tid, Vec<(u64, u64, Cause)>> = HashMap::new();
-    for (t, thread_ops) in &tl.gpu.host_ops {
-        ops.insert(
-            *t,
-            attribute::flatten_ops(
-                thread_ops
-                    .iter()
-                    .map(|o| (o.start, o.end, attribute::op_cause(&o.name)))
-                    .collect(),
-            ),
-        );
-    }
+    let ops = op_causes(tl);
     let lossy_windows = super::loss::lossy_windows(session);
     let blind_windows = super::loss::blind_windows(session);
     let gpus = gpu_timelines(&tl.gpu, tl.start, tl.end)
@@ -56,6 +61,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
                 blind: &blind_windows,
                 lossy: &lossy_windows,
                 keep_pieces,
+                unsettled: None,
             });
             GpuDiagnosis { gpu, attribution }
         })

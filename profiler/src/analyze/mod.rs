@@ -14,6 +14,7 @@ pub mod hta;
 pub mod loss;
 pub mod nvml;
 pub mod recommend;
+pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -111,6 +112,17 @@ pub struct Analysis {
 /// session file is streamed: its events are replayed from the file through
 /// the timeline, never held, and its GPU records go straight to their place.
 pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Result<Analysis, SessionError> {
+    analyze_settling_every(source, opts, SETTLE_EVERY)
+}
+
+/// [`analyze`], trying to attribute what the replayed events passed every
+/// `settle_every` events (tests make it 1, to try it at every step).
+#[doc(hidden)]
+pub fn analyze_settling_every(
+    source: impl Into<Source>,
+    opts: &AnalyzeOptions,
+    settle_every: u64,
+) -> Result<Analysis, SessionError> {
     let build = |intervals| BuildOptions {
         intervals,
         pictures: opts.pictures,
@@ -127,7 +139,7 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Result<Analy
             let timeline = Timeline::build(&mut session, build(intervals));
             // Everything the timeline needed from the events is in it now.
             session.events = Vec::new();
-            Ok(conclude(*session, timeline, events, opts))
+            Ok(conclude(*session, timeline, events, opts, None))
         }
         Source::File(path) => {
             let mut records = GpuRecords::default();
@@ -141,12 +153,34 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Result<Analy
             let intervals = opts.pictures || records.count > 0 || cuda_calls;
             let gpu = GpuSide::from_records(&mut session, records);
             let mut timeline = Timeline::begin_with(&session, gpu, build(intervals));
+            // With the recording's end known, idle gaps are attributed as
+            // the events pass them, and the states behind let go (the
+            // pictures keep every state: they draw them all).
+            let start = session.header().start_ns;
+            let mut attributor = session
+                .footer
+                .as_ref()
+                .filter(|_| intervals && !opts.pictures)
+                .map(|f| {
+                    stream::Attributor::new(
+                        &timeline,
+                        (start, f.end_ns.max(start)),
+                        &loss::blind_windows(&session),
+                        &loss::lossy_windows(&session),
+                    )
+                });
             let mut events = 0u64;
             let mut last = None;
             let replay = stream.replay(|e| {
                 events += 1;
-                last = Some(e.ts());
+                let ts = e.ts();
+                last = Some(ts);
                 timeline.apply(&e);
+                if events % settle_every.max(1) == 0 {
+                    if let Some(a) = attributor.as_mut() {
+                        a.settle(&mut timeline, ts);
+                    }
+                }
             });
             match replay {
                 Ok(dropped) => crate::session::note_dropped(&mut session, dropped + gpu_dropped),
@@ -155,26 +189,43 @@ pub fn analyze(source: impl Into<Source>, opts: &AnalyzeOptions) -> Result<Analy
                 Err(e) => session.notes.push(format!("reading the events again: {e}")),
             }
             timeline.end(&session, last);
-            Ok(conclude(session, timeline, events, opts))
+            Ok(conclude(session, timeline, events, opts, attributor))
         }
     }
 }
 
-/// Everything after the timeline.
+/// Events replayed between two attempts to attribute what they passed.
+const SETTLE_EVERY: u64 = 4096;
+
+/// Everything after the timeline; `attributor`: the attribution done while
+/// it was replayed, if it was.
 fn conclude(
     mut session: Session,
     timeline: Timeline,
     events: u64,
     opts: &AnalyzeOptions,
+    attributor: Option<stream::Attributor>,
 ) -> Analysis {
-    let diagnosis = diagnose::diagnose(&session, &timeline, opts.pictures);
+    let (diagnosis, clock_checks) = match attributor {
+        Some(a) => {
+            let (gpus, checks) = a.finish(&timeline);
+            let diagnosis = diagnose::Diagnosis {
+                gpus,
+                lossy_windows: loss::lossy_windows(&session),
+            };
+            (diagnosis, checks)
+        }
+        None => (
+            diagnose::diagnose(&session, &timeline, opts.pictures),
+            checks::clock_checks(&timeline),
+        ),
+    };
     let names = Names {
         symbols: std::mem::take(&mut session.symbols),
         stacks: std::mem::take(&mut session.stacks),
     };
     let nr_cpus = session.header().nr_cpus;
     let advice = recommend::build(nr_cpus, &timeline, &diagnosis, &names);
-    let clock_checks = checks::clock_checks(&timeline);
     let nvml = diagnosis
         .gpus
         .iter()

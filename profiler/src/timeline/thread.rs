@@ -315,6 +315,32 @@ impl ThreadTimeline {
         Self::new(pid, tid, ts, Cur::Unknown { hint: None }, keep.into())
     }
 
+    /// Up to when the thread's states are final: every interval that will
+    /// ever cover time before this has been closed.
+    pub fn closed_until(&self) -> u64 {
+        if self.is_dead() {
+            u64::MAX
+        } else {
+            self.since
+        }
+    }
+
+    /// Lets go of the states and I/O spans that end by `t`, keeping the
+    /// last such state (the attribution asks what came just before a
+    /// state).
+    pub fn forget_before(&mut self, t: u64) {
+        if let Some(iv) = self.intervals.as_mut() {
+            let k = iv.partition_point(|x| x.end <= t);
+            if k > 1 {
+                iv.drain(..k - 1);
+            }
+        }
+        if let Some(spans) = self.io_spans.as_mut() {
+            let k = spans.partition_point(|x| x.1 <= t);
+            spans.drain(..k);
+        }
+    }
+
     pub fn is_dead(&self) -> bool {
         matches!(self.cur, Cur::Dead)
     }

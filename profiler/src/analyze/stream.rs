@@ -1,0 +1,258 @@
+//! The attribution run while a session file's events are still being
+//! replayed: each idle gap is attributed as soon as every thread it asks
+//! about has moved past it, the clock checks of each launch as soon as its
+//! thread has, and the thread states behind both are let go. What the
+//! timeline holds then follows the gaps still open, not the recording's
+//! length. Same rules, same answers as attributing the whole timeline at
+//! the end (`diagnose`).
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+
+use gapscope_cupti::GpuRecord;
+
+use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
+use super::checks::ClockCheck;
+use super::diagnose::GpuDiagnosis;
+use super::gpu::{gpu_timelines, GpuTimeline};
+use crate::timeline::{State, Timeline};
+
+/// One GPU's gaps, attributed in order.
+struct Device {
+    gpu: GpuTimeline,
+    /// Start of each work item and who launched it.
+    work: Vec<(u64, Option<Tid>)>,
+    fallback: Option<Tid>,
+    /// The next gap to attribute: between busy[next] and busy[next + 1].
+    next: usize,
+    out: Attribution,
+}
+
+/// A kernel launch to check against its thread's state.
+#[derive(Clone, Copy)]
+struct Launch {
+    at: u64,
+    thread: Tid,
+    device: u32,
+}
+
+pub struct Attributor {
+    window: (u64, u64),
+    devices: Vec<Device>,
+    /// In time order, checked up to `next_launch`.
+    launches: Vec<Launch>,
+    next_launch: usize,
+    /// Launches by threads not seen yet when they were due: whether the
+    /// thread turns up by the end decides them.
+    unseen_launchers: Vec<Launch>,
+    checks: BTreeMap<u32, ClockCheck>,
+    /// What imported traces' profiler ops say (see `diagnose::op_causes`).
+    ops: HashMap<Tid, Vec<(u64, u64, Cause)>>,
+}
+
+impl Attributor {
+    /// `window`: the recording's, known before its events (from its end
+    /// record); `blind`, `lossy`: see [`Attribution`].
+    pub fn new(
+        tl: &Timeline,
+        window: (u64, u64),
+        blind: &[(u64, u64)],
+        lossy: &[(u64, u64)],
+    ) -> Attributor {
+        let mut checks: BTreeMap<u32, ClockCheck> = BTreeMap::new();
+        let mut launches = Vec::new();
+        for d in &tl.gpu.devices {
+            for w in &d.work {
+                let (GpuRecord::Kernel { start, .. }, Some((thread, at))) = (&w.record, w.launch)
+                else {
+                    continue;
+                };
+                let c = checks.entry(d.id).or_default();
+                c.kernels_checked += 1;
+                if *start < at {
+                    c.kernels_before_launch += 1;
+                }
+                launches.push(Launch {
+                    at,
+                    thread,
+                    device: d.id,
+                });
+            }
+        }
+        launches.sort_by_key(|l| l.at);
+        let devices = gpu_timelines(&tl.gpu, window.0, window.1)
+            .into_iter()
+            .zip(&tl.gpu.devices)
+            .map(|(gpu, d)| {
+                let work: Vec<(u64, Option<Tid>)> = d
+                    .work
+                    .iter()
+                    .map(|w| (w.start(), w.launch.map(|(t, _)| t)))
+                    .collect();
+                Device {
+                    fallback: attribute::main_feeder(&work),
+                    work,
+                    gpu,
+                    next: 0,
+                    out: Attribution::new(blind.to_vec(), lossy.to_vec(), false),
+                }
+            })
+            .collect();
+        Attributor {
+            window,
+            devices,
+            launches,
+            next_launch: 0,
+            unseen_launchers: Vec::new(),
+            checks,
+            ops: super::diagnose::op_causes(tl),
+        }
+    }
+
+    /// Attributes what can be by `now` (every event before it replayed),
+    /// then lets the timeline forget what lies behind.
+    pub fn settle(&mut self, tl: &mut Timeline, now: u64) {
+        let mut forget = u64::MAX;
+        for d in &mut self.devices {
+            while d.next + 1 < d.gpu.busy.len() {
+                let (a, b) = (d.gpu.busy[d.next].1, d.gpu.busy[d.next + 1].0);
+                if b > now {
+                    break;
+                }
+                let unsettled = Cell::new(false);
+                let inp = Inputs {
+                    window: self.window,
+                    busy: &d.gpu.busy,
+                    work: &d.work,
+                    threads: &tl.threads,
+                    api: &tl.gpu.calls,
+                    ops: &self.ops,
+                    blind: &[],
+                    lossy: &[],
+                    keep_pieces: true,
+                    unsettled: Some(&unsettled),
+                };
+                let mut gap = Attribution::new(Vec::new(), Vec::new(), true);
+                attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
+                if unsettled.get() {
+                    break;
+                }
+                for p in gap.pieces {
+                    d.out.add(p);
+                }
+                d.next += 1;
+            }
+            if d.next + 1 < d.gpu.busy.len() {
+                forget = forget.min(d.gpu.busy[d.next].1);
+            }
+        }
+        while let Some(&l) = self.launches.get(self.next_launch) {
+            if l.at >= now {
+                break;
+            }
+            match tl.threads.get(&l.thread) {
+                None => self.unseen_launchers.push(l),
+                Some(t) if t.closed_until() > l.at => {
+                    let on_cpu = on_cpu_at(t.intervals.as_deref(), l.at);
+                    self.check(l, on_cpu);
+                }
+                Some(_) => break,
+            }
+            self.next_launch += 1;
+        }
+        if let Some(l) = self.launches.get(self.next_launch) {
+            forget = forget.min(l.at);
+        }
+        if forget == u64::MAX {
+            forget = now;
+        }
+        for t in tl.threads.values_mut().chain(tl.retired.iter_mut()) {
+            t.forget_before(forget);
+        }
+    }
+
+    /// `on_cpu`: None when the thread keeps no states.
+    fn check(&mut self, l: Launch, on_cpu: Option<bool>) {
+        let c = self.checks.entry(l.device).or_default();
+        if let Some(on_cpu) = on_cpu {
+            c.launches_checked += 1;
+            if !on_cpu {
+                c.launches_while_off_cpu += 1;
+            }
+        }
+    }
+
+    /// The rest, once the timeline has ended: each GPU's diagnosis and
+    /// clock checks.
+    pub fn finish(mut self, tl: &Timeline) -> (Vec<GpuDiagnosis>, BTreeMap<u32, ClockCheck>) {
+        for l in std::mem::take(&mut self.unseen_launchers) {
+            // A thread first seen after its launch was due has no state
+            // then: checked, and not on a CPU.
+            let states = tl.threads.get(&l.thread).and_then(|t| t.intervals.as_ref());
+            self.check(l, states.map(|_| false));
+        }
+        for i in self.next_launch..self.launches.len() {
+            let l = self.launches[i];
+            let states = tl
+                .threads
+                .get(&l.thread)
+                .and_then(|t| t.intervals.as_deref());
+            self.check(
+                l,
+                states.map(|iv| on_cpu_at(Some(iv), l.at).unwrap_or(false)),
+            );
+        }
+        let (lo, hi) = self.window;
+        let gpus = self
+            .devices
+            .into_iter()
+            .map(|mut d| {
+                let inp = Inputs {
+                    window: self.window,
+                    busy: &d.gpu.busy,
+                    work: &d.work,
+                    threads: &tl.threads,
+                    api: &tl.gpu.calls,
+                    ops: &self.ops,
+                    blind: &[],
+                    lossy: &[],
+                    keep_pieces: false,
+                    unsettled: None,
+                };
+                let edge = |start: u64, end: u64, cause: Cause| Piece {
+                    start,
+                    end,
+                    cause,
+                    thread: None,
+                };
+                match (d.gpu.busy.first(), d.gpu.busy.last()) {
+                    (Some(&(first, _)), Some(&(_, last))) => {
+                        while d.next + 1 < d.gpu.busy.len() {
+                            let (a, b) = (d.gpu.busy[d.next].1, d.gpu.busy[d.next + 1].0);
+                            attribute::attribute_gap(&inp, a, b, d.fallback, &mut d.out);
+                            d.next += 1;
+                        }
+                        d.out.add(edge(lo, first.max(lo), Cause::Startup));
+                        d.out.add(edge(last.min(hi), hi, Cause::Teardown));
+                    }
+                    _ => d.out.add(edge(lo, hi, Cause::Unattributed)),
+                }
+                GpuDiagnosis {
+                    gpu: d.gpu,
+                    attribution: d.out,
+                }
+            })
+            .collect();
+        (gpus, self.checks)
+    }
+}
+
+/// Whether the state holding `at` was on a CPU; None without states.
+fn on_cpu_at(iv: Option<&[crate::timeline::Interval]>, at: u64) -> Option<bool> {
+    let iv = iv?;
+    let i = iv.partition_point(|i| i.end <= at);
+    Some(
+        iv.get(i)
+            .is_some_and(|i| i.start <= at && matches!(i.state, State::OnCpu)),
+    )
+}
