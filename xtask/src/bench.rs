@@ -694,10 +694,10 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
     }
     if mem > 2.0 {
         missed.push(
-            "memory: CPU events are replayed from the file, but every GPU work item and \
-             CUDA call, and the thread states around every idle gap, are held for the \
-             attribution, against about 7 B per event compressed on disk; meeting 2× takes \
-             attributing each gap as the streams pass it",
+            "memory: CPU events are replayed and attributed as they pass, but every GPU \
+             work item and CUDA call is held from the first pass, against about 7 B per \
+             event compressed on disk; meeting 2× takes reading the GPU records in time \
+             order in the second pass too",
         );
     }
     let row = Row {
