@@ -469,8 +469,10 @@ pub struct Frame {
     pub module: String,
 }
 
-/// Resolved frames for stacks, written when recording ends. Frames are
-/// interned per record: `stacks[i].1` indexes into `frames`.
+/// Resolved frames for stacks: written as the processes they belong to
+/// exit (in batches) and for the rest when recording ends; a reader merges
+/// them all. Frames are interned per record: `stacks[i].1` indexes into
+/// `frames`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Symbols {
     pub frames: Vec<Frame>,
