@@ -46,11 +46,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
         .into_iter()
         .zip(&tl.gpu.devices)
         .map(|(gpu, device)| {
-            let work: Vec<(u64, Option<Tid>)> = device
-                .work
-                .iter()
-                .map(|w| (w.start(), w.launch.map(|(t, _)| t)))
-                .collect();
+            let work = device.starts();
             let attribution = attribute::attribute(&Inputs {
                 window: (tl.start, tl.end),
                 busy: &gpu.busy,

@@ -28,6 +28,31 @@ struct Device {
     out: Attribution,
 }
 
+/// What the rules read for one GPU (its busy spans and work starts). Blind
+/// and lossy windows are left to the attribution, which applies them as
+/// pieces come.
+fn inputs<'a>(
+    busy: &'a [(u64, u64)],
+    work: &'a [(u64, Option<Tid>)],
+    tl: &'a Timeline,
+    ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
+    window: (u64, u64),
+    unsettled: Option<&'a Cell<bool>>,
+) -> Inputs<'a> {
+    Inputs {
+        window,
+        busy,
+        work,
+        threads: &tl.threads,
+        api: &tl.gpu.calls,
+        ops,
+        blind: &[],
+        lossy: &[],
+        keep_pieces: true,
+        unsettled,
+    }
+}
+
 /// A kernel launch to check against its thread's state.
 #[derive(Clone, Copy)]
 struct Launch {
@@ -84,11 +109,7 @@ impl Attributor {
             .into_iter()
             .zip(&tl.gpu.devices)
             .map(|(gpu, d)| {
-                let work: Vec<(u64, Option<Tid>)> = d
-                    .work
-                    .iter()
-                    .map(|w| (w.start(), w.launch.map(|(t, _)| t)))
-                    .collect();
+                let work = d.starts();
                 Device {
                     fallback: attribute::main_feeder(&work),
                     work,
@@ -120,18 +141,14 @@ impl Attributor {
                     break;
                 }
                 let unsettled = Cell::new(false);
-                let inp = Inputs {
-                    window: self.window,
-                    busy: &d.gpu.busy,
-                    work: &d.work,
-                    threads: &tl.threads,
-                    api: &tl.gpu.calls,
-                    ops: &self.ops,
-                    blind: &[],
-                    lossy: &[],
-                    keep_pieces: true,
-                    unsettled: Some(&unsettled),
-                };
+                let inp = inputs(
+                    &d.gpu.busy,
+                    &d.work,
+                    tl,
+                    &self.ops,
+                    self.window,
+                    Some(&unsettled),
+                );
                 let mut gap = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
                 if unsettled.get() {
@@ -207,18 +224,7 @@ impl Attributor {
             .devices
             .into_iter()
             .map(|mut d| {
-                let inp = Inputs {
-                    window: self.window,
-                    busy: &d.gpu.busy,
-                    work: &d.work,
-                    threads: &tl.threads,
-                    api: &tl.gpu.calls,
-                    ops: &self.ops,
-                    blind: &[],
-                    lossy: &[],
-                    keep_pieces: false,
-                    unsettled: None,
-                };
+                let inp = inputs(&d.gpu.busy, &d.work, tl, &self.ops, self.window, None);
                 let edge = |start: u64, end: u64, cause: Cause| Piece {
                     start,
                     end,

@@ -141,6 +141,16 @@ pub struct Device {
     pub work: Vec<Work>,
 }
 
+impl Device {
+    /// Start of each work item and the thread that launched it, in order.
+    pub fn starts(&self) -> Vec<(u64, Option<Tid>)> {
+        self.work
+            .iter()
+            .map(|w| (w.start(), w.launch.map(|(t, _)| t)))
+            .collect()
+    }
+}
+
 /// An NVTX range a thread pushed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Range {
