@@ -11,7 +11,12 @@
 //! `source: "simulated"`.
 //!
 //! At the end it writes the ground truth: the simulated GPU's busy time and
-//! its idle time split by the cause simtrain itself produced it with.
+//! its idle time split by the cause simtrain itself produced it with — the
+//! trainer's own log of what it did, its wait for each batch split by what
+//! the batch's loader reported doing meanwhile (fetching, computing, sent),
+//! and the share of its host work the kernel's schedstat says it spent
+//! waiting for a CPU counted as contention, so that the truth holds on a
+//! busy machine too.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -65,6 +70,15 @@ fn burn(ns: u64) {
         }
     }
     std::hint::black_box(x);
+}
+
+/// Time this thread has spent runnable but not running, from the kernel's
+/// schedstat (0 where schedstats are not available).
+fn run_delay() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Busy-waits `ns` of wall time (work the host cannot hide, e.g. a launch).
@@ -361,13 +375,29 @@ impl SimDevice {
 /// What the trainer was doing when, by cause: the ground truth's source.
 #[derive(Default)]
 struct Log {
-    spans: Vec<(u64, u64, &'static str)>,
+    /// (start, end, cause, of which the thread waited for a CPU).
+    spans: Vec<(u64, u64, &'static str, u64)>,
 }
 
 impl Log {
     fn add(&mut self, a: u64, b: u64, cause: &'static str) {
         if b > a {
-            self.spans.push((a, b, cause));
+            self.spans.push((a, b, cause, 0));
+        }
+    }
+
+    /// Host work of `cause`: the share of it the kernel says this thread
+    /// spent waiting for a CPU (its schedstat run delay) goes to
+    /// `cpu.contention` instead — on a busy machine that is what kept the
+    /// GPU waiting. Where in the span it waited is not known: the wait is
+    /// taken as spread evenly over it.
+    fn cpu_work(&mut self, cause: &'static str, work: impl FnOnce()) {
+        let (a, waited_before) = (now(), run_delay());
+        work();
+        let (b, waited_after) = (now(), run_delay());
+        if b > a {
+            let waited = waited_after.saturating_sub(waited_before).min(b - a);
+            self.spans.push((a, b, cause, waited));
         }
     }
 
@@ -399,10 +429,13 @@ impl Log {
             }
             let mut j = i;
             while j < self.spans.len() && self.spans[j].0 < b {
-                let (s, e, c) = self.spans[j];
+                let (s, e, c, waited) = self.spans[j];
+                let len = e - s;
                 let (s, e) = (s.max(a), e.min(b));
                 if e > s {
-                    *out.entry(c).or_default() += e - s;
+                    let waiting = ((e - s) as u128 * waited as u128 / len as u128) as u64;
+                    *out.entry("cpu.contention").or_default() += waiting;
+                    *out.entry(c).or_default() += e - s - waiting;
                     covered += e - s;
                 }
                 j += 1;
@@ -412,6 +445,29 @@ impl Log {
         }
         out
     }
+}
+
+/// The trainer's wait `[a, b)` for a batch, by what was keeping it: its
+/// loader fetching the data (`fetch`) — the input's own cause; the loader
+/// computing, or waiting for a CPU to compute on — `input.cpu`; and after
+/// the loader sent it (`sent`), the trainer itself waiting to run —
+/// `cpu.contention`. With fast input the batch is ready ahead: any wait
+/// for the loader is a scheduling hiccup. (Before, the whole wait went to
+/// the input's cause: on a busy machine the loader's computing and the
+/// trainer's own wait for a CPU were then counted as fetching.)
+fn log_batch_wait(log: &mut Log, input: Input, (a, b): (u64, u64), fetch: (u64, u64), sent: u64) {
+    let clip = |t: u64| t.clamp(a, b);
+    let (fetched_from, fetched_to, sent) = (clip(fetch.0), clip(fetch.1), clip(sent));
+    let (fetching, computing) = match input {
+        Input::Fast => ("cpu.contention", "cpu.contention"),
+        // Its data is read from the file before it is crunched.
+        Input::Cpu => ("input.io", "input.cpu"),
+        Input::Io | Input::Network => (input.cause(), "input.cpu"),
+    };
+    log.add(a, fetched_from, computing);
+    log.add(fetched_from, fetched_to, fetching);
+    log.add(fetched_to, sent, computing);
+    log.add(sent, b, "cpu.contention");
 }
 
 // ---------------------------------------------------------- data loading
@@ -437,6 +493,10 @@ fn prepare(dir: &Path) -> PathBuf {
     f.sync_all().unwrap();
     path
 }
+
+/// What a loader sends per batch: its step, when it began and finished
+/// fetching the batch's data, and when it sent it (CLOCK_MONOTONIC ns).
+const BATCH_MSG: usize = 32;
 
 /// A data-loader worker: produces batches `index, index + n, ...` into `out`.
 #[allow(clippy::too_many_arguments)]
@@ -465,6 +525,10 @@ fn worker(
     let mut conn = net.map(|port| TcpStream::connect(("127.0.0.1", port)).unwrap());
     let mut step = index;
     while step < steps {
+        // When this batch's data was being fetched: the trainer's ground
+        // truth splits its wait by what its loader was doing.
+        let fetch_start = now();
+        let mut fetch_end = fetch_start;
         match input {
             Input::Io => {
                 // Random 1 MiB reads that the page cache cannot serve.
@@ -483,20 +547,30 @@ fn worker(
                         )
                     };
                 }
+                fetch_end = now();
                 burn(50_000);
             }
             Input::Cpu => {
                 let _ = file.read(buf);
+                fetch_end = now();
                 burn(24_000_000);
             }
             Input::Network => {
                 let mut batch = [0u8; 64 << 10];
                 conn.as_mut().unwrap().read_exact(&mut batch).unwrap();
+                fetch_end = now();
                 burn(200_000);
             }
             Input::Fast => burn(300_000),
         }
-        if out.write_all(&step.to_le_bytes()).is_err() {
+        let mut msg = [0u8; BATCH_MSG];
+        for (i, v) in [step, fetch_start, fetch_end, now()]
+            .into_iter()
+            .enumerate()
+        {
+            msg[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        if out.write_all(&msg).is_err() {
             return;
         }
         step += n;
@@ -651,11 +725,12 @@ fn main() {
     for step in 0..o.steps {
         // Next batch from the loader (round robin, like DataLoader).
         let a = now();
-        let mut id = [0u8; 8];
+        let mut msg = [0u8; BATCH_MSG];
         readers[(step % o.workers) as usize]
-            .read_exact(&mut id)
+            .read_exact(&mut msg)
             .unwrap_or_else(|e| die(&format!("worker died: {e}")));
-        log.add(a, now(), input.cause());
+        let at = |i: usize| u64::from_le_bytes(msg[i * 8..i * 8 + 8].try_into().unwrap());
+        log_batch_wait(&mut log, input, (a, now()), (at(1), at(2)), at(3));
 
         match b {
             Bottleneck::Launch => {
@@ -687,24 +762,19 @@ fn main() {
             }
         }
         match b {
-            Bottleneck::HostCpu => {
-                let a = now();
-                burn(14_000_000);
-                log.add(a, now(), "cpu.host");
-            }
+            Bottleneck::HostCpu => log.cpu_work("cpu.host", || burn(14_000_000)),
             Bottleneck::Sync | Bottleneck::Mixed => {
                 // loss.item(): wait for the GPU, then host work it cannot hide.
                 dev.synchronize(&mut log);
-                let a = now();
-                burn(9_000_000);
-                log.add(a, now(), "sync");
+                log.cpu_work("sync", || burn(9_000_000));
             }
             _ => {}
         }
         if o.lose_gpu_step == Some(step) {
             dev.lose_pending();
         } else {
-            dev.flush();
+            // Sending the step's records: the trainer's own bookkeeping.
+            log.cpu_work("cpu.host", || dev.flush());
         }
     }
     // Wait for the device, like a final cudaDeviceSynchronize.
