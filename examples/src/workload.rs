@@ -24,8 +24,9 @@ usage: gs-workload COMMAND [--truth FILE] [options]
 commands:
   spin     --ms N                      spin on one CPU for N ms of CPU time
   oread    --mib N --dir D             read an N MiB file with O_DIRECT in one thread
-  waits    --ms N                      four threads blocked N ms each: futex, pipe,
-                                       loopback TCP recv, nanosleep
+  waits    --ms N                      five threads blocked N ms each: futex, pipe,
+                                       loopback TCP recv, accept on a Unix socket,
+                                       nanosleep
   tree     --workers N --dir D --mib M --ms S
                                        fork N worker processes that read M MiB and
                                        spin S ms each; worker 0 execs a grandchild
@@ -283,6 +284,25 @@ fn cmd_waits(a: &Args) {
         s.read_exact(&mut buf).unwrap();
         report(&t3, "net", start);
         helper.join().unwrap();
+    }));
+
+    // ipc: block in accept() on a Unix listening socket until a peer
+    // connects (a DataLoader worker's resource-sharer thread does this).
+    let t5 = t.clone();
+    threads.push(std::thread::spawn(move || {
+        let path = std::env::temp_dir().join(format!("gs-waits-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let p2 = path.clone();
+        let helper = std::thread::spawn(move || {
+            std::thread::sleep(dur);
+            std::os::unix::net::UnixStream::connect(&p2).unwrap()
+        });
+        let start = Instant::now();
+        let _conn = listener.accept().unwrap();
+        report(&t5, "ipc-accept", start);
+        drop(helper.join().unwrap());
+        let _ = std::fs::remove_file(&path);
     }));
 
     // sleep

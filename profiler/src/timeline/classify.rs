@@ -112,7 +112,6 @@ pub fn offcpu_kind(syscall: Option<i32>, fd_kind: FdKind) -> OffKind {
         }
         "futex" | "futex_waitv" | "futex_wait" | "wait4" | "waitid" | "msgrcv" | "msgsnd"
         | "semop" | "semtimedop" | "mq_timedreceive" | "mq_timedsend" => OffKind::Ipc,
-        "accept" | "accept4" | "connect" => OffKind::Net,
         "mmap" | "munmap" | "mremap" | "mprotect" | "madvise" | "brk" | "mlock" | "mlock2"
         | "munlock" | "mlockall" | "msync" | "userfaultfd" => OffKind::Fault,
         "open" | "openat" | "openat2" | "creat" | "stat" | "lstat" | "newfstatat" | "statx"
@@ -155,6 +154,11 @@ mod tests {
         assert_eq!(offcpu_kind(None, FdKind::None), OffKind::Fault);
         assert_eq!(offcpu_kind(Some(7), FdKind::Pipe), OffKind::Ipc); // poll on a pipe
         assert_eq!(offcpu_kind(Some(232), FdKind::Anon), OffKind::Other); // epoll_wait
+                                                                          // A socket is classified by its family whatever the call.
+        assert_eq!(offcpu_kind(Some(288), FdKind::SockUnix), OffKind::Ipc); // accept4
+        assert_eq!(offcpu_kind(Some(43), FdKind::SockInet), OffKind::Net); // accept
+        assert_eq!(offcpu_kind(Some(42), FdKind::SockUnix), OffKind::Ipc); // connect
+        assert_eq!(offcpu_kind(Some(42), FdKind::None), OffKind::Other);
     }
 
     #[test]
