@@ -238,6 +238,12 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                     return Err(e);
                 }
             };
+            if opts.gpu {
+                // Before the command runs: a uprobe set on the library's
+                // file is in place in every mapping of it from the first.
+                let libs = opts.libcuda.iter().cloned().collect();
+                watch_libcuda(&mut tracer, libs, &mut notes);
+            }
             let mut sink = Sink::new(writer, pid);
             sink.push(Record::Header(header(
                 Mode::Run,
@@ -289,23 +295,12 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         }
     };
 
-    if opts.gpu {
-        let mut libs: Vec<PathBuf> = opts.libcuda.iter().cloned().collect();
-        if child.is_none() {
-            libs.extend(libcuda_in_use(&sink));
-        }
-        libs.sort();
-        libs.dedup();
-        for lib in libs {
-            match tracer.attach_libcuda(&lib) {
-                Ok(0) => notes.push(format!("{}: none of the watched CUDA driver functions found", lib.display())),
-                Ok(n) => notes.push(format!(
-                    "watching {n} CUDA driver functions in {} with uprobes: processes without the shim get an approximate GPU timeline (API calls, no kernel times)",
-                    lib.display()
-                )),
-                Err(e) => notes.push(format!("cannot watch {}: {e}", lib.display())),
-            }
-        }
+    if opts.gpu && child.is_none() {
+        // A running tree: the libcuda its processes have mapped, and any
+        // named.
+        let mut libs = libcuda_in_use(&sink);
+        libs.extend(opts.libcuda.iter().cloned());
+        watch_libcuda(&mut tracer, libs, &mut notes);
     }
     for note in notes {
         sink.push(Record::Note(note));
@@ -323,6 +318,26 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         gpu,
         opts,
     ))
+}
+
+/// Sets the libcuda uprobes on each of `libs`, saying what came of it in
+/// `notes`.
+fn watch_libcuda(tracer: &mut Tracer, mut libs: Vec<PathBuf>, notes: &mut Vec<String>) {
+    libs.sort();
+    libs.dedup();
+    for lib in libs {
+        match tracer.attach_libcuda(&lib) {
+            Ok(0) => notes.push(format!(
+                "{}: none of the watched CUDA driver functions found",
+                lib.display()
+            )),
+            Ok(n) => notes.push(format!(
+                "watching {n} CUDA driver functions in {} with uprobes: processes without the shim get an approximate GPU timeline (API calls, no kernel times)",
+                lib.display()
+            )),
+            Err(e) => notes.push(format!("cannot watch {}: {e}", lib.display())),
+        }
+    }
 }
 
 /// libcuda files mapped by the tree's processes (from the maps snapshots).
