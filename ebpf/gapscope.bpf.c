@@ -22,6 +22,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile __u64 gs_wakeup_bytes = 256 * 1024;
 /* Capture user and kernel stacks when a tracked thread blocks. */
 const volatile __u8 gs_offcpu_stacks = 1;
+/* Whether sys_enter/sys_exit are attached: without them a thread's
+ * switch-out reads what it blocked in from its registers. */
+const volatile __u8 gs_syscall_hooks = 1;
 
 /* Tracked processes (tgid -> 1): seeded by userspace with the target, grown on
  * fork, shrunk when a process's last thread exits. */
@@ -321,6 +324,23 @@ static __always_inline __u64 syscall_arg(struct pt_regs *regs, int i)
 	return 0;
 }
 
+/* The fd syscall `nr` (arguments in `regs`) waits on, or -1. */
+static __always_inline int waited_fd(struct pt_regs *regs, long nr)
+{
+	int idx = fd_arg_index(nr);
+	if (idx >= 0)
+		return (int)syscall_arg(regs, idx);
+	if (nr == NR_poll || nr == NR_ppoll) {
+		/* The first polled fd says what kind of wait this is. */
+		struct pollfd pfd = {};
+		void *ufds = (void *)syscall_arg(regs, 0);
+		if (ufds && syscall_arg(regs, 1) > 0 &&
+		    bpf_probe_read_user(&pfd, sizeof(pfd), ufds) == 0)
+			return pfd.fd;
+	}
+	return -1;
+}
+
 SEC("raw_tp/sys_enter")
 int gs_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -343,17 +363,8 @@ int gs_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	fp->fd = -1;
 	fp->path = 0;
 	fp->fd_kind = GS_FD_NONE;
-	int idx = fd_arg_index(nr);
-	if (idx >= 0) {
-		fp->fd = (int)syscall_arg(regs, idx);
-	} else if (nr == NR_poll || nr == NR_ppoll) {
-		/* The first polled fd says what kind of wait this is. */
-		struct pollfd pfd = {};
-		void *ufds = (void *)syscall_arg(regs, 0);
-		if (ufds && syscall_arg(regs, 1) > 0 &&
-		    bpf_probe_read_user(&pfd, sizeof(pfd), ufds) == 0)
-			fp->fd = pfd.fd;
-	} else if (nr == NR_open || nr == NR_creat) {
+	fp->fd = waited_fd(regs, nr);
+	if (nr == NR_open || nr == NR_creat) {
 		fp->path = syscall_arg(regs, 0);
 	} else if (nr == NR_openat || nr == NR_openat2) {
 		fp->path = syscall_arg(regs, 1);
@@ -473,12 +484,25 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
 	if (flags & GS_SW_PREV_TRACKED) {
 		/* current is still prev here. */
-		struct inflight *f =
-			bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct inflight *f = bpf_task_storage_get(&inflight, task, 0, 0);
 		if (f && f->nr >= 0) {
 			e->syscall = f->nr;
 			e->fd = f->fd;
 			e->fd_kind = f->fd_kind;
+		} else if (blocked && !gs_syscall_hooks) {
+			/* Without the per-syscall hooks, what it blocked in is in
+			 * its saved registers: the syscall number, and the fd among
+			 * the arguments. */
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+			long nr = BPF_CORE_READ(regs, orig_ax);
+			if (nr >= 0) {
+				e->syscall = nr;
+				e->fd = waited_fd(regs, nr);
+				struct file *file = fd_file(e->fd);
+				if (file)
+					e->fd_kind = file_kind(file);
+			}
 		}
 	}
 	bpf_ringbuf_submit(e, rb_flags());

@@ -73,9 +73,34 @@ fn waits_are_classified_by_what_they_wait_on() {
     if !bpf_ready("waits_are_classified_by_what_they_wait_on") {
         return;
     }
+    check_waits(&["-q"]);
+}
+
+/// Without any per-syscall hook, what each thread blocked in is read from
+/// its registers as it blocks: the same kinds, and no syscall records.
+#[test]
+fn waits_are_classified_without_syscall_hooks() {
+    if !bpf_ready("waits_are_classified_without_syscall_hooks") {
+        return;
+    }
+    let report = check_waits(&["-q", "--syscalls", "blocking"]);
+    for th in report["threads"].as_array().unwrap() {
+        assert!(th["syscalls"].as_array().unwrap().is_empty(), "{th}");
+    }
+    assert!(
+        report["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("--syscalls blocking")),
+        "the report says how it was recorded"
+    );
+}
+
+fn check_waits(gapscope_args: &[&str]) -> Value {
     let _lock = recording_lock();
     let dir = scratch("waits");
-    let (run, lines) = run_workload(dir.path(), &["-q"], &["waits", "--ms", "300"]);
+    let (run, lines) = run_workload(dir.path(), gapscope_args, &["waits", "--ms", "300"]);
     let report = run.report();
     assert_partitions(&report);
     let waits = truth_of(&lines, "wait");
@@ -98,6 +123,7 @@ fn waits_are_classified_by_what_they_wait_on() {
             0.20,
         );
     }
+    report
 }
 
 #[test]

@@ -137,6 +137,13 @@ struct RecordArgs {
     /// Do not capture stacks when threads block (cheaper; no off-CPU stacks).
     #[arg(long)]
     no_offcpu_stacks: bool,
+    /// Which syscalls to record: `all` hooks every syscall's entry and exit
+    /// (per-syscall counts and times, bytes, opened paths); `blocking`
+    /// hooks none and reads what a thread blocked in from its registers
+    /// when it blocks (cheaper, for the machine too: without the hooks no
+    /// task takes the slow syscall path).
+    #[arg(long, value_enum, default_value_t = SyscallsArg::All, value_name = "WHICH")]
+    syscalls: SyscallsArg,
     /// No status line while recording, no report at the end.
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -159,6 +166,12 @@ struct RecordArgs {
     /// NVML sampling rate, Hz.
     #[arg(long, default_value_t = 10, value_name = "HZ", value_parser = clap::value_parser!(u64).range(1..=1000))]
     nvml_hz: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum SyscallsArg {
+    All,
+    Blocking,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -206,6 +219,7 @@ impl RecordArgs {
                 sample_hz: self.freq,
                 ring_bytes: self.buffer_mb << 20,
                 offcpu_stacks: !self.no_offcpu_stacks,
+                syscall_hooks: self.syscalls == SyscallsArg::All,
             },
             duration,
             status_line: !self.quiet && std::io::stderr().is_terminal(),

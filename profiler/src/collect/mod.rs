@@ -210,6 +210,14 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
     let signals = SignalSource::install().map_err(io_err("installing signal handlers"))?;
 
     let mut notes = Vec::new();
+    if !opts.tracer.syscall_hooks {
+        notes.push(
+            "recorded with --syscalls blocking: no per-syscall counts, times or bytes, and no \
+             paths of files opened while recording; what each thread blocked in was read from \
+             its registers as it blocked"
+                .to_string(),
+        );
+    }
     let mut gpu_listener = None;
     let mut env = opts.env.clone();
     if opts.gpu {

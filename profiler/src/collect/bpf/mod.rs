@@ -20,6 +20,9 @@ static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gapscop
 
 /// Raw tracepoints in the order they are attached: process lifetime first,
 /// so a fork racing with the attach itself is never missed by the filter.
+/// The per-syscall hooks, left out with `syscall_hooks: false`.
+const SYSCALL_HOOKS: [&str; 2] = ["gs_sys_enter", "gs_sys_exit"];
+
 const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("gs_sched_process_fork", "sched_process_fork"),
     ("gs_sched_process_exec", "sched_process_exec"),
@@ -62,6 +65,10 @@ pub struct TracerConfig {
     pub ring_bytes: u32,
     /// Capture stacks when a tracked thread blocks.
     pub offcpu_stacks: bool,
+    /// Hook every syscall's entry and exit (per-syscall records, bytes,
+    /// opened paths); without, a blocking thread's syscall is read from
+    /// its registers at the switch.
+    pub syscall_hooks: bool,
 }
 
 impl Default for TracerConfig {
@@ -70,6 +77,7 @@ impl Default for TracerConfig {
             sample_hz: 99,
             ring_bytes: 32 << 20,
             offcpu_stacks: true,
+            syscall_hooks: true,
         }
     }
 }
@@ -81,6 +89,7 @@ pub struct Tracer {
     drops: PerCpuArray<MapData, u64>,
     ring: RingBuf<MapData>,
     sample_hz: u64,
+    syscall_hooks: bool,
 }
 
 impl Tracer {
@@ -88,12 +97,14 @@ impl Tracer {
     pub fn load(config: &TracerConfig) -> Result<Tracer, BpfError> {
         let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
         let offcpu_stacks = config.offcpu_stacks as u8;
+        let syscall_hooks = config.syscall_hooks as u8;
         let wakeup_bytes: u64 = (ring_bytes as u64 / 8).min(1 << 20);
         let mut ebpf = EbpfLoader::new()
             // Task storage (per-thread syscall state) is a map type this aya
             // has no wrapper for; userspace never touches it.
             .allow_unsupported_maps()
             .override_global("gs_offcpu_stacks", &offcpu_stacks, true)
+            .override_global("gs_syscall_hooks", &syscall_hooks, true)
             .override_global("gs_wakeup_bytes", &wakeup_bytes, true)
             .map_max_entries("events", ring_bytes)
             .load(OBJECT)
@@ -124,6 +135,7 @@ impl Tracer {
             drops,
             ring,
             sample_hz: config.sample_hz,
+            syscall_hooks: config.syscall_hooks,
         })
     }
 
@@ -140,6 +152,9 @@ impl Tracer {
     /// Attaches every program. Events flow for tracked processes from here on.
     pub fn attach(&mut self) -> Result<(), BpfError> {
         for (name, tp) in RAW_TRACEPOINTS {
+            if !self.syscall_hooks && SYSCALL_HOOKS.contains(name) {
+                continue;
+            }
             let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
             prog.attach(tp)
                 .map_err(|source| BpfError::Program { name, source })?;
