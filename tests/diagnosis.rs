@@ -31,11 +31,13 @@ fn dominant(causes: &Value) -> String {
         .to_string()
 }
 
-fn scenario(bottleneck: &str) -> (Value, Value, Value) {
+fn scenario(bottleneck: &str, gapscope_args: &[&str]) -> (Value, Value, Value) {
     simtrain_data(); // made before taking the lock
     let _lock = recording_lock();
     let dir = scratch(&format!("simtrain-{bottleneck}"));
-    let (run, truth) = run_simtrain(dir.path(), &["-q"], &["--bottleneck", bottleneck]);
+    let mut args = vec!["-q"];
+    args.extend_from_slice(gapscope_args);
+    let (run, truth) = run_simtrain(dir.path(), &args, &["--bottleneck", bottleneck]);
     let report = run.report();
     assert_partitions(&report);
     let gpus = report["gpus"].as_array().unwrap();
@@ -48,8 +50,8 @@ fn scenario(bottleneck: &str) -> (Value, Value, Value) {
     (g, truth, report)
 }
 
-fn check(bottleneck: &str, expected: &[&str]) {
-    let (g, truth, report) = scenario(bottleneck);
+fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
+    let (g, truth, report) = scenario(bottleneck, gapscope_args);
     let idle = u64_of(&g, "idle_ns");
     let truth_idle: u64 = truth["idle_by_cause_ns"]
         .as_object()
@@ -119,12 +121,15 @@ fn check(bottleneck: &str, expected: &[&str]) {
 
 macro_rules! scenario_test {
     ($name:ident, $bottleneck:literal, $($cause:literal),+) => {
+        scenario_test!($name, [], $bottleneck, $($cause),+);
+    };
+    ($name:ident, [$($arg:literal),*], $bottleneck:literal, $($cause:literal),+) => {
         #[test]
         fn $name() {
             if !bpf_ready(stringify!($name)) {
                 return;
             }
-            check($bottleneck, &[$($cause),+]);
+            check($bottleneck, &[$($arg),*], &[$($cause),+]);
         }
     };
 }
@@ -137,13 +142,28 @@ scenario_test!(launch_is_named, "launch", "cpu.launch");
 scenario_test!(sync_is_named, "sync", "sync");
 scenario_test!(memory_is_named, "memory", "memory");
 scenario_test!(mixed_yields_both_causes, "mixed", "input.io", "sync");
+// Without any per-syscall hook: what the loaders blocked in is read from
+// their registers, and the attribution holds the same.
+scenario_test!(
+    input_network_is_named_without_syscall_hooks,
+    ["--syscalls", "blocking"],
+    "input-network",
+    "input.network"
+);
+scenario_test!(
+    mixed_yields_both_causes_without_syscall_hooks,
+    ["--syscalls", "blocking"],
+    "mixed",
+    "input.io",
+    "sync"
+);
 
 #[test]
 fn a_busy_gpu_has_little_steady_idle() {
     if !bpf_ready("a_busy_gpu_has_little_steady_idle") {
         return;
     }
-    let (g, _, report) = scenario("none");
+    let (g, _, report) = scenario("none", &[]);
     let verdict = report["verdict"].as_str().unwrap();
     assert!(verdict.ends_with("scale out."), "{verdict}");
     assert!(report["recommendations"].as_array().unwrap().is_empty());
