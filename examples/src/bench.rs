@@ -27,6 +27,10 @@ commands:
          (getppid), paced to R syscalls/s in all (0 = as fast as they can),
          with a pipe ping-pong pair adding context switches; pinned to
          CPU C and at nice level N when given
+  syscalls --iters N [--call getppid|read] [--cpu C]
+         a bystander: one thread making N cheap syscalls in a loop,
+         getppid (default) or a 1-byte read of /dev/zero, pinned to CPU C
+         when given; prints the time per call on stderr
 
 --time-file F gets one line: wall_ns cpu_ns (children included).";
 
@@ -255,6 +259,47 @@ fn cmd_events(a: &Args) {
     finish(a, wall);
 }
 
+fn cmd_syscalls(a: &Args) {
+    let iters = a.num("iters", 5_000_000);
+    let call = a.get("call").unwrap_or("getppid");
+    pin(a.get("cpu").map(|_| a.num("cpu", 0)));
+    let zero = match call {
+        "getppid" => None,
+        "read" => Some(File::open("/dev/zero").unwrap_or_else(|e| die(&format!("/dev/zero: {e}")))),
+        other => die(&format!("--call: getppid or read, not {other:?}")),
+    };
+    let mut b = [0u8; 1];
+    let start = Instant::now();
+    match &zero {
+        None => {
+            for _ in 0..iters {
+                // SAFETY: getppid has no preconditions.
+                std::hint::black_box(unsafe { libc::getppid() });
+            }
+        }
+        Some(f) => {
+            use std::os::fd::AsRawFd;
+            let fd = f.as_raw_fd();
+            for _ in 0..iters {
+                // SAFETY: reading one byte into a live buffer from our fd.
+                std::hint::black_box(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) });
+            }
+        }
+    }
+    let wall = start.elapsed().as_nanos() as u64;
+    eprintln!(
+        "gs-bench syscalls: {iters} {} in {:.3} s = {:.1} ns each",
+        if zero.is_some() {
+            "1-byte reads of /dev/zero"
+        } else {
+            "getppid"
+        },
+        wall as f64 / 1e9,
+        wall as f64 / iters.max(1) as f64
+    );
+    finish(a, wall);
+}
+
 fn finish(a: &Args, wall_ns: u64) {
     let cpu = cpu_ns(libc::RUSAGE_SELF) + cpu_ns(libc::RUSAGE_CHILDREN);
     if let Some(p) = a.get("time-file") {
@@ -269,6 +314,7 @@ fn main() {
         "input" => cmd_input(&a),
         "cpu" => cmd_cpu(&a),
         "events" => cmd_events(&a),
+        "syscalls" => cmd_syscalls(&a),
         "-h" | "--help" | "help" => println!("{USAGE}"),
         "" => die(&format!("missing command\n\n{USAGE}")),
         other => die(&format!("unknown command {other:?}\n\n{USAGE}")),

@@ -1,11 +1,14 @@
 //! `cargo xtask bench`: what gapscope costs, every figure against a baseline
 //! measured in the same run. Overhead alternates bare and profiled runs of
-//! fixed-work workloads and takes the median ratio; throughput finds the
-//! highest event rate recorded without drops; offline times `report` on
-//! synthetic sessions (1 M, 10 M and, where memory and disk allow, 100 M
-//! events) and a synthetic PyTorch trace. One table at the end, each target
-//! marked met or not, with what bounds it when not. `cargo xtask bench
-//! offline` (any of overhead, throughput, offline, kineto) runs only those.
+//! fixed-work workloads and takes the median ratio (perf, strace and bpftrace
+//! beside gapscope where installed); bystander times a loop of cheap
+//! syscalls in a process nobody records, bare and while another process is
+//! recorded; throughput finds the highest event rate recorded without drops;
+//! offline times `report` on synthetic sessions (1 M, 10 M and, where memory
+//! and disk allow, 100 M events) and a synthetic PyTorch trace. One table at
+//! the end, each target marked met or not, with what bounds it when not.
+//! `cargo xtask bench offline` (any of overhead, bystander, throughput,
+//! offline, kineto) runs only those.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -151,10 +154,15 @@ fn machine() -> String {
     )
 }
 
-/// A profiler to compare with: how to wrap a command in it.
+/// (wall ns, CPU ns), as a workload measured itself.
+type Times = (f64, f64);
+
+/// A profiler to compare with: how it runs a command.
 struct Profiler {
     name: &'static str,
-    wrap: fn(&Bench, usize, &[String]) -> Command,
+    /// Runs the workload under it: (wall ns, CPU ns) as the workload
+    /// measured itself.
+    run: fn(&Bench, usize, &[String]) -> Result<Times>,
 }
 
 fn bare(_: &Bench, _: usize, cmd: &[String]) -> Command {
@@ -189,8 +197,195 @@ fn under_strace(b: &Bench, _: usize, cmd: &[String]) -> Command {
     c
 }
 
-/// (wall ns, CPU ns) the workload measured itself.
-fn timed(b: &Bench, mut cmd: Command) -> Result<(f64, f64)> {
+/// The workload under bpftrace: the program attached first, the workload
+/// run bare, then the program stopped. bpftrace selects the workload's
+/// threads by name (comm "gs-bench"): the workloads fork without exec, so
+/// every process of the tree keeps it.
+fn under_bpftrace(b: &Bench, _: usize, cmd: &[String]) -> Result<Times> {
+    let tracer = Bpftrace::start(b, "comm == \"gs-bench\"")?;
+    let t = timed(b, bare(b, 0, cmd))?;
+    let out = tracer.stop()?;
+    if !out.contains("@lat") {
+        bail!(
+            "bpftrace saw none of the workload's syscalls: {}",
+            out.trim()
+        );
+    }
+    Ok(t)
+}
+
+/// The bpftrace program the recording-cost issue measured: a histogram of
+/// syscall latency and a count of context switches for the threads
+/// `filter` selects, nothing recorded per event. Like gapscope's, its
+/// syscall probes fire for every task on the machine; the filter is the
+/// first thing each runs.
+fn bpftrace_program(filter: &str) -> String {
+    format!(
+        "tracepoint:raw_syscalls:sys_enter /{filter}/ {{ @start[tid] = nsecs; }}\n\
+         tracepoint:raw_syscalls:sys_exit /{filter} && @start[tid]/ \
+         {{ @lat = hist(nsecs - @start[tid]); delete(@start[tid]); }}\n\
+         tracepoint:sched:sched_switch /{filter}/ {{ @sw = count(); }}\n"
+    )
+}
+
+/// A child that is signalled and reaped if still running when dropped, so
+/// that no recorder outlives the bench, whatever fails.
+struct Running {
+    child: Option<std::process::Child>,
+    /// What stops it.
+    signal: i32,
+}
+
+impl Running {
+    fn spawn(cmd: &mut Command, signal: i32) -> Result<Running> {
+        let child = cmd.spawn().with_context(|| describe(cmd))?;
+        Ok(Running {
+            child: Some(child),
+            signal,
+        })
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Whether it has exited already (reaped; its status is lost).
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+    }
+
+    /// Signals it and waits for it to exit.
+    fn stop(mut self) -> Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("stopped twice")?;
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, self.signal) };
+        Ok(child.wait()?)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, self.signal) };
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Waits up to a minute for `ready` to say so; fails when `proc` exits
+/// first.
+fn wait_until(proc: &mut Running, what: &str, ready: impl Fn() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ready() {
+        if proc.exited() {
+            bail!("{what} exited before it was ready");
+        }
+        if start.elapsed().as_secs() >= 60 {
+            bail!("{what} not ready after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// bpftrace running `bpftrace_program(filter)`, attached.
+struct Bpftrace {
+    proc: Running,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Bpftrace {
+    /// Starts it and returns once it says "Attaching N probes..." (printed
+    /// when its probes are in place).
+    fn start(b: &Bench, filter: &str) -> Result<Bpftrace> {
+        let out = b.dir.join("bpftrace.out");
+        let err = b.dir.join("bpftrace.err");
+        let mut proc = Running::spawn(
+            Command::new("bpftrace")
+                .arg("-e")
+                .arg(bpftrace_program(filter))
+                .stdout(std::fs::File::create(&out)?)
+                .stderr(std::fs::File::create(&err)?),
+            libc::SIGINT,
+        )?;
+        let attached = || std::fs::read_to_string(&out).is_ok_and(|t| t.contains("Attaching"));
+        if let Err(e) = wait_until(&mut proc, "bpftrace", attached) {
+            let why = std::fs::read_to_string(&err).unwrap_or_default();
+            bail!("{e}: {}", why.trim());
+        }
+        Ok(Bpftrace { proc, out, err })
+    }
+
+    /// Stops it (SIGINT: it prints its maps and exits); what it printed.
+    fn stop(self) -> Result<String> {
+        let status = self.proc.stop()?;
+        if !status.success() {
+            bail!(
+                "bpftrace failed ({status}): {}",
+                std::fs::read_to_string(&self.err)
+                    .unwrap_or_default()
+                    .trim()
+            );
+        }
+        Ok(std::fs::read_to_string(&self.out)?)
+    }
+}
+
+/// Whether bpftrace is installed and can attach the program here (it needs
+/// the syscall and scheduler tracepoints, so tracefs mounted); why not
+/// when it is installed but cannot.
+fn bpftrace_usable() -> Option<Result<(), String>> {
+    if !have("bpftrace") {
+        return None;
+    }
+    let out = Command::new("bpftrace")
+        .arg("-e")
+        .arg(bpftrace_program("pid == 0") + "BEGIN { exit(); }\n")
+        .stdin(Stdio::null())
+        .output();
+    Some(match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => {
+            // Its error, not the warning about RLIMIT_MEMLOCK it prints
+            // even when it works.
+            let text = String::from_utf8_lossy(&o.stderr);
+            let mut errors = text
+                .lines()
+                .filter(|l| l.contains("ERROR") && !l.contains("RLIMIT_MEMLOCK"));
+            Err(errors
+                .next_back()
+                .or_else(|| text.lines().rfind(|l| !l.trim().is_empty()))
+                .unwrap_or("failed")
+                .trim()
+                .to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// bpftrace as a peer where it is installed and works; a line on stderr
+/// when it is installed and does not.
+fn bpftrace_peer() -> Option<Profiler> {
+    match bpftrace_usable()? {
+        Ok(()) => Some(Profiler {
+            name: "bpftrace",
+            run: under_bpftrace,
+        }),
+        Err(why) => {
+            eprintln!(
+                "xtask: bench: bpftrace is installed but cannot attach here ({why}); not compared"
+            );
+            None
+        }
+    }
+}
+
+/// Runs a workload; what it measured itself.
+fn timed(b: &Bench, mut cmd: Command) -> Result<Times> {
     let file = b.dir.join("time");
     let _ = std::fs::remove_file(&file);
     quiet(&mut cmd)?;
@@ -204,7 +399,7 @@ fn timed(b: &Bench, mut cmd: Command) -> Result<(f64, f64)> {
 fn peers(b: &Bench) -> Vec<Profiler> {
     let mut v = vec![Profiler {
         name: "gapscope",
-        wrap: under_gapscope,
+        run: |b, round, cmd| timed(b, under_gapscope(b, round, cmd)),
     }];
     let probe = |c: &mut Command| {
         c.stdout(Stdio::null())
@@ -220,15 +415,16 @@ fn peers(b: &Bench) -> Vec<Profiler> {
     ) {
         v.push(Profiler {
             name: "perf record -g",
-            wrap: under_perf,
+            run: |b, round, cmd| timed(b, under_perf(b, round, cmd)),
         });
     }
     if have("strace") {
         v.push(Profiler {
             name: "strace -f",
-            wrap: under_strace,
+            run: |b, round, cmd| timed(b, under_strace(b, round, cmd)),
         });
     }
+    v.extend(bpftrace_peer());
     v
 }
 
@@ -308,7 +504,7 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             bare_cpu.push(bc);
             for k in 0..peers.len() {
                 let i = (k + round) % peers.len();
-                let (w, c) = timed(b, (peers[i].wrap)(b, round, &cmd))?;
+                let (w, c) = (peers[i].run)(b, round, &cmd)?;
                 ratios[i].push(w / bw);
                 if i == 0 {
                     cpu_ratio.push(c / bc);
@@ -378,6 +574,216 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             verdict,
         });
     }
+    Ok(())
+}
+
+/// Iterations of the bystander's loop: a quarter to half a second bare.
+const BYSTANDER_ITERS: u64 = 2_000_000;
+/// The bystander's calls: gs-bench's name, and as the table says it.
+const BYSTANDER_CALLS: [(&str, &str); 2] =
+    [("getppid", "getppid"), ("read", "1-byte read of /dev/zero")];
+const BYSTANDER_TARGET: f64 = 1.01;
+
+/// A recorder of a process other than the bystander: an idle `sleep`.
+enum Elsewhere {
+    /// `gapscope run` of a shell that says it has started, then execs sleep.
+    Gapscope(Running),
+    /// bpftrace, its program filtered to the pid of a sleep the bench
+    /// started.
+    Bpftrace { tracer: Bpftrace, _sleep: Running },
+}
+
+impl Elsewhere {
+    fn start(b: &Bench, recorder: &str) -> Result<Elsewhere> {
+        if recorder == "bpftrace" {
+            let sleep = Running::spawn(Command::new("sleep").arg("3600"), libc::SIGKILL)?;
+            let tracer = Bpftrace::start(b, &format!("pid == {}", sleep.pid()))?;
+            return Ok(Elsewhere::Bpftrace {
+                tracer,
+                _sleep: sleep,
+            });
+        }
+        // `run` releases its command only once the probes are attached, so
+        // the ready file means recording.
+        let ready = b.dir.join("other-ready");
+        let _ = std::fs::remove_file(&ready);
+        let _ = std::fs::remove_dir_all(b.dir.join("other-rec"));
+        let mut proc = Running::spawn(
+            Command::new(b.bin("gapscope"))
+                .args(["run", "-q", "--no-exports", "-o"])
+                .arg(b.dir.join("other-rec"))
+                .args(["--", "sh", "-c", ": > \"$1\"; exec sleep 3600", "sh"])
+                .arg(&ready)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            // `run` passes it on to the sleep and ends when that exits.
+            libc::SIGINT,
+        )?;
+        wait_until(&mut proc, "gapscope run", || ready.exists())?;
+        Ok(Elsewhere::Gapscope(proc))
+    }
+
+    fn stop(self) -> Result<()> {
+        match self {
+            Elsewhere::Gapscope(proc) => {
+                // It exits as its command did: killed by SIGINT, 130.
+                let status = proc.stop()?;
+                if !(status.success() || status.code() == Some(128 + libc::SIGINT)) {
+                    bail!("gapscope run of the idle process failed ({status})");
+                }
+            }
+            Elsewhere::Bpftrace { tracer, .. } => {
+                tracer.stop()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The cost to processes nobody records: a loop of cheap syscalls, timed
+/// from inside, bare and while gapscope (and bpftrace, where it works)
+/// records an idle process. Each pass runs every call on CPU 0 and on the
+/// last CPU, since a recorder's cost can depend on the CPU.
+fn bystander(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
+    let mut recorders = vec!["gapscope"];
+    match bpftrace_usable() {
+        Some(Ok(())) => recorders.push("bpftrace"),
+        Some(Err(why)) => eprintln!(
+            "xtask: bench: bpftrace is installed but cannot attach here ({why}); not compared"
+        ),
+        None => {}
+    }
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus: Vec<usize> = if ncpu > 1 { vec![0, ncpu - 1] } else { vec![0] };
+    eprintln!(
+        "xtask: bench: bystander ({} rounds, {} calls each on CPU {})",
+        b.rounds,
+        BYSTANDER_ITERS,
+        cpus.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    // Wall ns of each call on each CPU: [call][cpu].
+    type Walls = Vec<Vec<f64>>;
+    let pass = || -> Result<Walls> {
+        BYSTANDER_CALLS
+            .iter()
+            .map(|(call, _)| {
+                cpus.iter()
+                    .map(|cpu| {
+                        let mut c = Command::new(b.bin("gs-bench"));
+                        c.args(["syscalls", "--iters"])
+                            .arg(BYSTANDER_ITERS.to_string())
+                            .args(["--call", call, "--cpu"])
+                            .arg(cpu.to_string())
+                            .arg("--time-file")
+                            .arg(b.dir.join("time"));
+                        Ok(timed(b, c)?.0)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let mut bare_runs = Vec::new();
+    let mut runs: Vec<Vec<Walls>> = vec![Vec::new(); recorders.len()];
+    for round in 0..b.rounds {
+        bare_runs.push(pass()?);
+        for k in 0..recorders.len() {
+            let i = (k + round) % recorders.len();
+            let other = Elsewhere::start(b, recorders[i])?;
+            let walls = pass();
+            other.stop()?;
+            runs[i].push(walls?);
+        }
+    }
+    let _ = std::fs::remove_dir_all(b.dir.join("other-rec"));
+    let per_call = |walls: &[Walls], call: usize| {
+        median(
+            walls
+                .iter()
+                .map(|w| w[call].iter().sum::<f64>() / (cpus.len() as u64 * BYSTANDER_ITERS) as f64)
+                .collect(),
+        )
+    };
+    // Per round: the recorded walls over the bare ones, all CPUs together;
+    // ns added per syscall on each CPU, both calls together.
+    let ratio = |i: usize, call: usize| {
+        median(
+            runs[i]
+                .iter()
+                .zip(&bare_runs)
+                .map(|(r, bw)| r[call].iter().sum::<f64>() / bw[call].iter().sum::<f64>())
+                .collect(),
+        )
+    };
+    let added = |i: usize, call: usize| per_call(&runs[i], call) - per_call(&bare_runs, call);
+    let added_on = |i: usize, cpu: usize| {
+        median(
+            runs[i]
+                .iter()
+                .zip(&bare_runs)
+                .map(|(r, bw)| {
+                    (0..BYSTANDER_CALLS.len())
+                        .map(|c| r[c][cpu] - bw[c][cpu])
+                        .sum::<f64>()
+                        / (BYSTANDER_CALLS.len() as u64 * BYSTANDER_ITERS) as f64
+                })
+                .collect(),
+        )
+    };
+    let bare_line = BYSTANDER_CALLS
+        .iter()
+        .enumerate()
+        .map(|(c, (_, name))| format!("{name} {:.0} ns", per_call(&bare_runs, c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut parts = vec![format!("bare {bare_line} per call")];
+    for (i, name) in recorders.iter().enumerate() {
+        let ratios = BYSTANDER_CALLS
+            .iter()
+            .enumerate()
+            .map(|(c, (_, call))| format!("{call} {:.2}×", ratio(i, c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let by_cpu = cpus
+            .iter()
+            .enumerate()
+            .map(|(k, cpu)| format!("{:+.0} ns on CPU {cpu}", added_on(i, k)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        parts.push(format!(
+            "{name} recording an idle process: {ratios} ({by_cpu}, per syscall)"
+        ));
+    }
+    let worst = (0..BYSTANDER_CALLS.len())
+        .map(|c| ratio(0, c))
+        .fold(0.0, f64::max);
+    let verdict = if worst <= BYSTANDER_TARGET {
+        Verdict::Met
+    } else {
+        let each = BYSTANDER_CALLS
+            .iter()
+            .enumerate()
+            .map(|(c, (_, call))| format!("{:+.0} ns per {call}", added(0, c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Verdict::Missed(format!(
+            "a cost on every syscall of every process ({each}): gapscope hooks raw_syscalls sys_enter and sys_exit for the whole machine, \
+             so an untracked task still runs both BPF programs on each call (on entry a \
+             task-storage miss and a hash lookup of its process, on exit a task-storage miss) \
+             and the kernel's syscall-tracing path that any such hook turns on"
+        ))
+    };
+    rows.push(Row {
+        case: format!(
+            "bystander: an untracked process's syscalls while another is recorded (median of {})",
+            b.rounds
+        ),
+        measured: parts.join(" · "),
+        target: format!("≤ {BYSTANDER_TARGET:.2}×"),
+        verdict,
+    });
     Ok(())
 }
 
@@ -785,7 +1191,7 @@ fn generate_kineto(path: &Path, mib: u64) -> Result<u64> {
 
 /// The cases, in the order they run; `cargo xtask bench CASE…` runs only
 /// those named.
-const CASES: [&str; 4] = ["overhead", "throughput", "offline", "kineto"];
+const CASES: [&str; 5] = ["overhead", "bystander", "throughput", "offline", "kineto"];
 
 pub fn bench(args: &[String]) -> Result<()> {
     if let Some(bad) = args.iter().find(|a| !CASES.contains(&a.as_str())) {
@@ -795,9 +1201,9 @@ pub fn bench(args: &[String]) -> Result<()> {
         );
     }
     let run = |case: &str| args.is_empty() || args.iter().any(|a| a == case);
-    if (run("overhead") || run("throughput")) && !is_root() {
+    if (run("overhead") || run("bystander") || run("throughput")) && !is_root() {
         bail!(
-            "the overhead and throughput cases record with eBPF: sudo -E cargo xtask bench \
+            "the overhead, bystander and throughput cases record with eBPF: sudo -E cargo xtask bench \
              (`cargo xtask bench offline kineto` needs no root)"
         );
     }
@@ -816,7 +1222,7 @@ pub fn bench(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let mut rows = Vec::new();
     type Case = fn(&Bench, &mut Vec<Row>) -> Result<()>;
-    let cases: [Case; 4] = [overhead, throughput, offline, kineto];
+    let cases: [Case; 5] = [overhead, bystander, throughput, offline, kineto];
     for (name, case) in CASES.iter().zip(cases) {
         if run(name) {
             case(&b, &mut rows)?;
