@@ -180,6 +180,16 @@ fn under_gapscope(b: &Bench, round: usize, cmd: &[String]) -> Command {
     c
 }
 
+/// gapscope without per-syscall hooks (`--syscalls blocking`).
+fn under_gapscope_blocking(b: &Bench, round: usize, cmd: &[String]) -> Command {
+    let mut c = Command::new(b.bin("gapscope"));
+    c.args(["run", "-q", "--syscalls", "blocking", "-o"])
+        .arg(b.dir.join(format!("rec-blocking-{round}")))
+        .arg("--")
+        .args(cmd);
+    c
+}
+
 fn under_perf(b: &Bench, _: usize, cmd: &[String]) -> Command {
     let mut c = Command::new("perf");
     c.args(["record", "-g", "-q", "-o"])
@@ -397,10 +407,16 @@ fn timed(b: &Bench, mut cmd: Command) -> Result<Times> {
 }
 
 fn peers(b: &Bench) -> Vec<Profiler> {
-    let mut v = vec![Profiler {
-        name: "gapscope",
-        run: |b, round, cmd| timed(b, under_gapscope(b, round, cmd)),
-    }];
+    let mut v = vec![
+        Profiler {
+            name: "gapscope",
+            run: |b, round, cmd| timed(b, under_gapscope(b, round, cmd)),
+        },
+        Profiler {
+            name: "gapscope --syscalls blocking",
+            run: |b, round, cmd| timed(b, under_gapscope_blocking(b, round, cmd)),
+        },
+    ];
     let probe = |c: &mut Command| {
         c.stdout(Stdio::null())
             .stderr(Stdio::null())
