@@ -753,20 +753,20 @@ fn bystander(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
                 .collect(),
         )
     };
-    let bare_line = BYSTANDER_CALLS
-        .iter()
-        .enumerate()
-        .map(|(c, (_, name))| format!("{name} {:.0} ns", per_call(&bare_runs, c)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut parts = vec![format!("bare {bare_line} per call")];
-    for (i, name) in recorders.iter().enumerate() {
-        let ratios = BYSTANDER_CALLS
+    // One figure per call, named: "getppid …, 1-byte read … …".
+    let each_call = |figure: &dyn Fn(usize, &str) -> String| {
+        BYSTANDER_CALLS
             .iter()
             .enumerate()
-            .map(|(c, (_, call))| format!("{call} {:.2}×", ratio(i, c)))
+            .map(|(c, (_, call))| figure(c, call))
             .collect::<Vec<_>>()
-            .join(", ");
+            .join(", ")
+    };
+    let ratios_of = |i: usize| each_call(&|c, call| format!("{call} {:.2}×", ratio(i, c)));
+    let bare_line = each_call(&|c, call| format!("{call} {:.0} ns", per_call(&bare_runs, c)));
+    let mut parts = vec![format!("bare {bare_line} per call")];
+    for (i, name) in recorders.iter().enumerate() {
+        let ratios = ratios_of(i);
         let by_cpu = cpus
             .iter()
             .enumerate()
@@ -783,18 +783,8 @@ fn bystander(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     let verdict = if worst <= BYSTANDER_TARGET {
         Verdict::Met
     } else {
-        let each = BYSTANDER_CALLS
-            .iter()
-            .enumerate()
-            .map(|(c, (_, call))| format!("{:+.0} ns per {call}", added(0, c)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let blocking = BYSTANDER_CALLS
-            .iter()
-            .enumerate()
-            .map(|(c, (_, call))| format!("{call} {:.2}×", ratio(1, c)))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let each = each_call(&|c, call| format!("{:+.0} ns per {call}", added(0, c)));
+        let blocking = ratios_of(1);
         Verdict::Missed(format!(
             "a cost on every syscall of every process ({each}): by default gapscope hooks \
              raw_syscalls sys_enter and sys_exit for the whole machine, so an untracked task \
