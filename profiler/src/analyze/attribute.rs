@@ -207,35 +207,36 @@ pub(crate) fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
 }
 
 pub fn attribute(inp: &Inputs) -> Attribution {
-    let (lo, hi) = inp.window;
     let mut out = Attribution::new(inp.blind.to_vec(), inp.lossy.to_vec(), inp.keep_pieces);
-    let Some(&(first, _)) = inp.busy.first() else {
-        out.add(Piece {
-            start: lo,
-            end: hi,
-            cause: Cause::Unattributed,
-            thread: None,
-        });
-        return out;
-    };
-    let last = inp.busy.last().unwrap().1;
-    out.add(Piece {
-        start: lo,
-        end: first.max(lo),
-        cause: Cause::Startup,
-        thread: None,
-    });
+    let (head, tail) = edges(inp.window, inp.busy);
+    out.add(head);
     let fallback = main_feeder(inp.work);
     for w in inp.busy.windows(2) {
         attribute_gap(inp, w[0].1, w[1].0, fallback, &mut out);
     }
-    out.add(Piece {
-        start: last.min(hi),
-        end: hi,
-        cause: Cause::Teardown,
-        thread: None,
-    });
+    if let Some(tail) = tail {
+        out.add(tail);
+    }
     out
+}
+
+/// The idle before a GPU's first work and after its last: start-up and
+/// tear-down; a GPU that never worked is one unattributed span.
+pub(crate) fn edges(window: (u64, u64), busy: &[(u64, u64)]) -> (Piece, Option<Piece>) {
+    let (lo, hi) = window;
+    let edge = |start: u64, end: u64, cause: Cause| Piece {
+        start,
+        end,
+        cause,
+        thread: None,
+    };
+    match (busy.first(), busy.last()) {
+        (Some(&(first, _)), Some(&(_, last))) => (
+            edge(lo, first.max(lo), Cause::Startup),
+            Some(edge(last.min(hi), hi, Cause::Teardown)),
+        ),
+        _ => (edge(lo, hi, Cause::Unattributed), None),
+    }
 }
 
 /// The gap `[a, b)` between two busy spans, by what its feeder (the issuer

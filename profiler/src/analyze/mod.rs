@@ -148,25 +148,21 @@ pub fn analyze_settling_every(
                 events: stream,
                 cuda_calls,
             } = crate::session::read_outline(&path, |pid, r| records.add(pid, r))?;
-            let (lo, hi) = stream.window();
-            let gpu_dropped = records.retain_within(lo, hi);
+            let gpu_dropped = records.retain_within(stream.window());
             let intervals = opts.pictures || records.count > 0 || cuda_calls;
             let gpu = GpuSide::from_records(&mut session, records);
             let mut timeline = Timeline::begin_with(&session, gpu, build(intervals));
             // With the recording's end known, idle gaps are attributed as
             // the events pass them, and the states behind let go (the
             // pictures keep every state: they draw them all).
-            let start = session.header().start_ns;
-            let mut attributor = session
-                .footer
-                .as_ref()
+            let mut attributor = crate::timeline::recorded_end(&session)
                 .filter(|_| intervals && !opts.pictures)
-                .map(|f| {
+                .map(|end| {
                     stream::Attributor::new(
                         &timeline,
-                        (start, f.end_ns.max(start)),
+                        (timeline.start, end),
                         &loss::blind_windows(&session),
-                        &loss::lossy_windows(&session),
+                        loss::lossy_windows(&session),
                     )
                 });
             let mut events = 0u64;
@@ -207,14 +203,7 @@ fn conclude(
     attributor: Option<stream::Attributor>,
 ) -> Analysis {
     let (diagnosis, clock_checks) = match attributor {
-        Some(a) => {
-            let (gpus, checks) = a.finish(&timeline);
-            let diagnosis = diagnose::Diagnosis {
-                gpus,
-                lossy_windows: loss::lossy_windows(&session),
-            };
-            (diagnosis, checks)
-        }
+        Some(a) => a.finish(&timeline),
         None => (
             diagnose::diagnose(&session, &timeline, opts.pictures),
             checks::clock_checks(&timeline),

@@ -11,11 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use gapscope_cupti::GpuRecord;
 
-use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
-use super::checks::ClockCheck;
-use super::diagnose::GpuDiagnosis;
+use super::attribute::{self, Attribution, Cause, Inputs, Tid};
+use super::checks::{on_cpu_at, ClockCheck};
+use super::diagnose::{Diagnosis, GpuDiagnosis};
 use super::gpu::{gpu_timelines, GpuTimeline};
-use crate::timeline::{State, Timeline};
+use crate::timeline::Timeline;
 
 /// One GPU's gaps, attributed in order.
 struct Device {
@@ -73,6 +73,8 @@ pub struct Attributor {
     checks: BTreeMap<u32, ClockCheck>,
     /// What imported traces' profiler ops say (see `diagnose::op_causes`).
     ops: HashMap<Tid, Vec<(u64, u64, Cause)>>,
+    /// Where events were lost (see [`Attribution`]).
+    lossy: Vec<(u64, u64)>,
 }
 
 impl Attributor {
@@ -82,7 +84,7 @@ impl Attributor {
         tl: &Timeline,
         window: (u64, u64),
         blind: &[(u64, u64)],
-        lossy: &[(u64, u64)],
+        lossy: Vec<(u64, u64)>,
     ) -> Attributor {
         let mut checks: BTreeMap<u32, ClockCheck> = BTreeMap::new();
         let mut launches = Vec::new();
@@ -92,11 +94,7 @@ impl Attributor {
                 else {
                     continue;
                 };
-                let c = checks.entry(d.id).or_default();
-                c.kernels_checked += 1;
-                if *start < at {
-                    c.kernels_before_launch += 1;
-                }
+                checks.entry(d.id).or_default().kernel(*start, at);
                 launches.push(Launch {
                     at,
                     thread,
@@ -115,7 +113,7 @@ impl Attributor {
                     work,
                     gpu,
                     next: 0,
-                    out: Attribution::new(blind.to_vec(), lossy.to_vec(), false),
+                    out: Attribution::new(blind.to_vec(), lossy.clone(), false),
                 }
             })
             .collect();
@@ -127,6 +125,7 @@ impl Attributor {
             unseen_launchers: Vec::new(),
             checks,
             ops: super::diagnose::op_causes(tl),
+            lossy,
         }
     }
 
@@ -170,7 +169,7 @@ impl Attributor {
             match tl.threads.get(&l.thread) {
                 None => self.unseen_launchers.push(l),
                 Some(t) if t.closed_until() > l.at => {
-                    let on_cpu = on_cpu_at(t.intervals.as_deref(), l.at);
+                    let on_cpu = t.intervals.as_deref().map(|iv| on_cpu_at(iv, l.at));
                     self.check(l, on_cpu);
                 }
                 Some(_) => break,
@@ -190,18 +189,12 @@ impl Attributor {
 
     /// `on_cpu`: None when the thread keeps no states.
     fn check(&mut self, l: Launch, on_cpu: Option<bool>) {
-        let c = self.checks.entry(l.device).or_default();
-        if let Some(on_cpu) = on_cpu {
-            c.launches_checked += 1;
-            if !on_cpu {
-                c.launches_while_off_cpu += 1;
-            }
-        }
+        self.checks.entry(l.device).or_default().launch(on_cpu);
     }
 
-    /// The rest, once the timeline has ended: each GPU's diagnosis and
-    /// clock checks.
-    pub fn finish(mut self, tl: &Timeline) -> (Vec<GpuDiagnosis>, BTreeMap<u32, ClockCheck>) {
+    /// The rest, once the timeline has ended: the diagnosis and the clock
+    /// checks.
+    pub fn finish(mut self, tl: &Timeline) -> (Diagnosis, BTreeMap<u32, ClockCheck>) {
         for l in std::mem::take(&mut self.unseen_launchers) {
             // A thread first seen after its launch was due has no state
             // then: checked, and not on a CPU.
@@ -214,34 +207,22 @@ impl Attributor {
                 .threads
                 .get(&l.thread)
                 .and_then(|t| t.intervals.as_deref());
-            self.check(
-                l,
-                states.map(|iv| on_cpu_at(Some(iv), l.at).unwrap_or(false)),
-            );
+            self.check(l, states.map(|iv| on_cpu_at(iv, l.at)));
         }
-        let (lo, hi) = self.window;
         let gpus = self
             .devices
             .into_iter()
             .map(|mut d| {
                 let inp = inputs(&d.gpu.busy, &d.work, tl, &self.ops, self.window, None);
-                let edge = |start: u64, end: u64, cause: Cause| Piece {
-                    start,
-                    end,
-                    cause,
-                    thread: None,
-                };
-                match (d.gpu.busy.first(), d.gpu.busy.last()) {
-                    (Some(&(first, _)), Some(&(_, last))) => {
-                        while d.next + 1 < d.gpu.busy.len() {
-                            let (a, b) = (d.gpu.busy[d.next].1, d.gpu.busy[d.next + 1].0);
-                            attribute::attribute_gap(&inp, a, b, d.fallback, &mut d.out);
-                            d.next += 1;
-                        }
-                        d.out.add(edge(lo, first.max(lo), Cause::Startup));
-                        d.out.add(edge(last.min(hi), hi, Cause::Teardown));
-                    }
-                    _ => d.out.add(edge(lo, hi, Cause::Unattributed)),
+                let (head, tail) = attribute::edges(self.window, &d.gpu.busy);
+                d.out.add(head);
+                while d.next + 1 < d.gpu.busy.len() {
+                    let (a, b) = (d.gpu.busy[d.next].1, d.gpu.busy[d.next + 1].0);
+                    attribute::attribute_gap(&inp, a, b, d.fallback, &mut d.out);
+                    d.next += 1;
+                }
+                if let Some(tail) = tail {
+                    d.out.add(tail);
                 }
                 GpuDiagnosis {
                     gpu: d.gpu,
@@ -249,16 +230,10 @@ impl Attributor {
                 }
             })
             .collect();
-        (gpus, self.checks)
+        let diagnosis = Diagnosis {
+            gpus,
+            lossy_windows: self.lossy,
+        };
+        (diagnosis, self.checks)
     }
-}
-
-/// Whether the state holding `at` was on a CPU; None without states.
-fn on_cpu_at(iv: Option<&[crate::timeline::Interval]>, at: u64) -> Option<bool> {
-    let iv = iv?;
-    let i = iv.partition_point(|i| i.end <= at);
-    Some(
-        iv.get(i)
-            .is_some_and(|i| i.start <= at && matches!(i.state, State::OnCpu)),
-    )
 }

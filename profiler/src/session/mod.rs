@@ -11,7 +11,10 @@ mod reader;
 mod writer;
 
 pub use model::*;
-pub use reader::{check, read_outline, read_session, EventStream, Outline, Session, SessionReader};
+pub use reader::{
+    check, read_outline, read_session, span_within, within, EventStream, Outline, Session,
+    SessionReader,
+};
 pub(crate) use reader::{note_dropped, sanitize};
 pub use writer::{wrap_records, SessionWriter};
 

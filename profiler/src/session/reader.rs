@@ -323,19 +323,11 @@ impl EventStream {
         self.window
     }
 
-    /// The events, in time order (stably, as [`read_session`] orders
-    /// them) and past the same checks; then `done` gets how many were
-    /// dropped as timed outside the recording, with the outline's own.
+    /// Hands `each` the events, in time order (stably, as [`read_session`]
+    /// orders them) and past the same checks; returns how many records
+    /// were dropped as timed outside the recording, the outline's included.
     pub fn replay(&self, mut each: impl FnMut(Event)) -> Result<usize, SessionError> {
         let reader = SessionReader::open(&self.path)?;
-        let (lo, hi) = self.window;
-        let keep = |e: &Event| match e {
-            Event::Syscall { ts, dur, .. } | Event::CudaCall { ts, dur, .. } => {
-                let end = ts.saturating_add(*dur);
-                (lo..=hi).contains(ts) && (lo..=hi).contains(&end)
-            }
-            e => (lo..=hi).contains(&e.ts()),
-        };
         let mut held: std::collections::BinaryHeap<Held> = Default::default();
         let mut latest = 0u64;
         let mut dropped = 0usize;
@@ -346,7 +338,7 @@ impl EventStream {
             };
             let ts = e.ts();
             latest = latest.max(ts);
-            if !keep(&e) {
+            if !event_within(self.window, &e) {
                 dropped += 1;
                 continue;
             }
@@ -527,6 +519,26 @@ pub(crate) fn window(s: &Session) -> (u64, u64) {
     (lo, hi)
 }
 
+/// `t` lies inside `window` (see [`window`]).
+pub fn within((lo, hi): (u64, u64), t: u64) -> bool {
+    (lo..=hi).contains(&t)
+}
+
+/// `[a, b]` lies inside `window` and does not end before it starts.
+pub fn span_within(window: (u64, u64), a: u64, b: u64) -> bool {
+    within(window, a) && within(window, b) && b >= a
+}
+
+/// An event lies inside `window`, its duration included.
+fn event_within(window: (u64, u64), e: &Event) -> bool {
+    match e {
+        Event::Syscall { ts, dur, .. } | Event::CudaCall { ts, dur, .. } => {
+            span_within(window, *ts, ts.saturating_add(*dur))
+        }
+        e => within(window, e.ts()),
+    }
+}
+
 /// Drops what a damaged file cannot mean: an end before the start, and
 /// records timed far outside the recording. The analysis can then trust
 /// that every time and duration lies inside a bounded window. Returns how
@@ -542,16 +554,11 @@ pub(crate) fn sanitize(s: &mut Session) -> usize {
         s.truncated
             .get_or_insert_with(|| "its end record is damaged".into());
     }
-    let (lo, hi) = window(s);
-    let ok = |t: u64| (lo..=hi).contains(&t);
-    let span = |a: u64, b: u64| ok(a) && ok(b) && b >= a;
+    let w = window(s);
+    let ok = |t: u64| within(w, t);
+    let span = |a: u64, b: u64| span_within(w, a, b);
     let before = s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len();
-    s.events.retain(|e| match e {
-        Event::Syscall { ts, dur, .. } | Event::CudaCall { ts, dur, .. } => {
-            span(*ts, ts.saturating_add(*dur))
-        }
-        e => ok(e.ts()),
-    });
+    s.events.retain(|e| event_within(w, e));
     s.gpu.retain(|(_, r)| match r {
         GpuRecord::Kernel { start, end, .. }
         | GpuRecord::Memcpy { start, end, .. }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use gapscope_cupti::{ApiDomain, GpuRecord};
 
-use crate::session::{HostOp, NvmlDevice, Session, SourceKind};
+use crate::session::{span_within, within, HostOp, NvmlDevice, Session, SourceKind};
 
 pub type Tid = (u32, u32);
 
@@ -261,11 +261,11 @@ impl GpuRecords {
         }
     }
 
-    /// Drops what is timed outside `[lo, hi]` (or ends before it starts),
+    /// Drops what is timed outside `window` (or ends before it starts),
     /// as a session's reader does; returns how many records it dropped.
-    pub fn retain_within(&mut self, lo: u64, hi: u64) -> usize {
-        let ok = |t: u64| (lo..=hi).contains(&t);
-        let span = |a: u64, b: u64| ok(a) && ok(b) && b >= a;
+    pub fn retain_within(&mut self, window: (u64, u64)) -> usize {
+        let ok = |t: u64| within(window, t);
+        let span = |a: u64, b: u64| span_within(window, a, b);
         /// Keeps what `keep` wants; returns how many it dropped.
         fn keep_in<T>(v: &mut Vec<T>, keep: impl Fn(&T) -> bool) -> usize {
             let n = v.len();
@@ -394,24 +394,12 @@ impl GpuSide {
     /// each GPU's busy spans (a superset of the holes inside any window),
     /// and the calls that launched kernels (the clock checks).
     pub fn wanted(&self) -> super::Wanted {
+        use crate::intervals::{holes, union};
         let mut gaps = Vec::new();
         for d in &self.devices {
-            // Work is in start order: merging as it comes gives the busy
-            // spans, the holes lie between them.
-            let mut busy_until: Option<u64> = None;
-            for w in &d.work {
-                let (s, e) = w.span();
-                match busy_until {
-                    Some(until) if s > until => {
-                        gaps.push((until, s));
-                        busy_until = Some(e);
-                    }
-                    Some(until) => busy_until = Some(until.max(e)),
-                    None => busy_until = Some(e),
-                }
-            }
+            gaps.extend(holes(&union(d.work.iter().map(Work::span).collect())));
         }
-        let merged = crate::intervals::union(gaps);
+        let merged = union(gaps);
         let mut launches: HashMap<Tid, Vec<u64>> = HashMap::new();
         for w in self.devices.iter().flat_map(|d| &d.work) {
             if let (GpuRecord::Kernel { .. }, Some((t, at))) = (&w.record, w.launch) {

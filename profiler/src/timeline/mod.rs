@@ -44,6 +44,13 @@ pub struct Timeline {
     keep: Keep,
 }
 
+/// Where a finished recording ends, as its end record says: known before
+/// any event is replayed.
+pub fn recorded_end(session: &Session) -> Option<u64> {
+    let start = session.header().start_ns;
+    session.footer.as_ref().map(|f| f.end_ns.max(start))
+}
+
 impl Timeline {
     /// Every thread of the recording, reused ids included, in (pid, tid,
     /// start) order.
@@ -177,12 +184,7 @@ impl Timeline {
         // A session cut short ends at the last moment it is known to have
         // been recording: its last event or its last periodic drops record.
         let last_seen = last_event.unwrap_or(self.start).max(session.drops.ts);
-        let end = session
-            .footer
-            .as_ref()
-            .map(|f| f.end_ns)
-            .unwrap_or(last_seen)
-            .max(self.start);
+        let end = recorded_end(session).unwrap_or(last_seen.max(self.start));
         self.end = end;
         for t in self.threads.values_mut() {
             t.finish(end);
