@@ -49,6 +49,10 @@ struct inflight {
 	__u64 last_file;
 	__u64 last_inode;
 	__u8 last_kind;
+	/* The file whose path was last sent (--syscalls blocking), keyed the
+	 * same way. */
+	__u64 named_file;
+	__u64 named_inode;
 };
 
 /* Task-local: no hashing on the syscall path, freed with the task. */
@@ -426,6 +430,70 @@ int gs_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
+/* The bytes a read-family call asked for, 0 when it is not one. */
+static __always_inline __u32 read_request(struct pt_regs *regs, long nr)
+{
+	if (nr == NR_read || nr == NR_pread64 || nr == NR_recvfrom) {
+		__u64 n = syscall_arg(regs, 2);
+		return n > 0xffffffffULL ? 0xffffffffU : (__u32)n;
+	}
+	return 0;
+}
+
+/* Components of a path walked from its leaf; enough for dataset layouts. */
+#define GS_PATH_DEPTH 16
+
+/* Sends the names on the path of `file` (current's `fd`), leaf first, so a
+ * file opened before or without the per-syscall hooks still has a name.
+ * Crosses mounts towards the root of current's mount namespace. */
+static __always_inline void emit_dentries(__u32 tgid, __u32 tid, __u64 now, int fd,
+					  struct file *file)
+{
+	struct gs_open *o = bpf_ringbuf_reserve(&events, sizeof(*o), 0);
+	if (!o) {
+		count_drop(GS_EV_OPEN);
+		return;
+	}
+	fill_header(&o->h, GS_EV_OPEN, sizeof(*o), tgid, tid, now);
+	o->fd = fd;
+	o->flags = GS_OPEN_DENTRIES;
+	__u64 mnt_off = bpf_core_field_offset(struct mount, mnt);
+	struct dentry *d = BPF_CORE_READ(file, f_path.dentry);
+	struct vfsmount *vmnt = BPF_CORE_READ(file, f_path.mnt);
+	struct mount *mnt = (struct mount *)((void *)vmnt - mnt_off);
+	__u32 off = 0;
+	for (int i = 0; i < GS_PATH_DEPTH; i++) {
+		if (d == BPF_CORE_READ(vmnt, mnt_root)) {
+			struct mount *parent = BPF_CORE_READ(mnt, mnt_parent);
+			if (!parent || parent == mnt) {
+				o->flags |= GS_OPEN_ROOTED;
+				break;
+			}
+			d = BPF_CORE_READ(mnt, mnt_mountpoint);
+			mnt = parent;
+			vmnt = (struct vfsmount *)((void *)parent + mnt_off);
+			continue;
+		}
+		struct dentry *up = BPF_CORE_READ(d, d_parent);
+		if (!up || up == d) {
+			o->flags |= GS_OPEN_ROOTED;
+			break;
+		}
+		if (off >= GS_PATH_LEN / 2)
+			break;
+		const unsigned char *name = BPF_CORE_READ(d, d_name.name);
+		long n = bpf_probe_read_kernel_str(o->path + (off & (GS_PATH_LEN / 2 - 1)),
+						   GS_PATH_LEN / 2, name);
+		if (n <= 0)
+			break;
+		off += n;
+		d = up;
+	}
+	/* The list ends with an empty name. */
+	o->path[off & (GS_PATH_LEN - 1)] = 0;
+	bpf_ringbuf_submit(o, rb_flags());
+}
+
 /* ---------------------------------------------------------- scheduler */
 
 SEC("raw_tp/sched_switch")
@@ -461,6 +529,49 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		kstack = capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
 	}
 
+	/* What prev was in: the syscall, the fd it waits on and its kind, and
+	 * for a blocked read the size asked for. */
+	__s32 syscall = -1, fd = -1;
+	__u8 fd_kind = GS_FD_NONE;
+	__u32 count = 0;
+	if (flags & GS_SW_PREV_TRACKED) {
+		/* current is still prev here. */
+		struct task_struct *task = bpf_get_current_task_btf();
+		if (gs_syscall_hooks) {
+			struct inflight *f = bpf_task_storage_get(&inflight, task, 0, 0);
+			if (f && f->nr >= 0) {
+				syscall = f->nr;
+				fd = f->fd;
+				fd_kind = f->fd_kind;
+			}
+		} else if (blocked) {
+			/* Without the per-syscall hooks it is all in prev's saved
+			 * registers. */
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+			long nr = BPF_CORE_READ(regs, orig_ax);
+			if (nr >= 0) {
+				syscall = nr;
+				fd = waited_fd(regs, nr);
+				count = read_request(regs, nr);
+				struct file *file = fd_file(fd);
+				if (file)
+					fd_kind = file_kind(file);
+				if (fd_kind == GS_FD_FILE || fd_kind == GS_FD_BLOCK) {
+					struct inflight *f = bpf_task_storage_get(
+						&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+					__u64 inode = (__u64)BPF_CORE_READ(file, f_inode);
+					if (f && ((__u64)file != f->named_file || inode != f->named_inode)) {
+						f->named_file = (__u64)file;
+						f->named_inode = inode;
+						/* Before the switch: the reader names the
+						 * fd before it sees the wait on it. */
+						emit_dentries(prev_tgid, prev_tid, now, fd, file);
+					}
+				}
+			}
+		}
+	}
+
 	struct gs_switch *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_drop(GS_EV_SWITCH);
@@ -477,34 +588,12 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	e->prev_state = prev_state;
 	e->ustack = ustack;
 	e->kstack = kstack;
-	e->syscall = -1;
-	e->fd = -1;
-	e->fd_kind = GS_FD_NONE;
+	e->syscall = syscall;
+	e->fd = fd;
+	e->fd_kind = fd_kind;
 	e->flags = flags;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
-	if (flags & GS_SW_PREV_TRACKED) {
-		/* current is still prev here. */
-		struct task_struct *task = bpf_get_current_task_btf();
-		struct inflight *f = bpf_task_storage_get(&inflight, task, 0, 0);
-		if (f && f->nr >= 0) {
-			e->syscall = f->nr;
-			e->fd = f->fd;
-			e->fd_kind = f->fd_kind;
-		} else if (blocked && !gs_syscall_hooks) {
-			/* Without the per-syscall hooks, what it blocked in is in
-			 * its saved registers: the syscall number, and the fd among
-			 * the arguments. */
-			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-			long nr = BPF_CORE_READ(regs, orig_ax);
-			if (nr >= 0) {
-				e->syscall = nr;
-				e->fd = waited_fd(regs, nr);
-				struct file *file = fd_file(e->fd);
-				if (file)
-					e->fd_kind = file_kind(file);
-			}
-		}
-	}
+	e->count = count;
 	bpf_ringbuf_submit(e, rb_flags());
 	return 0;
 }
@@ -627,6 +716,18 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 		e->group_dead = group_dead;
 		__builtin_memset(e->_pad, 0, sizeof(e->_pad));
 		BPF_CORE_READ_STR_INTO(&e->comm, p, comm);
+		/* Bytes moved are counted by the kernel whatever is hooked:
+		 * read them once, as the thread leaves. */
+		__builtin_memset(&e->io, 0, sizeof(e->io));
+		e->has_io = bpf_core_field_exists(p->ioac);
+		if (e->has_io) {
+			e->io.rchar = BPF_CORE_READ(p, ioac.rchar);
+			e->io.wchar = BPF_CORE_READ(p, ioac.wchar);
+			e->io.syscr = BPF_CORE_READ(p, ioac.syscr);
+			e->io.syscw = BPF_CORE_READ(p, ioac.syscw);
+			e->io.read_bytes = BPF_CORE_READ(p, ioac.read_bytes);
+			e->io.write_bytes = BPF_CORE_READ(p, ioac.write_bytes);
+		}
 		bpf_ringbuf_submit(e, rb_flags());
 	} else {
 		count_drop(GS_EV_EXIT);

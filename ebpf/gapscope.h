@@ -78,7 +78,8 @@ struct gs_switch {
 	__s32 fd;         /* that syscall's fd argument, -1 = none */
 	__u8 fd_kind;     /* enum gs_fd_kind of that fd */
 	__u8 flags;       /* GS_SW_* */
-	__u8 _pad[6];
+	__u8 _pad[2];
+	__u32 count;      /* bytes a blocked read asked for (--syscalls blocking), 0 = none */
 };
 
 #define GS_WK_NEW 1 /* sched_wakeup_new: first wakeup of a new task */
@@ -139,20 +140,39 @@ struct gs_exec {
 	char filename[GS_PATH_LEN];
 };
 
+/* The kernel's I/O accounting of one thread (struct task_io_accounting). */
+struct gs_io {
+	__u64 rchar;       /* bytes returned by read-family calls, any fd */
+	__u64 wchar;       /* bytes passed to write-family calls, any fd */
+	__u64 syscr;       /* read-family calls */
+	__u64 syscw;       /* write-family calls */
+	__u64 read_bytes;  /* bytes this thread caused to be fetched from storage */
+	__u64 write_bytes; /* bytes this thread caused to be sent to storage */
+};
+
 /* sched_process_exit of a tracked thread. */
 struct gs_exit {
 	struct gs_header h;
 	__s32 exit_code;  /* wait(2)-style status of the thread */
 	__u8 group_dead;  /* last thread of its process */
-	__u8 _pad[3];
+	__u8 has_io;      /* io is filled: the kernel keeps I/O accounting */
+	__u8 _pad[2];
 	char comm[GS_COMM_LEN];
+	struct gs_io io;  /* its I/O accounting as it exits */
 };
 
-/* A successful open/openat/openat2/creat of a tracked thread. */
+/* path holds the names of the file's dentries, leaf first, each ending in
+ * NUL, read as the thread blocked on it (no per-syscall hooks); a second
+ * NUL in a row ends the list. GS_OPEN_ROOTED: the walk reached the root. */
+#define GS_OPEN_DENTRIES 1
+#define GS_OPEN_ROOTED 2
+
+/* A successful open/openat/openat2/creat of a tracked thread, or (flags
+ * GS_OPEN_DENTRIES) the first time it blocked on a file. */
 struct gs_open {
 	struct gs_header h;
 	__s32 fd;
-	__s32 flags;
+	__s32 flags;      /* GS_OPEN_* */
 	char path[GS_PATH_LEN];
 };
 
@@ -211,6 +231,7 @@ GS_LAYOUT(gs_switch, syscall, 64);
 GS_LAYOUT(gs_switch, fd, 68);
 GS_LAYOUT(gs_switch, fd_kind, 72);
 GS_LAYOUT(gs_switch, flags, 73);
+GS_LAYOUT(gs_switch, count, 76);
 
 GS_LAYOUT_SIZE(gs_wakeup, 40);
 GS_LAYOUT(gs_wakeup, waker_pid, 24);
@@ -244,10 +265,20 @@ GS_LAYOUT(gs_exec, old_tid, 24);
 GS_LAYOUT(gs_exec, comm, 32);
 GS_LAYOUT(gs_exec, filename, 48);
 
-GS_LAYOUT_SIZE(gs_exit, 48);
+GS_LAYOUT_SIZE(gs_io, 48);
+GS_LAYOUT(gs_io, rchar, 0);
+GS_LAYOUT(gs_io, wchar, 8);
+GS_LAYOUT(gs_io, syscr, 16);
+GS_LAYOUT(gs_io, syscw, 24);
+GS_LAYOUT(gs_io, read_bytes, 32);
+GS_LAYOUT(gs_io, write_bytes, 40);
+
+GS_LAYOUT_SIZE(gs_exit, 96);
 GS_LAYOUT(gs_exit, exit_code, 24);
 GS_LAYOUT(gs_exit, group_dead, 28);
+GS_LAYOUT(gs_exit, has_io, 29);
 GS_LAYOUT(gs_exit, comm, 32);
+GS_LAYOUT(gs_exit, io, 48);
 
 GS_LAYOUT_SIZE(gs_open, 288);
 GS_LAYOUT(gs_open, fd, 24);

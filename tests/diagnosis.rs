@@ -142,17 +142,17 @@ scenario_test!(launch_is_named, "launch", "cpu.launch");
 scenario_test!(sync_is_named, "sync", "sync");
 scenario_test!(memory_is_named, "memory", "memory");
 scenario_test!(mixed_yields_both_causes, "mixed", "input.io", "sync");
-// Without any per-syscall hook: what the loaders blocked in is read from
-// their registers, and the attribution holds the same.
+// With every syscall hooked (not the default): the same attribution, now
+// with the loaders' on-CPU time inside their reads as input.io.
 scenario_test!(
-    input_network_is_named_without_syscall_hooks,
-    ["--syscalls", "blocking"],
+    input_network_is_named_with_every_syscall_hooked,
+    ["--syscalls", "all"],
     "input-network",
     "input.network"
 );
 scenario_test!(
-    mixed_yields_both_causes_without_syscall_hooks,
-    ["--syscalls", "blocking"],
+    mixed_yields_both_causes_with_every_syscall_hooked,
+    ["--syscalls", "all"],
     "mixed",
     "input.io",
     "sync"

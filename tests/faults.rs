@@ -86,9 +86,11 @@ fn two_hundred_short_lived_children_are_all_followed() {
             .find(|p| p["pid"].as_u64() == Some(*c))
             .unwrap_or_else(|| panic!("child {c} not followed"));
         assert_eq!(p["exit_code"], 0, "{p}");
-        // Each read its 4 KiB, and that is in its thread's account.
+        // Each read its 4 KiB, and the kernel's accounting of it, read as
+        // the child exited, is in its thread's account.
         let t = thread(&report, *c);
-        assert_eq!(u64_of(&t["read_bytes"], "file"), 4096, "{t}");
+        assert_eq!(u64_of(&t["io"], "read_chars"), 4096, "{t}");
+        assert_eq!(u64_of(&t["io"], "read_calls"), 1, "{t}");
     }
 }
 
@@ -155,7 +157,17 @@ fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
     let out = Command::new("taskset")
         .args(["-c", "0"])
         .arg(gapscope())
-        .args(["run", "-q", "--no-exports", "--buffer-mb", "1", "-o"])
+        // Every syscall hooked: the flood is of syscall records.
+        .args([
+            "run",
+            "-q",
+            "--no-exports",
+            "--syscalls",
+            "all",
+            "--buffer-mb",
+            "1",
+            "-o",
+        ])
         .arg(&rec)
         .arg("--")
         .arg(bin("gs-bench"))

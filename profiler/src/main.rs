@@ -137,12 +137,13 @@ struct RecordArgs {
     /// Do not capture stacks when threads block (cheaper; no off-CPU stacks).
     #[arg(long)]
     no_offcpu_stacks: bool,
-    /// Which syscalls to record: `all` hooks every syscall's entry and exit
-    /// (per-syscall counts and times, bytes, opened paths); `blocking`
-    /// hooks none and reads what a thread blocked in from its registers
-    /// when it blocks (cheaper, for the machine too: without the hooks no
-    /// task takes the slow syscall path).
-    #[arg(long, value_enum, default_value_t = SyscallsArg::All, value_name = "WHICH")]
+    /// Which syscalls to record: `blocking` hooks none and reads what a
+    /// thread blocked in (the call, its file or socket, the size asked) from
+    /// its registers when it blocks, with bytes from the kernel's I/O
+    /// accounting; `all` hooks every syscall's entry and exit (per-syscall
+    /// counts and times, bytes by kind of descriptor, every opened path),
+    /// which puts every task on the machine on the slow syscall path.
+    #[arg(long, value_enum, default_value_t = SyscallsArg::Blocking, value_name = "WHICH")]
     syscalls: SyscallsArg,
     /// No status line while recording, no report at the end.
     #[arg(long, short = 'q')]

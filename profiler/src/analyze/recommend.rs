@@ -329,25 +329,50 @@ impl Evidence<'_> {
                 }
             }
         }
+        if by_path.is_empty() {
+            return self.blocked_reads(threads);
+        }
         let mut v: Vec<(String, Reads)> = by_path.into_iter().collect();
         v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
         v.into_iter()
             .take(TOP)
             .map(|(path, (bytes, sizes))| {
                 let reads: u64 = sizes.values().sum();
-                // The size of read number reads/2 in size order.
-                let mut seen = 0;
-                let median = sizes
-                    .iter()
-                    .find(|&(_, &n)| {
-                        seen += n;
-                        seen > reads / 2
-                    })
-                    .map_or(0, |(&size, _)| size);
                 format!(
                     "read {} from {path} in {reads} reads (median {})",
                     units::bytes(bytes),
-                    units::bytes(median)
+                    units::bytes(median(&sizes))
+                )
+            })
+            .collect()
+    }
+
+    /// Without per-syscall records: the files these threads blocked
+    /// reading, by how often, with the size the reads asked for.
+    fn blocked_reads(&self, threads: &HashSet<Tid>) -> Vec<String> {
+        let mut by_path: HashMap<&str, BTreeMap<u64, u64>> = HashMap::new();
+        for t in self.tl.all_threads() {
+            if !threads.contains(&(t.pid, t.tid)) {
+                continue;
+            }
+            for (path, sizes) in &t.blocked_reads {
+                let x = by_path.entry(path).or_default();
+                for (&size, &n) in sizes {
+                    *x.entry(size).or_default() += n;
+                }
+            }
+        }
+        let mut v: Vec<(&str, u64, BTreeMap<u64, u64>)> = by_path
+            .into_iter()
+            .map(|(p, sizes)| (p, sizes.values().sum(), sizes))
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        v.into_iter()
+            .take(TOP)
+            .map(|(path, reads, sizes)| {
+                format!(
+                    "blocked {reads} times reading {path} (median request {})",
+                    units::bytes(median(&sizes))
                 )
             })
             .collect()
@@ -536,6 +561,19 @@ fn heaviest(weights: impl Iterator<Item = (u64, u64)>) -> Option<u64> {
         .into_iter()
         .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
         .map(|(u, _)| u)
+}
+
+/// The size of read number n/2 in size order, of reads counted by size.
+fn median(sizes: &BTreeMap<u64, u64>) -> u64 {
+    let reads: u64 = sizes.values().sum();
+    let mut seen = 0;
+    sizes
+        .iter()
+        .find(|&(_, &n)| {
+            seen += n;
+            seen > reads / 2
+        })
+        .map_or(0, |(&size, _)| size)
 }
 
 #[cfg(test)]

@@ -212,9 +212,11 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
     let mut notes = Vec::new();
     if !opts.tracer.syscall_hooks {
         notes.push(
-            "recorded with --syscalls blocking: no per-syscall counts, times or bytes, and no \
-             paths of files opened while recording; what each thread blocked in was read from \
-             its registers as it blocked"
+            "recorded with --syscalls blocking (the default): no per-syscall counts or times; \
+             bytes as the kernel's I/O accounting counts them, not split by kind of descriptor; \
+             of reads, the files and sizes of those that blocked; on-CPU time inside file and \
+             socket calls counts as CPU work; what each thread blocked in was read from its \
+             registers as it blocked (--syscalls all records every call)"
                 .to_string(),
         );
     }
@@ -270,6 +272,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                 syscall: Some(0),
                 fd_kind: crate::session::FdKind::Pipe,
             }));
+            push_thread_io(&mut sink, pid, pid, true);
             sink.live.insert(pid);
             paused.release()?;
             (sink, pidfd, Some(pid))
@@ -425,6 +428,19 @@ fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordE
     Ok(SessionWriter::create(&dir.join(FILE_NAME))?)
 }
 
+/// One reading of a thread's I/O counters, if /proc still has the thread.
+fn push_thread_io(sink: &mut Sink, pid: u32, tid: u32, start: bool) {
+    if let Some(io) = procfs::thread_io(pid, tid) {
+        sink.push(Record::ThreadIo(crate::session::ThreadIo {
+            pid,
+            tid,
+            ts: clock::monotonic_ns(),
+            start,
+            io,
+        }));
+    }
+}
+
 /// Writes what is known of a process that existed before recording.
 fn seed_process(sink: &mut Sink, pid: u32) {
     if let Some(info) = procfs::process_info(pid) {
@@ -434,6 +450,7 @@ fn seed_process(sink: &mut Sink, pid: u32) {
         if let Some(seed) = procfs::thread_seed(pid, tid) {
             sink.push(Record::Thread(seed));
         }
+        push_thread_io(sink, pid, tid, true);
     }
     for fd in procfs::fd_paths(pid) {
         sink.push(Record::FdPath(fd));
@@ -608,6 +625,15 @@ fn finish(
         return Err(e.into());
     }
     sink.finish_symbols();
+    // Threads that exited had their counters read by the kernel as they
+    // left; the living are read now.
+    let mut live: Vec<u32> = sink.live.iter().copied().collect();
+    live.sort_unstable();
+    for pid in live {
+        for tid in procfs::threads(pid) {
+            push_thread_io(&mut sink, pid, tid, false);
+        }
+    }
     let exit_code = exit_code.or(sink.target_exit);
     sink.push(Record::Cost(crate::session::CollectorCost {
         cpu_ns: sink.cpu_while_recording,

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs;
 use std::path::Path;
 
-use crate::session::{FdKind, FdPath, MapRange, ProcessInfo, ThreadSeed};
+use crate::session::{FdKind, FdPath, IoCounters, MapRange, ProcessInfo, ThreadSeed};
 
 /// `(comm, state, ppid)` from /proc/<pid>[/task/<tid>]/stat. The comm may
 /// hold spaces and parentheses, so it is cut at the last ')'.
@@ -162,6 +162,36 @@ pub fn fd_kind_of(pid: u32, fd: i32) -> FdKind {
     }
 }
 
+/// A thread's I/O counters (`/proc/PID/task/TID/io`).
+pub fn thread_io(pid: u32, tid: u32) -> Option<IoCounters> {
+    parse_io(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/io")).ok()?)
+}
+
+pub fn parse_io(text: &str) -> Option<IoCounters> {
+    let mut io = IoCounters::default();
+    let mut seen = 0;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse() else {
+            continue;
+        };
+        let field = match key {
+            "rchar" => &mut io.rchar,
+            "wchar" => &mut io.wchar,
+            "syscr" => &mut io.syscr,
+            "syscw" => &mut io.syscw,
+            "read_bytes" => &mut io.read_bytes,
+            "write_bytes" => &mut io.write_bytes,
+            _ => continue,
+        };
+        *field = value;
+        seen += 1;
+    }
+    (seen == 6).then_some(io)
+}
+
 /// Paths of a process's open fds.
 pub fn fd_paths(pid: u32) -> Vec<FdPath> {
     let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -210,6 +240,20 @@ pub fn parse_maps(text: &str) -> Vec<MapRange> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_counters_of_this_thread_follow_its_reads() {
+        let me = std::process::id();
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        let before = thread_io(me, tid).expect("own io readable");
+        let bytes = std::fs::read("/proc/self/stat").unwrap().len() as u64;
+        let after = thread_io(me, tid).unwrap();
+        // The read of the io file itself counts too; the stat read at least.
+        assert!(after.since(&before).rchar >= bytes, "{before:?} {after:?}");
+        assert!(after.syscr > before.syscr);
+        assert_eq!(parse_io("rchar: 1\nwchar: 2\n"), None);
+    }
 
     #[test]
     fn stat_with_odd_comm() {

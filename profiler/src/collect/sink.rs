@@ -160,11 +160,14 @@ impl Sink {
 
     /// Handles one raw ring-buffer record.
     pub fn handle(&mut self, bytes: &[u8]) {
-        let Some(record) = decode(bytes) else {
+        let Some((record, extra)) = decode(bytes) else {
             self.malformed += 1;
             return;
         };
         self.handle_record(record);
+        if let Some(extra) = extra {
+            self.handle_record(extra);
+        }
     }
 
     /// Handles one decoded kernel record.

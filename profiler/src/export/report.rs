@@ -148,6 +148,18 @@ pub struct BytesReport {
     pub other: u64,
 }
 
+/// A thread's I/O as the kernel's accounting counted it: kept whatever
+/// syscalls were hooked, but not split by kind of descriptor.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct IoReport {
+    pub read_chars: u64,
+    pub write_chars: u64,
+    pub read_calls: u64,
+    pub write_calls: u64,
+    pub storage_read_bytes: u64,
+    pub storage_write_bytes: u64,
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct SyscallReport {
     pub name: String,
@@ -184,6 +196,8 @@ pub struct ThreadReport {
     pub off_cpu_ns: OffCpuNs,
     pub read_bytes: BytesReport,
     pub write_bytes: BytesReport,
+    /// The kernel's own count of the thread's I/O while recording.
+    pub io: Option<IoReport>,
     pub page_faults: u64,
     pub samples: u64,
     pub syscalls: Vec<SyscallReport>,
@@ -304,6 +318,14 @@ fn build_thread(t: &ThreadTimeline, stacks: &Stacks, period_ns: u64) -> ThreadRe
         },
         read_bytes: bytes(t.read_bytes),
         write_bytes: bytes(t.write_bytes),
+        io: t.io.map(|io| IoReport {
+            read_chars: io.rchar,
+            write_chars: io.wchar,
+            read_calls: io.syscr,
+            write_calls: io.syscw,
+            storage_read_bytes: io.read_bytes,
+            storage_write_bytes: io.write_bytes,
+        }),
         page_faults: t.page_faults,
         samples: t.samples.values().sum(),
         syscalls,

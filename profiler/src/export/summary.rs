@@ -167,37 +167,7 @@ fn blocks(r: &Report) -> Vec<Block> {
     let io: Vec<String> = by_bytes
         .into_iter()
         .take(MAX_DETAIL_THREADS)
-        .filter_map(|t| {
-            let rd = t.read_bytes.file + t.read_bytes.net + t.read_bytes.ipc + t.read_bytes.other;
-            let wr =
-                t.write_bytes.file + t.write_bytes.net + t.write_bytes.ipc + t.write_bytes.other;
-            (rd + wr > 0).then(|| {
-                let parts = |x: &super::report::BytesReport| {
-                    [
-                        ("file", x.file),
-                        ("net", x.net),
-                        ("ipc", x.ipc),
-                        ("other", x.other),
-                    ]
-                    .iter()
-                    .filter(|(_, n)| *n > 0)
-                    .map(|(k, n)| format!("{k} {}", units::bytes(*n)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-                };
-                let mut line = format!("{}: ", who(t));
-                if rd > 0 {
-                    line += &format!("read {}", parts(&t.read_bytes));
-                }
-                if wr > 0 {
-                    if rd > 0 {
-                        line += " · ";
-                    }
-                    line += &format!("wrote {}", parts(&t.write_bytes));
-                }
-                line
-            })
-        })
+        .filter_map(|t| Some(format!("{}: {}", who(t), bytes_moved(t)?)))
         .collect();
     if !io.is_empty() {
         b.push(Block::Heading("Bytes moved".into()));
@@ -253,10 +223,74 @@ fn blocks(r: &Report) -> Vec<Block> {
     b
 }
 
+fn total(x: &super::report::BytesReport) -> u64 {
+    x.file + x.net + x.ipc + x.other
+}
+
+/// Bytes a thread moved: by kind of descriptor where each syscall was
+/// recorded, else as the kernel's accounting counted them.
 fn moved(t: &ThreadReport) -> u64 {
-    let r = &t.read_bytes;
-    let w = &t.write_bytes;
-    r.file + r.net + r.ipc + r.other + w.file + w.net + w.ipc + w.other
+    match total(&t.read_bytes) + total(&t.write_bytes) {
+        0 => t.io.as_ref().map_or(0, |io| io.read_chars + io.write_chars),
+        n => n,
+    }
+}
+
+fn bytes_moved(t: &ThreadReport) -> Option<String> {
+    let (rd, wr) = (total(&t.read_bytes), total(&t.write_bytes));
+    if rd + wr > 0 {
+        let parts = |x: &super::report::BytesReport| {
+            [
+                ("file", x.file),
+                ("net", x.net),
+                ("ipc", x.ipc),
+                ("other", x.other),
+            ]
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k} {}", units::bytes(*n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+        };
+        let mut line = Vec::new();
+        if rd > 0 {
+            line.push(format!("read {}", parts(&t.read_bytes)));
+        }
+        if wr > 0 {
+            line.push(format!("wrote {}", parts(&t.write_bytes)));
+        }
+        return Some(line.join(" · "));
+    }
+    let io =
+        t.io.as_ref()
+            .filter(|io| io.read_chars + io.write_chars > 0)?;
+    let mut line = Vec::new();
+    for (verb, chars, calls, storage) in [
+        ("read", io.read_chars, io.read_calls, io.storage_read_bytes),
+        (
+            "wrote",
+            io.write_chars,
+            io.write_calls,
+            io.storage_write_bytes,
+        ),
+    ] {
+        if chars > 0 {
+            let mut part = format!(
+                "{verb} {} in {} calls",
+                units::bytes(chars),
+                units::count(calls)
+            );
+            if storage > 0 {
+                part += &format!(
+                    " ({} {} storage)",
+                    units::bytes(storage),
+                    if verb == "read" { "from" } else { "to" }
+                );
+            }
+            line.push(part);
+        }
+    }
+    Some(line.join(" · ") + " (kernel accounting)")
 }
 
 fn advice_blocks(r: &Report, b: &mut Vec<Block>) {

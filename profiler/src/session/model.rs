@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped when a record changes meaning or a new one is added; readers
 /// refuse newer versions at the header rather than at an unknown record.
-/// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records).
-pub const FORMAT_VERSION: u16 = 2;
+/// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
+/// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks).
+pub const FORMAT_VERSION: u16 = 3;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -55,6 +56,51 @@ pub enum Record {
     },
     /// Which rank of a multi-process job this is (from a trace's metadata).
     Rank(Rank),
+    /// A thread's I/O accounting as the kernel keeps it, read when recording
+    /// began (from /proc) and when it ended or the thread exited.
+    ThreadIo(ThreadIo),
+}
+
+/// The kernel's I/O counters of one thread at one moment
+/// (`/proc/PID/task/TID/io`, or `task->ioac` as it exits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoCounters {
+    /// Bytes returned by read-family calls on any fd (`rchar`).
+    pub rchar: u64,
+    /// Bytes passed to write-family calls on any fd (`wchar`).
+    pub wchar: u64,
+    pub syscr: u64,
+    pub syscw: u64,
+    /// Bytes the thread caused to be fetched from storage.
+    pub read_bytes: u64,
+    /// Bytes the thread caused to be sent to storage.
+    pub write_bytes: u64,
+}
+
+impl IoCounters {
+    /// What was counted between `start` and `self`.
+    pub fn since(&self, start: &IoCounters) -> IoCounters {
+        IoCounters {
+            rchar: self.rchar.saturating_sub(start.rchar),
+            wchar: self.wchar.saturating_sub(start.wchar),
+            syscr: self.syscr.saturating_sub(start.syscr),
+            syscw: self.syscw.saturating_sub(start.syscw),
+            read_bytes: self.read_bytes.saturating_sub(start.read_bytes),
+            write_bytes: self.write_bytes.saturating_sub(start.write_bytes),
+        }
+    }
+}
+
+/// One reading of a thread's I/O counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadIo {
+    pub pid: u32,
+    pub tid: u32,
+    pub ts: u64,
+    /// The reading before recording began (a thread born while recording
+    /// starts from zero and has none).
+    pub start: bool,
+    pub io: IoCounters,
 }
 
 /// This recording's place in a distributed job.
@@ -364,6 +410,18 @@ pub enum Event {
         /// The stream handle or byte count the call was given, 0 if none.
         arg: u64,
     },
+    /// The switch-out just before it blocked a thread in a read-family call
+    /// that asked for `size` bytes (recorded without the per-syscall hooks,
+    /// which record the bytes each call returned instead).
+    BlockedRead {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        nr: i32,
+        fd: i32,
+        fd_kind: FdKind,
+        size: u64,
+    },
 }
 
 impl Event {
@@ -378,7 +436,8 @@ impl Event {
             | Event::Exec { ts, .. }
             | Event::Exit { ts, .. }
             | Event::Open { ts, .. }
-            | Event::CudaCall { ts, .. } => *ts,
+            | Event::CudaCall { ts, .. }
+            | Event::BlockedRead { ts, .. } => *ts,
         }
     }
 }

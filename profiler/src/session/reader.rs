@@ -195,6 +195,8 @@ pub struct Session {
     pub threads: Vec<ThreadSeed>,
     pub maps: Vec<ProcMaps>,
     pub fd_paths: Vec<FdPath>,
+    /// Readings of threads' I/O counters, in order.
+    pub thread_io: Vec<super::ThreadIo>,
     pub drops: Drops,
     /// Every reading of the drop counters, in order (they are cumulative).
     pub drop_readings: Vec<Drops>,
@@ -414,6 +416,7 @@ fn read_records(
             Record::Thread(t) => s.threads.push(t),
             Record::Maps(m) => s.maps.push(m),
             Record::FdPath(f) => s.fd_paths.push(f),
+            Record::ThreadIo(t) => s.thread_io.push(t),
             Record::Drops(d) => {
                 s.drop_readings.push(d.clone());
                 s.drops = d;

@@ -9,7 +9,7 @@ pub mod thread;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::session::{Event, Session};
+use crate::session::{Event, FdKind, Session, ThreadIo};
 pub use classify::{syscall_name, OffKind};
 pub use gpu::GpuSide;
 pub use thread::{Interval, Keep, OffCpu, State, ThreadTimeline, Wanted, LONG_SYSCALL_NS};
@@ -52,6 +52,38 @@ pub fn recorded_end(session: &Session) -> Option<u64> {
 }
 
 impl Timeline {
+    /// Gives each thread what the kernel counted for it while recording:
+    /// its last reading less its reading at the start (none: born while
+    /// recording, from zero). A reading belongs to the thread of that id
+    /// that was alive at its time.
+    fn account_io(&mut self, readings: &[ThreadIo]) {
+        let mut by_thread: HashMap<(u32, u32), Vec<&ThreadIo>> = HashMap::new();
+        for r in readings {
+            by_thread.entry((r.pid, r.tid)).or_default().push(r);
+        }
+        let threads = self.threads.values_mut().chain(self.retired.iter_mut());
+        for t in threads {
+            let Some(rs) = by_thread.get(&(t.pid, t.tid)) else {
+                continue;
+            };
+            let mine = rs
+                .iter()
+                .filter(|r| r.ts >= t.start && r.ts <= t.end.max(t.start));
+            let start = mine.clone().find(|r| r.start).map(|r| r.io);
+            // Exited threads are read by the kernel at exit, which is
+            // their end; the living just after the window closed. Called
+            // before the living are closed, when dead means exited.
+            let last = rs
+                .iter()
+                .filter(|r| !r.start && r.ts >= t.start)
+                .filter(|r| !t.is_dead() || r.ts <= t.end)
+                .max_by_key(|r| r.ts);
+            if let Some(last) = last {
+                t.io = Some(last.io.since(&start.unwrap_or_default()));
+            }
+        }
+    }
+
     /// Every thread of the recording, reused ids included, in (pid, tid,
     /// start) order.
     pub fn all_threads(&self) -> Vec<&ThreadTimeline> {
@@ -186,6 +218,8 @@ impl Timeline {
         let last_seen = last_event.unwrap_or(self.start).max(session.drops.ts);
         let end = recorded_end(session).unwrap_or(last_seen.max(self.start));
         self.end = end;
+        // Before the living are closed: until then, dead means exited.
+        self.account_io(&session.thread_io);
         for t in self.threads.values_mut() {
             t.finish(end);
         }
@@ -339,6 +373,26 @@ impl Timeline {
             }
             Event::Open { pid, fd, path, .. } => {
                 self.fd_paths.insert((*pid, *fd), path.clone());
+            }
+            Event::BlockedRead {
+                ts,
+                pid,
+                tid,
+                fd,
+                fd_kind,
+                size,
+                ..
+            } => {
+                if matches!(fd_kind, FdKind::File | FdKind::Block) {
+                    // The path the fd has now: a loader reusing one fd
+                    // number for file after file is charged file by file.
+                    let path = self.fd_paths.get(&(*pid, *fd));
+                    thread_mut(&mut self.threads, *pid, *tid, *ts, keep).blocked_read(
+                        path.map(String::as_str),
+                        *fd,
+                        *size,
+                    );
+                }
             }
             Event::CudaCall {
                 ts,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::classify::{byte_class, io_dir, offcpu_kind, ByteClass, IoDir, OffKind};
-use crate::session::{FdKind, SwitchOut, ThreadSeed};
+use crate::session::{FdKind, IoCounters, SwitchOut, ThreadSeed};
 
 /// Why a thread was off-CPU, with what the kernel saw at switch-out.
 #[derive(Clone, Debug, PartialEq)]
@@ -228,6 +228,11 @@ pub struct ThreadTimeline {
     /// Reads from files and block devices that moved data, by fd: the
     /// evidence of an input pipeline waiting on storage.
     pub file_reads: BTreeMap<i32, FileReads>,
+    /// Reads of files and block devices it blocked in (recorded without the
+    /// per-syscall hooks): by path, how many asked for each size.
+    pub blocked_reads: BTreeMap<String, BTreeMap<u64, u64>>,
+    /// What the kernel's I/O accounting counted for it while recording.
+    pub io: Option<IoCounters>,
     /// Who took the CPU when the thread was preempted: switches by pid.
     pub preempted_by: BTreeMap<u32, u64>,
     /// With intervals: cpu-clock samples as (time, user stack, kernel
@@ -277,6 +282,8 @@ impl ThreadTimeline {
             io_spans: keep_intervals.then(Vec::new),
             inferred_switches: 0,
             file_reads: BTreeMap::new(),
+            blocked_reads: BTreeMap::new(),
+            io: None,
             preempted_by: BTreeMap::new(),
             sample_times: everything.then(Vec::new),
             long_syscalls: everything.then(Vec::new),
@@ -536,6 +543,18 @@ impl ThreadTimeline {
                 IoDir::None => {}
             }
         }
+    }
+
+    /// It blocked in a read of `fd` (known as `path`) that asked for `size`.
+    pub fn blocked_read(&mut self, path: Option<&str>, fd: i32, size: u64) {
+        let sizes = match path {
+            Some(p) => match self.blocked_reads.get_mut(p) {
+                Some(sizes) => sizes,
+                None => self.blocked_reads.entry(p.to_string()).or_default(),
+            },
+            None => self.blocked_reads.entry(format!("fd {fd}")).or_default(),
+        };
+        *sizes.entry(size).or_default() += 1;
     }
 
     pub fn sample(&mut self, ts: u64, ustack: u64, kstack: u64) {

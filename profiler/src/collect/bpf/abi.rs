@@ -47,6 +47,8 @@ pub const SW_NEXT_TRACKED: u8 = 2;
 pub const SW_PREEMPT: u8 = 4;
 pub const WK_NEW: u8 = 1;
 pub const FORK_THREAD: u32 = 1;
+pub const OPEN_DENTRIES: i32 = 1;
+pub const OPEN_ROOTED: i32 = 2;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -74,7 +76,8 @@ pub struct Switch {
     pub fd: i32,
     pub fd_kind: u8,
     pub flags: u8,
-    pub _pad: [u8; 6],
+    pub _pad: [u8; 2],
+    pub count: u32,
 }
 
 #[repr(C)]
@@ -143,8 +146,22 @@ pub struct Exit {
     pub h: Header,
     pub exit_code: i32,
     pub group_dead: u8,
-    pub _pad: [u8; 3],
+    pub has_io: u8,
+    pub _pad: [u8; 2],
     pub comm: [u8; COMM_LEN],
+    pub io: Io,
+}
+
+/// `struct gs_io`: the kernel's I/O accounting of one thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Io {
+    pub rchar: u64,
+    pub wchar: u64,
+    pub syscr: u64,
+    pub syscw: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
 }
 
 #[repr(C)]
@@ -195,14 +212,17 @@ macro_rules! layout {
 
 layout!(Header, 24; ts @ 0, pid @ 8, tid @ 12, kind @ 16, cpu @ 18, size @ 20);
 layout!(Switch, 80; prev_pid @ 24, prev_tid @ 28, next_pid @ 32, next_tid @ 36,
-    prev_state @ 40, ustack @ 48, kstack @ 56, syscall @ 64, fd @ 68, fd_kind @ 72, flags @ 73);
+    prev_state @ 40, ustack @ 48, kstack @ 56, syscall @ 64, fd @ 68, fd_kind @ 72, flags @ 73,
+    count @ 76);
 layout!(Wakeup, 40; waker_pid @ 24, waker_tid @ 28, target_cpu @ 32, flags @ 36);
 layout!(Syscall, 56; duration @ 24, ret @ 32, nr @ 40, fd @ 44, fd_kind @ 48);
 layout!(Sample, 40; ustack @ 24, kstack @ 32);
 layout!(Fault, 40; address @ 24, error_code @ 32);
 layout!(Fork, 56; parent_pid @ 24, parent_tid @ 28, flags @ 32, comm @ 40);
 layout!(Exec, 304; old_tid @ 24, comm @ 32, filename @ 48);
-layout!(Exit, 48; exit_code @ 24, group_dead @ 28, comm @ 32);
+layout!(Io, 48; rchar @ 0, wchar @ 8, syscr @ 16, syscw @ 24, read_bytes @ 32, write_bytes @ 40);
+layout!(Exit, 96; exit_code @ 24, group_dead @ 28, has_io @ 29, comm @ 32,
+    io @ 48);
 layout!(Open, 288; fd @ 24, flags @ 28, path @ 32);
 layout!(Cuda, 48; duration @ 24, arg @ 32, fn_ @ 40);
 layout!(StackHead, STACK_FRAMES_OFFSET; hash @ 24, nr_frames @ 32, kernel @ 36);
@@ -248,14 +268,15 @@ mod tests {
         table! {
             "gs_header" => Header { ts, pid, tid, kind, cpu, size },
             "gs_switch" => Switch { prev_pid, prev_tid, next_pid, next_tid, prev_state,
-                                    ustack, kstack, syscall, fd, fd_kind, flags },
+                                    ustack, kstack, syscall, fd, fd_kind, flags, count },
             "gs_wakeup" => Wakeup { waker_pid, waker_tid, target_cpu, flags },
             "gs_syscall" => Syscall { duration, ret, nr, fd, fd_kind },
             "gs_sample" => Sample { ustack, kstack },
             "gs_fault" => Fault { address, error_code },
             "gs_fork" => Fork { parent_pid, parent_tid, flags, comm },
             "gs_exec" => Exec { old_tid, comm, filename },
-            "gs_exit" => Exit { exit_code, group_dead, comm },
+            "gs_exit" => Exit { exit_code, group_dead, has_io, comm, io },
+            "gs_io" => Io { rchar, wchar, syscr, syscw, read_bytes, write_bytes },
             "gs_open" => Open { fd, flags, path },
             "gs_cuda" => Cuda { duration, arg },
         }

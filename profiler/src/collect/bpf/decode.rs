@@ -1,12 +1,15 @@
 //! Kernel records (abi) to session records. The only place that knows both.
 
 use super::abi::{self, kind};
-use crate::session::{Event, FdKind, Record, Stack, SwitchOut};
+use crate::session::{Event, FdKind, IoCounters, Record, Stack, SwitchOut, ThreadIo};
 
-/// Decodes one ring-buffer record. None when it is too short or of an
-/// unknown kind (counted by the caller as malformed, never trusted).
-pub fn decode(bytes: &[u8]) -> Option<Record> {
+/// Decodes one ring-buffer record into one session record and, for some
+/// kinds, a second that the kernel sent in the same record. None when it is
+/// too short or of an unknown kind (counted by the caller as malformed,
+/// never trusted).
+pub fn decode(bytes: &[u8]) -> Option<(Record, Option<Record>)> {
     let h: abi::Header = abi::read(bytes)?;
+    let mut extra = None;
     let event = match h.kind {
         kind::SWITCH => {
             let e: abi::Switch = abi::read(bytes)?;
@@ -23,6 +26,17 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
                 next: (e.next_pid, e.next_tid),
             });
             let in_ = (e.flags & abi::SW_NEXT_TRACKED != 0).then_some((e.next_pid, e.next_tid));
+            if let (Some(out), true) = (&out, e.count > 0) {
+                extra = Some(Record::Event(Event::BlockedRead {
+                    ts: h.ts,
+                    pid: out.pid,
+                    tid: out.tid,
+                    nr: e.syscall,
+                    fd: e.fd,
+                    fd_kind: out.fd_kind,
+                    size: e.count.into(),
+                }));
+            }
             Event::Switch {
                 ts: h.ts,
                 cpu: h.cpu,
@@ -100,6 +114,22 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
         }
         kind::EXIT => {
             let e: abi::Exit = abi::read(bytes)?;
+            if e.has_io != 0 {
+                extra = Some(Record::ThreadIo(ThreadIo {
+                    pid: h.pid,
+                    tid: h.tid,
+                    ts: h.ts,
+                    start: false,
+                    io: IoCounters {
+                        rchar: e.io.rchar,
+                        wchar: e.io.wchar,
+                        syscr: e.io.syscr,
+                        syscw: e.io.syscw,
+                        read_bytes: e.io.read_bytes,
+                        write_bytes: e.io.write_bytes,
+                    },
+                }));
+            }
             Event::Exit {
                 ts: h.ts,
                 pid: h.pid,
@@ -116,7 +146,11 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
                 pid: h.pid,
                 tid: h.tid,
                 fd: e.fd,
-                path: abi::cstr(&e.path),
+                path: if e.flags & abi::OPEN_DENTRIES != 0 {
+                    dentry_path(&e.path, e.flags & abi::OPEN_ROOTED != 0)
+                } else {
+                    abi::cstr(&e.path)
+                },
             }
         }
         kind::CUDA => {
@@ -139,16 +173,43 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
                 .collect();
-            return Some(Record::Stack(Stack {
-                hash: e.hash,
-                pid: h.pid,
-                kernel: e.kernel != 0,
-                addrs,
-            }));
+            return Some((
+                Record::Stack(Stack {
+                    hash: e.hash,
+                    pid: h.pid,
+                    kernel: e.kernel != 0,
+                    addrs,
+                }),
+                None,
+            ));
         }
         _ => return None,
     };
-    Some(Record::Event(event))
+    Some((Record::Event(event), extra))
+}
+
+/// A path from the dentry names the kernel walked, leaf first, each ending
+/// in NUL, the list ending in an empty name. A walk that stopped short of
+/// the root keeps what it saw, marked as partial.
+fn dentry_path(bytes: &[u8], rooted: bool) -> String {
+    let names: Vec<String> = bytes
+        .split(|&b| b == 0)
+        .take_while(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    let mut path = if rooted {
+        String::new()
+    } else {
+        "…".to_string()
+    };
+    for name in names.iter().rev() {
+        path.push('/');
+        path.push_str(name);
+    }
+    if path.is_empty() {
+        path.push('/');
+    }
+    path
 }
 
 #[cfg(test)]
@@ -179,7 +240,7 @@ mod tests {
         e.fd_kind = 1;
         e.ustack = 77;
         e.flags = abi::SW_PREV_TRACKED;
-        let Some(Record::Event(Event::Switch { out, in_, ts, .. })) =
+        let Some((Record::Event(Event::Switch { out, in_, ts, .. }), None)) =
             decode(bytemuck::bytes_of(&e))
         else {
             panic!("not a switch");
@@ -194,6 +255,59 @@ mod tests {
         assert_eq!(out.fd_kind, FdKind::File);
         assert!(!out.preempted);
         assert_eq!(out.ustack, 77);
+    }
+
+    #[test]
+    fn a_blocked_read_carries_its_request() {
+        let mut e = abi::Switch::zeroed();
+        e.h = header(kind::SWITCH, std::mem::size_of::<abi::Switch>());
+        (e.prev_pid, e.prev_tid, e.prev_state) = (10, 11, 1);
+        (e.syscall, e.fd, e.fd_kind, e.count) = (17, 5, 1, 65536);
+        e.flags = abi::SW_PREV_TRACKED;
+        let Some((Record::Event(Event::Switch { .. }), Some(Record::Event(read)))) =
+            decode(bytemuck::bytes_of(&e))
+        else {
+            panic!("no blocked read");
+        };
+        assert_eq!(
+            read,
+            Event::BlockedRead {
+                ts: 1_000,
+                pid: 10,
+                tid: 11,
+                nr: 17,
+                fd: 5,
+                fd_kind: FdKind::File,
+                size: 65536
+            }
+        );
+    }
+
+    #[test]
+    fn an_exit_carries_the_threads_io_accounting() {
+        let mut e = abi::Exit::zeroed();
+        e.h = header(kind::EXIT, std::mem::size_of::<abi::Exit>());
+        e.io.rchar = 4096;
+        e.io.syscw = 3;
+        let Some((Record::Event(Event::Exit { .. }), None)) = decode(bytemuck::bytes_of(&e)) else {
+            panic!("not an exit without accounting");
+        };
+        e.has_io = 1;
+        let Some((_, Some(Record::ThreadIo(io)))) = decode(bytemuck::bytes_of(&e)) else {
+            panic!("no accounting");
+        };
+        assert_eq!((io.pid, io.tid, io.start), (10, 11, false));
+        assert_eq!((io.io.rchar, io.io.syscw), (4096, 3));
+    }
+
+    #[test]
+    fn dentry_names_make_a_path() {
+        let mut raw = [0u8; abi::PATH_LEN];
+        let names = b"x.jpg\0train\0data\0\0junk";
+        raw[..names.len()].copy_from_slice(names);
+        assert_eq!(dentry_path(&raw, true), "/data/train/x.jpg");
+        assert_eq!(dentry_path(&raw, false), "…/data/train/x.jpg");
+        assert_eq!(dentry_path(&[0u8; 4], true), "/");
     }
 
     #[test]
@@ -217,7 +331,7 @@ mod tests {
         bytes[..abi::STACK_FRAMES_OFFSET].copy_from_slice(bytemuck::bytes_of(&head));
         bytes[40..48].copy_from_slice(&0x1234u64.to_le_bytes());
         bytes[48..56].copy_from_slice(&0x5678u64.to_le_bytes());
-        let Some(Record::Stack(s)) = decode(&bytes) else {
+        let Some((Record::Stack(s), None)) = decode(&bytes) else {
             panic!("not a stack")
         };
         assert_eq!(s.addrs, vec![0x1234, 0x5678]);

@@ -77,7 +77,7 @@ impl Default for TracerConfig {
             sample_hz: 99,
             ring_bytes: 32 << 20,
             offcpu_stacks: true,
-            syscall_hooks: true,
+            syscall_hooks: false,
         }
     }
 }
