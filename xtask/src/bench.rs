@@ -532,20 +532,18 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         cmd.push(b.dir.join("time").to_str().unwrap().to_string());
         let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
         let mut cpu_ratio = Vec::new();
-        let (mut bare_walls, mut bare_cpu, mut gs_cpu) = (Vec::new(), Vec::new(), Vec::new());
+        let mut bare_walls = Vec::new();
         for round in 0..b.rounds {
             // Alternate: bare, then each profiler, each against that bare
             // run; the order of the profilers rotates between rounds.
             let (bw, bc) = timed(b, bare(b, round, &cmd))?;
             bare_walls.push(bw);
-            bare_cpu.push(bc);
             for k in 0..peers.len() {
                 let i = (k + round) % peers.len();
                 let (w, c) = (peers[i].run)(b, round, &cmd)?;
                 ratios[i].push(w / bw);
                 if i == 0 {
                     cpu_ratio.push(c / bc);
-                    gs_cpu.push(c);
                 }
             }
         }
@@ -578,18 +576,11 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         // A bare run strays this much from the next: ratios that differ by
         // less are not told apart.
         let noise = spread(&bare_walls);
-        // The target's extra CPU time is what the BPF programs cost it;
-        // per syscall where syscalls are most of what is traced.
-        let per_syscall = if per_second >= 1000.0 {
-            format!(
-                " · {:.0} ns of target CPU per syscall, all tracing included",
-                ((median(gs_cpu) - median(bare_cpu)) / syscalls).max(0.0)
-            )
-        } else {
-            String::new()
-        };
+        // The job's own CPU time, BPF programs included (they run in its
+        // context).
+        let cpu = median(cpu_ratio);
         let measured = format!(
-            "{gs:.3}× wall ({}; bare runs stray ±{:.1}%) · {:.0}k syscalls/s{per_syscall} · gapscope itself {:.1} ms CPU ({:.2}% of one CPU), {:.0} MiB peak",
+            "{gs:.3}× wall, {cpu:.3}× job CPU ({}; bare runs stray ±{:.1}%) · {:.0}k syscalls/s · gapscope itself {:.1} ms CPU ({:.2}% of one CPU), {:.0} MiB peak",
             others.join(", "),
             noise * 100.0,
             per_second / 1e3,
