@@ -427,6 +427,8 @@ fn timed(b: &Bench, mut cmd: Command) -> Result<Times> {
     Ok((it.next().unwrap_or(0.0), it.next().unwrap_or(0.0)))
 }
 
+const BARE_AGAIN: &str = "bare again";
+
 fn peers(b: &Bench) -> Vec<Profiler> {
     let mut v = vec![
         Profiler {
@@ -436,6 +438,13 @@ fn peers(b: &Bench) -> Vec<Profiler> {
         Profiler {
             name: "gapscope --syscalls all",
             run: |b, round, cmd| timed(b, under_gapscope_all(b, round, cmd)),
+        },
+        // A placebo: the bare workload again, in its turn among the
+        // profilers. How far its ratio strays from 1 is what this machine's
+        // drift does to every ratio in the same run.
+        Profiler {
+            name: BARE_AGAIN,
+            run: |b, round, cmd| timed(b, bare(b, round, cmd)),
         },
     ];
     let probe = |c: &mut Command| {
@@ -580,14 +589,19 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             .map(|(p, r)| format!("{} {:.3}×", p.name, median(r.clone())))
             .collect();
         let per_second = syscalls / (all_duration / 1e9);
-        // A bare run strays this much from the next: ratios that differ by
-        // less are not told apart.
-        let noise = spread(&bare_walls);
+        // A bare run strays this much from the next, and the placebo's
+        // ratio from 1: ratios that differ by less are not told apart.
+        let placebo = peers
+            .iter()
+            .zip(&ratios)
+            .find(|(p, _)| p.name == BARE_AGAIN)
+            .map_or(1.0, |(_, r)| median(r.clone()));
+        let noise = spread(&bare_walls).max((placebo - 1.0).abs());
         // The job's own CPU time, BPF programs included (they run in its
         // context).
         let cpu = median(cpu_ratio);
         let measured = format!(
-            "{gs:.3}× wall, {cpu:.3}× job CPU ({}; bare runs stray ±{:.1}%) · {:.0}k syscalls/s · gapscope itself {:.1} ms CPU ({:.2}% of one CPU), {:.0} MiB peak",
+            "{gs:.3}× wall, {cpu:.3}× job CPU ({}; noise ±{:.1}%: bare runs' spread or the placebo's distance from 1) · {:.0}k syscalls/s · gapscope itself {:.1} ms CPU ({:.2}% of one CPU), {:.0} MiB peak",
             others.join(", "),
             noise * 100.0,
             per_second / 1e3,
@@ -606,7 +620,7 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             Some(_) => format!("≤ {:.2}× wall and job CPU, and below bpftrace", case.target),
             None => format!("≤ {:.2}× wall and job CPU", case.target),
         };
-        let cpu_noise = spread(&bare_cpu);
+        let cpu_noise = spread(&bare_cpu).max((placebo - 1.0).abs());
         let verdict = if gs > case.target + noise || cpu > case.target + cpu_noise {
             Verdict::Missed(
                 "the scheduler tracepoints, samples and blocked-time stacks, charged to the \
