@@ -7,6 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::FromRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,6 +47,10 @@ commands:
   reuse                                a child that spins 100 ms and exits, then
                                        (as root) a second child given the same
                                        pid through ns_last_pid, which sleeps 200 ms
+  busy     --messages N --pace-us P    threads busy in syscalls (a pipe of N numbered
+                                       messages every P µs, reads of /dev/zero) under
+                                       a 1 ms timer signal with a handler; prints what
+                                       depends only on N (a target for injection)
   pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
@@ -426,6 +431,93 @@ fn cmd_hold(a: &Args) {
     let _ = std::fs::remove_file(&data);
 }
 
+/// SIGALRM ticks counted by the handler of `busy`.
+static TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn on_tick(_: libc::c_int) {
+    TICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A target for injection tests: a thread hands numbered messages over a
+/// pipe to another, a third reads /dev/zero in a loop, a timer signal ticks
+/// every millisecond into a handler, and the main thread waits on them.
+/// What it prints depends only on its arguments, so a run that was
+/// injected (or attached to) must print what a bare run prints; any error a
+/// syscall returns (EINTR included: the handler restarts calls) is fatal.
+fn cmd_busy(a: &Args) {
+    let messages = a.num("messages", 4000);
+    let pace_us = a.num("pace-us", 500);
+    // SAFETY: installing a handler that only increments an atomic, and a
+    // process timer; both documented uses.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_tick as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let tick = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 1000,
+        };
+        let it = libc::itimerval {
+            it_interval: tick,
+            it_value: tick,
+        };
+        libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the array it is given.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        die("pipe");
+    }
+    // SAFETY: each end is owned by one File from here on.
+    let (mut rx, mut tx) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = std::thread::spawn(move || {
+        for i in 0..messages {
+            tx.write_all(&i.to_le_bytes())
+                .unwrap_or_else(|e| die(&format!("pipe write: {e}")));
+            std::thread::sleep(Duration::from_micros(pace_us));
+        }
+    });
+    let reader = std::thread::spawn(move || {
+        let (mut sum, mut n) = (0u64, 0u64);
+        let mut b = [0u8; 8];
+        while n < messages {
+            rx.read_exact(&mut b)
+                .unwrap_or_else(|e| die(&format!("pipe read: {e}")));
+            let v = u64::from_le_bytes(b);
+            if v != n {
+                die(&format!("message {n} arrived as {v}"));
+            }
+            sum = sum.wrapping_add(v.wrapping_mul(2654435761));
+            n += 1;
+        }
+        (n, sum)
+    });
+    let zero_done = done.clone();
+    let zeros = std::thread::spawn(move || {
+        let mut f = File::open("/dev/zero").unwrap_or_else(|e| die(&format!("/dev/zero: {e}")));
+        let mut b = vec![1u8; 4096];
+        while !zero_done.load(std::sync::atomic::Ordering::Relaxed) {
+            f.read_exact(&mut b)
+                .unwrap_or_else(|e| die(&format!("/dev/zero read: {e}")));
+            if b.iter().any(|&x| x != 0) {
+                die("/dev/zero gave something else");
+            }
+        }
+    });
+    println!("ready {}", pid());
+    let _ = std::io::stdout().flush();
+    writer.join().unwrap();
+    let (n, sum) = reader.join().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    zeros.join().unwrap();
+    if TICKS.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        die("the timer never ticked");
+    }
+    println!("messages {n} sum {sum}");
+}
+
 fn cmd_pipeline(a: &Args) {
     let workers = a.num("workers", 2);
     let steps = a.num("steps", 20);
@@ -710,6 +802,7 @@ fn main() {
         "tree" => cmd_tree(&args),
         "hold" => cmd_hold(&args),
         "pipeline" => cmd_pipeline(&args),
+        "busy" => cmd_busy(&args),
         "fake-gpu" => cmd_fake_gpu(&args),
         "fake-cuda" => cmd_fake_cuda(&args),
         "crash" => cmd_crash(&args),

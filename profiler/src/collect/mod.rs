@@ -5,6 +5,7 @@
 
 pub mod bpf;
 pub mod gpu;
+pub mod inject;
 pub mod launch;
 pub mod nvml;
 pub mod pidns;
