@@ -116,7 +116,9 @@ fn a_python_process_blocked_in_read_is_injected_and_reads_on() {
     // Loaded once: a second attach finds it.
     assert_eq!(
         inject::inject(pid, &shim(), Limits::default()),
-        Ok(Outcome::AlreadyLoaded)
+        Ok(Outcome::AlreadyLoaded {
+            injected_before: true
+        })
     );
     shim_answers(pid);
     // Its read was restarted, not failed: it gets the line.
@@ -170,4 +172,188 @@ fn a_traced_process_is_refused_with_the_reason() {
     assert!(!shim_mapped(pid));
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// `gapscope attach` to a GPU process started without the shim: the shim
+/// is injected, the GPU is seen from the first work launched after the shim
+/// began recording (the work queued before runs unrecorded, so the time
+/// until then is unseen, not idle), and the process runs on as it would.
+#[test]
+fn attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on() {
+    if !bpf_ready("attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("inject-attach");
+    let host = Command::new(bin("gs-cuda-host"))
+        .args(["--steps", "300", "--gap-us", "3000"])
+        .env_remove("CUDA_INJECTION64_PATH")
+        .env_remove("GAPSCOPE_SOCKET")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = host.id();
+    std::thread::sleep(Duration::from_millis(400));
+    let rec = dir.path().join("rec");
+    let out = Command::new(gapscope())
+        .args(["attach", "-q", "--no-exports", "--duration", "1", "--pid"])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tracer_of(pid), 0);
+    let done = host.wait_with_output().unwrap();
+    assert!(done.status.success());
+    let truth: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(truth["counts"]["launched"], 900, "it ran all its steps");
+
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    let sources = report["gpu_sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 1, "{sources:?}");
+    assert_eq!(sources[0]["pid"].as_u64(), Some(pid as u64));
+    assert_eq!(sources[0]["loaded_by"], "ptrace");
+    let window = &report["window_ns"];
+    let (w0, w1) = (u64_of(window, "start"), u64_of(window, "end"));
+    let blind = report["drops"]["gpu_blind"].as_array().unwrap();
+    assert_eq!(blind.len(), 1, "{blind:?}");
+    assert_eq!(u64_of(&blind[0], "start_ns"), w0);
+    let seen_from = u64_of(&blind[0], "end_ns");
+    assert!(seen_from > w0 && seen_from < w1, "{blind:?}");
+    // Busy: the kernels the simulated GPU ran once seen, clipped to the
+    // window; within one kernel.
+    let busy_truth: u64 = truth["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                u64_of(k, "start_ns").max(seen_from),
+                u64_of(k, "end_ns").min(w1),
+            )
+        })
+        .filter(|(s, e)| e > s)
+        .map(|(s, e)| e - s)
+        .sum();
+    let gpu = &report["gpus"][0];
+    let busy = u64_of(gpu, "busy_ns");
+    assert!(
+        busy.abs_diff(busy_truth) <= 2_000_000,
+        "busy {busy}, truth {busy_truth}"
+    );
+    assert!(u64_of(gpu, "unseen_ns") >= seen_from - w0, "{gpu}");
+    assert!(
+        report["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("injected with ptrace")),
+        "{}",
+        report["notes"]
+    );
+}
+
+/// gapscope killed at any moment of an attach — before, while or after it
+/// injects — leaves the target running, untraced, and doing what it does.
+#[test]
+fn a_killed_attach_leaves_the_target_running_and_untraced() {
+    if !bpf_ready("a_killed_attach_leaves_the_target_running_and_untraced") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("inject-kill");
+    let standin = bin("libcupti_standin.so");
+    let args = ["busy", "--messages", "1500", "--pace-us", "300"];
+    let bare = Command::new(workload()).args(args).output().unwrap();
+    let bare_last = String::from_utf8_lossy(&bare.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    let mut caught_tracing = 0;
+    for k in 0..8u64 {
+        let (mut child, mut out) = started(
+            Command::new(workload())
+                .args(args)
+                .arg("--dlopen")
+                .arg(&standin)
+                .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+        );
+        let pid = child.id();
+        let mut g = Command::new(gapscope())
+            .args(["attach", "-q", "--no-exports", "--duration", "5", "--pid"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(dir.path().join(format!("rec-{k}")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if k % 2 == 0 {
+            // The moment it holds the thread.
+            let t = std::time::Instant::now();
+            while tracer_of(pid) == 0 && t.elapsed() < Duration::from_secs(3) {}
+            if tracer_of(pid) != 0 {
+                caught_tracing += 1;
+            }
+        } else {
+            // Anywhere from start-up to just after loading.
+            std::thread::sleep(Duration::from_millis(k * 40));
+        }
+        g.kill().unwrap();
+        g.wait().unwrap();
+        let t = std::time::Instant::now();
+        while tracer_of(pid) != 0 && t.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(tracer_of(pid), 0, "kill {k}: a tracer was left behind");
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "kill {k}: the target failed: {status:?}");
+        assert_eq!(rest.trim_end(), bare_last, "kill {k}");
+    }
+    eprintln!("killed while it held the thread: {caught_tracing} of 4");
+}
+
+/// A shim injected once stays, dormant: 100 profilers connecting and
+/// leaving while the process runs change nothing it does.
+#[test]
+fn an_injected_shim_takes_a_hundred_attach_cycles() {
+    let standin = bin("libcupti_standin.so");
+    // It runs until told to stop on stdin, and checks every message.
+    let (mut child, mut out) = started(
+        Command::new(workload())
+            .args(["busy", "--pace-us", "300", "--until", "stdin", "--dlopen"])
+            .arg(&standin)
+            .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+    );
+    let pid = child.id();
+    injected(pid);
+    for _ in 0..100 {
+        assert_eq!(
+            inject::inject(pid, &shim(), Limits::default()),
+            Ok(Outcome::AlreadyLoaded {
+                injected_before: true
+            })
+        );
+        shim_answers(pid);
+    }
+    assert_eq!(tracer_of(pid), 0);
+    child.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    // "messages N sum S": every message arrived, in order.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n: u64 = f[1].parse().unwrap();
+    let sum = (0..n).fold(0u64, |s, v| s.wrapping_add(v.wrapping_mul(2654435761)));
+    assert_eq!(f[3], sum.to_string(), "{rest}");
+    assert!(n > 100, "{rest}");
 }

@@ -454,6 +454,9 @@ fn start_recording(s: &Shim, c: &Cupti) {
     s.last_end.store(0, Ordering::SeqCst);
     s.foreign_clock.store(0, Ordering::SeqCst);
     s.set_state(State::Recording);
+    // From here on the GPU is seen: a profiler that attached to a dormant
+    // shim counts the time before as unseen, not idle.
+    send(&Frame::Sighted { at: now }, 0);
 }
 
 fn quiet_bookkeeping(c: &Cupti) {

@@ -12,7 +12,8 @@
 //! Goodbye = (empty)                       (the process is flushing and leaving)
 //! Blind   = start:u64  reason:str         (from start on, the shim sees nothing:
 //!                                          another CUPTI client took CUPTI)
-//! Sighted = at:u64                        (the shim sees again from `at`)
+//! Sighted = at:u64                        (the shim sees from `at`: when it begins
+//!                                          recording, and again after a Blind)
 //! Skipped = incomplete:u64  unknown:u64   (cumulative: records CUPTI delivered
 //!                                          incomplete, records of kinds not read)
 //! str     = len:u32  utf8[len]

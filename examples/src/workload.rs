@@ -47,10 +47,12 @@ commands:
   reuse                                a child that spins 100 ms and exits, then
                                        (as root) a second child given the same
                                        pid through ns_last_pid, which sleeps 200 ms
-  busy     --messages N --pace-us P    threads busy in syscalls (a pipe of N numbered
+  busy     --messages N --pace-us P [--dlopen LIB] [--until stdin]
+                                       threads busy in syscalls (a pipe of N numbered
                                        messages every P µs, reads of /dev/zero) under
                                        a 1 ms timer signal with a handler; prints what
-                                       depends only on N (a target for injection)
+                                       depends only on N (a target for injection);
+                                       --until stdin: messages until a stdin line
   pipeline --workers N --steps K --dir D [--decode-ms 60] [--step-ms 15]
                                        demo: worker processes read and decode
                                        batches and hand them over pipes to a
@@ -447,6 +449,15 @@ extern "C" fn on_tick(_: libc::c_int) {
 fn cmd_busy(a: &Args) {
     let messages = a.num("messages", 4000);
     let pace_us = a.num("pace-us", 500);
+    // A library to have mapped, as a GPU process has libcuda and libcupti.
+    if let Some(lib) = a.get("dlopen") {
+        let c = std::ffi::CString::new(lib).unwrap_or_else(|_| die("--dlopen: a NUL in the path"));
+        // SAFETY: loading a library whose constructors are harmless (the
+        // stand-in libcupti).
+        if unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) }.is_null() {
+            die(&format!("dlopen {lib} failed"));
+        }
+    }
     // SAFETY: installing a handler that only increments an atomic, and a
     // process timer; both documented uses.
     unsafe {
@@ -472,19 +483,34 @@ fn cmd_busy(a: &Args) {
     // SAFETY: each end is owned by one File from here on.
     let (mut rx, mut tx) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // --until stdin: send until a line arrives on stdin, then as many as
+    // sent (the sum still checks every message).
+    let until_stdin = a.get("until") == Some("stdin");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_w = stop.clone();
     let writer = std::thread::spawn(move || {
-        for i in 0..messages {
+        let mut i = 0u64;
+        while if until_stdin {
+            !stop_w.load(std::sync::atomic::Ordering::Relaxed)
+        } else {
+            i < messages
+        } {
             tx.write_all(&i.to_le_bytes())
                 .unwrap_or_else(|e| die(&format!("pipe write: {e}")));
             std::thread::sleep(Duration::from_micros(pace_us));
+            i += 1;
         }
+        // Closing the pipe tells the reader how many there were.
     });
     let reader = std::thread::spawn(move || {
         let (mut sum, mut n) = (0u64, 0u64);
         let mut b = [0u8; 8];
-        while n < messages {
-            rx.read_exact(&mut b)
-                .unwrap_or_else(|e| die(&format!("pipe read: {e}")));
+        loop {
+            match rx.read_exact(&mut b) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => die(&format!("pipe read: {e}")),
+            }
             let v = u64::from_le_bytes(b);
             if v != n {
                 die(&format!("message {n} arrived as {v}"));
@@ -508,6 +534,13 @@ fn cmd_busy(a: &Args) {
     });
     println!("ready {}", pid());
     let _ = std::io::stdout().flush();
+    if until_stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .unwrap_or_else(|e| die(&format!("stdin: {e}")));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     writer.join().unwrap();
     let (n, sum) = reader.join().unwrap();
     done.store(true, std::sync::atomic::Ordering::Relaxed);

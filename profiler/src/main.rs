@@ -53,6 +53,11 @@ enum Command {
         /// only to the invoking user's processes by default).
         #[arg(long)]
         any_user: bool,
+        /// Do not bring the CUPTI shim into GPU processes that run without
+        /// it (by default it is loaded with ptrace, and stays dormant after);
+        /// they are then watched through libcuda uprobes, without GPU times.
+        #[arg(long)]
+        no_inject: bool,
         #[command(flatten)]
         rec: RecordArgs,
     },
@@ -235,6 +240,7 @@ impl RecordArgs {
             nvml_hz: self.nvml_hz,
             libcuda: self.libcuda.clone(),
             any_user: false,
+            inject: false,
         }
     }
 }
@@ -403,6 +409,7 @@ fn main() -> ExitCode {
             pid,
             duration,
             any_user,
+            no_inject,
             rec,
         } => {
             let duration = match duration {
@@ -417,6 +424,7 @@ fn main() -> ExitCode {
             };
             let opts = RecordOptions {
                 any_user,
+                inject: !no_inject,
                 ..rec.options(duration)
             };
             record(Target::Pid(pid), opts, &rec)

@@ -50,6 +50,8 @@ pub struct Facts {
     /// Set when the file ends in a damaged or cut-off chunk, or has no end.
     pub truncated: Option<String>,
     pub gpu_sources: Vec<GpuSource>,
+    /// Processes `attach` brought the shim into.
+    pub injected: Vec<crate::session::ShimInjected>,
     pub gpu_blind: Vec<GpuBlind>,
     /// GPU records the shims skipped as incomplete.
     pub gpu_records_incomplete: u64,
@@ -245,6 +247,7 @@ fn conclude(
         drops: std::mem::take(&mut session.drops),
         truncated: session.truncated.take(),
         gpu_sources: std::mem::take(&mut session.gpu_sources),
+        injected: std::mem::take(&mut session.injected),
         gpu_blind: std::mem::take(&mut session.gpu_blind),
         gpu_records_incomplete: session.gpu_skipped.values().map(|(i, _)| i).sum(),
         gpu_records_dropped: session.gpu_drops.values().map(|(c, s)| c + s).sum(),

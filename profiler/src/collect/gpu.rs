@@ -63,6 +63,9 @@ pub struct GpuStreams {
     /// end; the serving task owns the stream and drops it when it ends.
     attached: Vec<std::sync::Weak<UnixStream>>,
     stop_accepting: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Attach: the start of the recording, from which the processes found
+    /// at the first connect went unseen until their shims record.
+    window_start: Option<u64>,
 }
 
 /// Pid of the process at the other end of a Unix socket.
@@ -85,7 +88,15 @@ fn in_tree(pid: u32, root: u32) -> bool {
     false
 }
 
-async fn serve(stream: std::sync::Arc<UnixStream>, pid: u32, tx: UnboundedSender<Record>) {
+/// Serves one shim's stream. `blind_since`: a dormant shim attached to —
+/// what its process's GPU did from then until the shim says it records
+/// (its `Sighted` frame) was not seen.
+async fn serve(
+    stream: std::sync::Arc<UnixStream>,
+    pid: u32,
+    tx: UnboundedSender<Record>,
+    blind_since: Option<u64>,
+) {
     let mut dec = Decoder::new();
     let mut host_ids = pidns::HostIds::new(pid);
     let mut buf = vec![0u8; 256 << 10];
@@ -95,7 +106,16 @@ async fn serve(stream: std::sync::Arc<UnixStream>, pid: u32, tx: UnboundedSender
         opened: gapscope_cupti::clock::monotonic_ns(),
         last_record_end: 0,
         goodbye: false,
-        blind: None,
+        attached: blind_since.is_some(),
+        sighted: None,
+        blind: blind_since.map(|t| {
+            (
+                t,
+                "before its shim began recording (it was dormant, or not yet loaded, when \
+                 gapscope attached) and the work queued until then had run"
+                    .to_string(),
+            )
+        }),
     };
     loop {
         let n = match stream.readable().await {
@@ -126,6 +146,11 @@ async fn serve(stream: std::sync::Arc<UnixStream>, pid: u32, tx: UnboundedSender
                         Frame::Records(mut records) => {
                             host_ids.translate(&mut records);
                             end.saw(&records);
+                            if let Some(r) = end.first_work(&records) {
+                                if tx.send(r).is_err() {
+                                    return;
+                                }
+                            }
                             Record::Gpu(GpuBatch { pid, records })
                         }
                         Frame::Dropped { cupti, shim } => Record::GpuDrops { pid, cupti, shim },
@@ -150,6 +175,13 @@ async fn serve(stream: std::sync::Arc<UnixStream>, pid: u32, tx: UnboundedSender
                             );
                             end.blind.get_or_insert((start, reason));
                             Record::Note(note)
+                        }
+                        Frame::Sighted { at } if end.attached => {
+                            // Recording began late: work queued before it runs
+                            // first, unrecorded, so the GPU is known only from
+                            // its first recorded work on.
+                            end.sighted.get_or_insert(at);
+                            continue;
                         }
                         Frame::Sighted { at } => match end.close_blind(at) {
                             Some(r) => r,
@@ -191,6 +223,11 @@ struct StreamEnd {
     last_record_end: u64,
     goodbye: bool,
     blind: Option<(u64, String)>,
+    /// A dormant shim attached to: its initial blind span closes at its
+    /// first recorded GPU work, not when it says it records.
+    attached: bool,
+    /// When it said it began recording.
+    sighted: Option<u64>,
 }
 
 impl StreamEnd {
@@ -200,6 +237,25 @@ impl StreamEnd {
                 self.last_record_end = self.last_record_end.max(e);
             }
         }
+    }
+
+    /// Closes an attached shim's initial blind span at the start of its
+    /// first recorded GPU work (kernels, copies, memsets).
+    fn first_work(&mut self, records: &[gapscope_cupti::GpuRecord]) -> Option<Record> {
+        use gapscope_cupti::GpuRecord as G;
+        let sighted = self.sighted?;
+        let first = records
+            .iter()
+            .filter_map(|r| match r {
+                G::Kernel { start, .. } | G::Memcpy { start, .. } | G::Memset { start, .. } => {
+                    Some(*start)
+                }
+                _ => None,
+            })
+            .min()?;
+        self.sighted = None;
+        self.attached = false;
+        self.close_blind(first.max(sighted))
     }
 
     fn close_blind(&mut self, at: u64) -> Option<Record> {
@@ -216,6 +272,10 @@ impl StreamEnd {
 impl Drop for StreamEnd {
     fn drop(&mut self) {
         let now = gapscope_cupti::clock::monotonic_ns();
+        // Recording, and no work recorded: none was launched since.
+        if let Some(r) = self.sighted.take().and_then(|at| self.close_blind(at)) {
+            let _ = self.tx.send(r);
+        }
         if let Some(r) = self.close_blind(now) {
             let _ = self.tx.send(r);
         }
@@ -246,7 +306,13 @@ impl GpuStreams {
             connected: HashSet::new(),
             attached: Vec::new(),
             stop_accepting: None,
+            window_start: None,
         }
+    }
+
+    /// Attach: the recording began at `t` (CLOCK_MONOTONIC ns).
+    pub fn attached_at(&mut self, t: u64) {
+        self.window_start = Some(t);
     }
 
     /// Accepts shims of the tree under `root` (run); connections from
@@ -270,7 +336,7 @@ impl GpuStreams {
                 while conns.try_join_next().is_some() {}
                 match peer_pid(&stream) {
                     Some(pid) if in_tree(pid, root) => {
-                        conns.spawn(serve(std::sync::Arc::new(stream), pid, tx.clone()));
+                        conns.spawn(serve(std::sync::Arc::new(stream), pid, tx.clone(), None));
                     }
                     other => {
                         let _ = tx.send(Record::Note(format!(
@@ -289,6 +355,9 @@ impl GpuStreams {
     /// (attach), once per process. `pids` are the processes alive now: any
     /// other is forgotten (a pid used again is another process).
     pub fn connect(&mut self, pids: impl IntoIterator<Item = u32>) {
+        // Processes there when recording began went unseen from then; later
+        // ones from their connection.
+        let first = self.window_start.take();
         let pids: HashSet<u32> = pids.into_iter().collect();
         self.connected.retain(|pid| pids.contains(pid));
         self.prune();
@@ -311,7 +380,9 @@ impl GpuStreams {
             self.connected.insert(pid);
             let stream = std::sync::Arc::new(stream);
             self.attached.push(std::sync::Arc::downgrade(&stream));
-            self.tasks.spawn(serve(stream, pid, self.tx.clone()));
+            let since = first.unwrap_or_else(gapscope_cupti::clock::monotonic_ns);
+            self.tasks
+                .spawn(serve(stream, pid, self.tx.clone(), Some(since)));
         }
     }
 
@@ -369,7 +440,7 @@ mod tests {
                     let a = Arc::new(a);
                     streams.connected.insert(pid);
                     streams.attached.push(Arc::downgrade(&a));
-                    streams.tasks.spawn(serve(a, pid, streams.tx.clone()));
+                    streams.tasks.spawn(serve(a, pid, streams.tx.clone(), None));
                     ours.push(b);
                 }
                 drop(ours);

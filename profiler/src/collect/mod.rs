@@ -63,6 +63,8 @@ pub struct RecordOptions {
     pub libcuda: Option<PathBuf>,
     /// `attach` to a process of another user.
     pub any_user: bool,
+    /// `attach`: bring the CUPTI shim into GPU processes without it.
+    pub inject: bool,
 }
 
 /// How a recording ended.
@@ -256,12 +258,9 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                 watch_libcuda(&mut tracer, libs, &mut notes);
             }
             let mut sink = Sink::new(writer, pid);
-            sink.push(Record::Header(header(
-                Mode::Run,
-                pid,
-                argv.clone(),
-                opts.tracer.sample_hz,
-            )));
+            let head = header(Mode::Run, pid, argv.clone(), opts.tracer.sample_hz);
+            sink.window_start = head.start_ns;
+            sink.push(Record::Header(head));
             // The child is blocked reading the release pipe until now.
             sink.push(Record::Thread(crate::session::ThreadSeed {
                 pid,
@@ -286,12 +285,9 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             let command = procfs::process_info(pid)
                 .map(|p| p.argv)
                 .unwrap_or_default();
-            sink.push(Record::Header(header(
-                Mode::Attach,
-                pid,
-                command,
-                opts.tracer.sample_hz,
-            )));
+            let head = header(Mode::Attach, pid, command, opts.tracer.sample_hz);
+            sink.window_start = head.start_ns;
+            sink.push(Record::Header(head));
             // Seed the filter, then look again: a process forked by an
             // untracked parent between the scan and the insert would be missed
             // by the kernel, which only follows tracked parents.
@@ -302,6 +298,9 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                         seed_process(&mut sink, p);
                     }
                 }
+            }
+            if opts.gpu && opts.inject {
+                inject_shims(&mut sink, &mut notes);
             }
             (sink, pidfd, None)
         }
@@ -429,6 +428,67 @@ fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordE
     Ok(SessionWriter::create(&dir.join(FILE_NAME))?)
 }
 
+/// Brings the CUPTI shim into the tree's GPU processes that run without
+/// one; where it cannot, says why (they are then watched with uprobes).
+/// GPU activity of an injected process exists only from when its shim
+/// records: the time before is marked unseen (by its stream), never idle.
+fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>) {
+    let mut pids: Vec<u32> = sink
+        .live
+        .iter()
+        .copied()
+        .filter(|&p| inject::wants_shim(p))
+        .collect();
+    if pids.is_empty() {
+        return;
+    }
+    let Some(shim) = gpu::shim_path() else {
+        notes.push(format!(
+            "the GPU shim ({}) is not installed beside gapscope: not injected",
+            gapscope_cupti::LIBRARY_NAME
+        ));
+        return;
+    };
+    pids.sort_unstable();
+    for pid in pids {
+        match inject::inject(pid, &shim, inject::Limits::default()) {
+            Ok(inject::Outcome::Injected(i)) => {
+                sink.push(Record::ShimInjected(crate::session::ShimInjected {
+                    pid,
+                    tid: i.tid,
+                    loaded_at: i.loaded_at,
+                    longest_stop_ns: i.longest_stop.as_nanos() as u64,
+                    took_ns: i.took.as_nanos() as u64,
+                    earlier: false,
+                }));
+                notes.push(format!(
+                    "process {pid}: the CUPTI shim was injected with ptrace in {} (thread {} \
+                     held at most {}); it stays loaded and dormant after the recording",
+                    crate::units::duration(i.took.as_nanos() as u64),
+                    i.tid,
+                    crate::units::duration(i.longest_stop.as_nanos() as u64),
+                ));
+            }
+            Ok(inject::Outcome::AlreadyLoaded { injected_before }) => {
+                if injected_before {
+                    sink.push(Record::ShimInjected(crate::session::ShimInjected {
+                        pid,
+                        tid: 0,
+                        loaded_at: 0,
+                        longest_stop_ns: 0,
+                        took_ns: 0,
+                        earlier: true,
+                    }));
+                }
+            }
+            Err(why) => notes.push(format!(
+                "process {pid}: the CUPTI shim was not injected ({why}); its GPU side comes \
+                 from libcuda uprobes, without GPU times"
+            )),
+        }
+    }
+}
+
 /// One reading of a thread's I/O counters, if /proc still has the thread.
 fn push_thread_io(sink: &mut Sink, pid: u32, tid: u32, start: bool) {
     if let Some(io) = procfs::thread_io(pid, tid) {
@@ -481,7 +541,10 @@ async fn event_loop(
                     )));
                 }
             }
-            None => streams.connect(sink.live.iter().copied()),
+            None => {
+                streams.attached_at(sink.window_start);
+                streams.connect(sink.live.iter().copied())
+            }
         }
         sampler = Some(nvml::Sampler::start(
             setup.nvml_hz,

@@ -69,6 +69,8 @@ struct ProcState {
 pub struct Sink {
     pub writer: SessionWriter,
     pub target_pid: u32,
+    /// Where the recording window starts (the header's start).
+    pub window_start: u64,
     /// User and kernel stacks seen and not yet symbolized.
     stacks: HashMap<u64, Stack>,
     /// Processes seen, until their last stacks are symbolized after exit.
@@ -94,6 +96,7 @@ impl Sink {
         Sink {
             writer,
             target_pid,
+            window_start: 0,
             stacks: HashMap::new(),
             procs: HashMap::new(),
             symbolizer: None,

@@ -206,6 +206,7 @@ pub struct ThreadReport {
 }
 
 pub use super::gpu_report::{ApiThread, GpuReport, SyncReport};
+use crate::session::SourceKind;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct GpuSourceReport {
@@ -216,6 +217,10 @@ pub struct GpuSourceReport {
     pub cupti_version: u32,
     /// How GPU timestamps were put on CLOCK_MONOTONIC.
     pub clock: String,
+    /// How the source got into the process: "environment" (started with
+    /// the shim), "ptrace" (injected by attach), "uprobes", or "trace"
+    /// (imported) and "simulated".
+    pub loaded_by: &'static str,
 }
 
 /// Resolves stack hashes to frame names: symbols where the recording had
@@ -446,6 +451,13 @@ pub fn build(a: &Analysis) -> Report {
                 driver_version: g.hello.driver_version,
                 cupti_version: g.hello.cupti_version,
                 clock: format!("{:?}", g.hello.clock),
+                loaded_by: match g.kind {
+                    SourceKind::Uprobe => "uprobes",
+                    SourceKind::Kineto => "trace",
+                    SourceKind::Simulated => "simulated",
+                    SourceKind::Cupti if facts.injected.iter().any(|i| i.pid == g.pid) => "ptrace",
+                    SourceKind::Cupti => "environment",
+                },
             })
             .collect(),
         session: SessionInfo {

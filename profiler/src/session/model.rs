@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 /// Bumped when a record changes meaning or a new one is added; readers
 /// refuse newer versions at the header rather than at an unknown record.
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
-/// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks).
+/// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
+/// and ShimInjected.
 pub const FORMAT_VERSION: u16 = 3;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -59,6 +60,24 @@ pub enum Record {
     /// A thread's I/O accounting as the kernel keeps it, read when recording
     /// began (from /proc) and when it ended or the thread exited.
     ThreadIo(ThreadIo),
+    /// gapscope brought the CUPTI shim into a running process with ptrace.
+    ShimInjected(ShimInjected),
+}
+
+/// The CUPTI shim was loaded into process `pid` by `attach`, through its
+/// thread `tid`: GPU activity exists from `loaded_at` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShimInjected {
+    pub pid: u32,
+    pub tid: u32,
+    /// CLOCK_MONOTONIC ns when its InitializeInjection had returned.
+    pub loaded_at: u64,
+    /// The longest the thread was held stopped.
+    pub longest_stop_ns: u64,
+    /// From the first stop to the shim loaded.
+    pub took_ns: u64,
+    /// Loaded by an earlier attach, dormant since (the times above are 0).
+    pub earlier: bool,
 }
 
 /// The kernel's I/O counters of one thread at one moment

@@ -197,6 +197,8 @@ pub struct Session {
     pub fd_paths: Vec<FdPath>,
     /// Readings of threads' I/O counters, in order.
     pub thread_io: Vec<super::ThreadIo>,
+    /// Processes the shim was injected into while recording.
+    pub injected: Vec<super::ShimInjected>,
     pub drops: Drops,
     /// Every reading of the drop counters, in order (they are cumulative).
     pub drop_readings: Vec<Drops>,
@@ -417,6 +419,7 @@ fn read_records(
             Record::Maps(m) => s.maps.push(m),
             Record::FdPath(f) => s.fd_paths.push(f),
             Record::ThreadIo(t) => s.thread_io.push(t),
+            Record::ShimInjected(i) => s.injected.push(i),
             Record::Drops(d) => {
                 s.drop_readings.push(d.clone());
                 s.drops = d;

@@ -64,9 +64,27 @@ pub struct Injected {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Injected(Injected),
-    /// The shim is already in the process (dormant, or from its
-    /// environment): nothing to do.
-    AlreadyLoaded,
+    /// The shim is already in the process, nothing to do: from its
+    /// environment, or (`injected_before`) brought in by an earlier attach
+    /// and dormant since.
+    AlreadyLoaded {
+        injected_before: bool,
+    },
+}
+
+/// Whether `pid` was started with the shim in its environment (as the CUDA
+/// or NVTX injection library).
+fn shim_from_environment(pid: u32) -> bool {
+    let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    env.split(|&b| b == 0).any(|kv| {
+        let kv = String::from_utf8_lossy(kv);
+        ["CUDA_INJECTION64_PATH=", "NVTX_INJECTION64_PATH="]
+            .iter()
+            .filter_map(|k| kv.strip_prefix(k))
+            .any(|v| v.rsplit('/').next().is_some_and(is_shim))
+    })
 }
 
 /// Why a process was not injected: one line, for the report.
@@ -232,13 +250,19 @@ fn shim_for(pid: u32, shim: &Path) -> Result<(String, Option<PathBuf>), Refusal>
 /// Loads `shim` into `pid` and calls its InitializeInjection.
 pub fn inject(pid: u32, shim: &Path, limits: Limits) -> Result<Outcome, Refusal> {
     let maps = mappings(pid)?;
+    if maps.is_empty() {
+        // A zombie: its memory is gone.
+        return Err("the process is exiting".into());
+    }
     if maps.iter().any(|m| {
         Path::new(&m.path)
             .file_name()
             .and_then(|n| n.to_str())
             .is_some_and(is_shim)
     }) {
-        return Ok(Outcome::AlreadyLoaded);
+        return Ok(Outcome::AlreadyLoaded {
+            injected_before: !shim_from_environment(pid),
+        });
     }
     preflight(pid)?;
     let [dlopen, dlsym, dlerror] = loader_functions(pid, &maps)?;
