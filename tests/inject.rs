@@ -357,3 +357,146 @@ fn an_injected_shim_takes_a_hundred_attach_cycles() {
     assert_eq!(f[3], sum.to_string(), "{rest}");
     assert!(n > 100, "{rest}");
 }
+
+const PY_FORKING: &str = r#"
+import ctypes, os, sys
+ctypes.CDLL(sys.argv[1])
+print("ready", flush=True)
+failed = 0
+for i in range(int(sys.argv[2])):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 7:
+        failed += 1
+print("forked", sys.argv[2], "failed", failed, flush=True)
+"#;
+
+/// A process forking child after child while it is injected: the moment
+/// is never a fork, its children exit as they should, and the ones forked
+/// after carry the shim dormant.
+#[test]
+fn a_process_that_keeps_forking_is_injected_between_forks() {
+    let Some(python) = python() else {
+        eprintln!("skipping: no python3");
+        return;
+    };
+    let (mut child, mut out) = started(
+        Command::new(python)
+            .args(["-c", PY_FORKING])
+            .arg(bin("libcupti_standin.so"))
+            .arg("1500")
+            .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+    );
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(50));
+    let i = injected(pid);
+    assert!(i.longest_stop < Duration::from_millis(200), "{i:?}");
+    assert_eq!(tracer_of(pid), 0);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    assert_eq!(rest.trim_end(), "forked 1500 failed 0");
+}
+
+/// A process in its own pid and mount namespaces (a container's view): it
+/// is found by its pid here, and opens the shim at a path of its own.
+#[test]
+fn a_process_in_its_own_namespaces_is_injected() {
+    let Some(python) = python() else {
+        eprintln!("skipping: no python3");
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: new namespaces need root");
+        return;
+    }
+    let (mut child, mut out) = started(
+        Command::new("unshare")
+            .args(["--pid", "--mount", "--fork", "--kill-child", "--"])
+            .arg(python)
+            .args(["-c", PY_BLOCKED])
+            .arg(bin("libcupti_standin.so"))
+            .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+    );
+    // The interpreter is unshare's child.
+    let pid: u32 =
+        std::fs::read_to_string(format!("/proc/{}/task/{}/children", child.id(), child.id()))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .expect("unshare's child")
+            .parse()
+            .unwrap();
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap(),
+        std::fs::read_link("/proc/self/ns/mnt").unwrap()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    injected(pid);
+    // It opened a copy placed in its own /tmp, removed once mapped.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.contains(gapscope_cupti::LIBRARY_NAME))
+        .expect("the shim is mapped");
+    assert!(
+        line.contains("/tmp/.gapscope-") && line.ends_with("(deleted)"),
+        "{line}"
+    );
+    assert_eq!(tracer_of(pid), 0);
+    child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "got hello\n");
+    assert!(child.wait().unwrap().success());
+}
+
+/// Builds tests/inject/regs.c into `dir`.
+fn build_regs(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("inject/regs.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let exe = dir.join("regs");
+    let out = Command::new(&cc)
+        .args(["-std=gnu11", "-O1", "-Wall"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` (set CC): {e}"));
+    assert!(
+        out.status.success(),
+        "compiling {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// A single-threaded C program blocked in a raw read(2) with known values
+/// in every general register the syscall keeps and in xmm0-xmm15: taken
+/// over at that read, it gets every register back and its read completes
+/// with the data, not an error.
+#[test]
+fn a_thread_taken_over_in_a_syscall_gets_every_register_back() {
+    let dir = scratch("inject-regs");
+    let exe = build_regs(dir.path());
+    let (mut child, mut out) = started(&mut Command::new(&exe));
+    std::thread::sleep(Duration::from_millis(50)); // in its read by now
+    injected(child.id());
+    let stdin = child.stdin.as_mut().unwrap();
+    let mut line = String::new();
+    for round in 0..3 {
+        stdin.write_all(b"x\n").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, format!("round {round} ok\n"));
+    }
+    drop(child.stdin.take());
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    assert!(child.wait().unwrap().success());
+}
