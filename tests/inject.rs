@@ -500,3 +500,35 @@ fn a_thread_taken_over_in_a_syscall_gets_every_register_back() {
     assert_eq!(line, "done\n");
     assert!(child.wait().unwrap().success());
 }
+
+/// The way back, tested directly: let go of right after the injected mmap
+/// (as a gapscope killed at that moment would), the thread returns through
+/// the signal frame left on its stack — every general and xmm register and
+/// its signal mask its own again — and makes its read as if untouched.
+#[test]
+fn a_thread_let_go_of_mid_injection_gets_its_own_state_back() {
+    let dir = scratch("inject-abandon");
+    let exe = build_regs(dir.path());
+    let (mut child, mut out) = started(&mut Command::new(&exe));
+    std::thread::sleep(Duration::from_millis(50));
+    let limits = Limits {
+        abandon_after_mmap: true,
+        ..Limits::default()
+    };
+    let err = inject::inject(child.id(), &shim(), limits).unwrap_err();
+    assert!(err.contains("let go of"), "{err}");
+    assert_eq!(tracer_of(child.id()), 0);
+    let stdin = child.stdin.as_mut().unwrap();
+    let mut line = String::new();
+    for round in 0..3 {
+        stdin.write_all(b"x\n").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, format!("round {round} ok\n"));
+    }
+    drop(child.stdin.take());
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    assert!(child.wait().unwrap().success());
+}

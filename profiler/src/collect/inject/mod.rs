@@ -13,15 +13,17 @@
 //!   kernel restarts the call (no EINTR); the taken-over call is run again
 //!   by the stub, from the same registers;
 //! - every register, and the FPU/SSE/AVX state, is restored by the stub
-//!   itself, so gapscope is needed only for the few microseconds of the
-//!   injected mmap: killed after that, it leaves the target to finish
-//!   loading on its own; killed before, the kernel detaches the thread,
-//!   which carries on untouched;
+//!   itself, so gapscope is not needed once the stub runs; while the thread
+//!   runs the injected mmap, a signal frame on its stack holds its own
+//!   state and the mmap returns into libc's sigreturn trampoline, so a
+//!   gapscope killed at any moment leaves a thread that carries on as if
+//!   untouched (`sigframe`);
 //! - signals that arrive while the thread is stopped are handed back to it;
 //!   its mask and pending set are never touched.
 
 mod elf;
 mod ptrace;
+mod sigframe;
 mod stub;
 
 use std::fs;
@@ -35,6 +37,10 @@ use ptrace::{SyscallStop, Tracee};
 pub struct Limits {
     pub safe_moment: Duration,
     pub load: Duration,
+    /// Tests only: let go of the thread right after the injected mmap, as
+    /// a gapscope killed then would.
+    #[doc(hidden)]
+    pub abandon_after_mmap: bool,
 }
 
 impl Default for Limits {
@@ -42,6 +48,7 @@ impl Default for Limits {
         Limits {
             safe_moment: Duration::from_secs(2),
             load: Duration::from_secs(10),
+            abandon_after_mmap: false,
         }
     }
 }
@@ -117,6 +124,7 @@ struct Mapping {
     start: u64,
     end: u64,
     offset: u64,
+    exec: bool,
     path: String,
 }
 
@@ -132,6 +140,7 @@ fn mappings(pid: u32) -> Result<Vec<Mapping>, Refusal> {
                 start: u64::from_str_radix(s, 16).ok()?,
                 end: u64::from_str_radix(e, 16).ok()?,
                 offset: u64::from_str_radix(f.get(2)?, 16).ok()?,
+                exec: f.get(1)?.contains('x'),
                 path: f.get(5).map_or(String::new(), |p| p.to_string()),
             })
         })
@@ -165,34 +174,64 @@ fn preflight(pid: u32) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Addresses of dlopen, dlsym and dlerror in `pid`: glibc 2.34+ exports
-/// them from libc, older ones from libdl when the process has it loaded.
-fn loader_functions(pid: u32, maps: &[Mapping]) -> Result<[u64; 3], Refusal> {
+/// What injection calls in the process's libc: dlopen, dlsym and dlerror
+/// (glibc 2.34+ exports them from libc, older ones from libdl when the
+/// process has it loaded), and the sigreturn trampoline.
+struct LibcParts {
+    dlopen: u64,
+    dlsym: u64,
+    dlerror: u64,
+    restorer: u64,
+}
+
+/// A library of the process as it sees it, whatever its mount namespace.
+fn library_file(pid: u32, m: &Mapping) -> Result<Vec<u8>, Refusal> {
+    fs::read(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+        .or_else(|_| fs::read(format!("/proc/{pid}/root{}", m.path)))
+        .map_err(|e| format!("cannot read its {} ({e})", m.path))
+}
+
+fn named(m: &Mapping, prefix: &str) -> bool {
+    Path::new(&m.path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(prefix))
+}
+
+fn libc_parts(pid: u32, maps: &[Mapping]) -> Result<LibcParts, Refusal> {
     let names = ["dlopen", "dlsym", "dlerror"];
+    let mut restorer = None;
+    let mut functions = None;
     for lib in ["libc.so", "libc-", "libdl.so", "libdl-"] {
-        let Some(m) = maps.iter().find(|m| {
-            m.offset == 0
-                && Path::new(&m.path)
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(lib))
-        }) else {
+        let Some(m) = maps.iter().find(|m| m.offset == 0 && named(m, lib)) else {
             continue;
         };
-        // The file as the process sees it, whatever its mount namespace.
-        let data = fs::read(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-            .or_else(|_| fs::read(format!("/proc/{pid}/root{}", m.path)))
-            .map_err(|e| format!("cannot read its {} ({e})", m.path))?;
+        let data = library_file(pid, m)?;
         let elf = elf::Elf::parse(&data).ok_or_else(|| format!("{} is not ELF64", m.path))?;
-        let found = elf
-            .functions(&names)
-            .ok_or_else(|| format!("{} has no dynamic symbols", m.path))?;
         let bias = m.start.wrapping_sub(elf.base_vaddr().unwrap_or(0));
-        if let [Some(a), Some(b), Some(c)] = found[..] {
-            return Ok([a + bias, b + bias, c + bias]);
+        if lib.starts_with("libc") && restorer.is_none() {
+            let exec: Vec<(u64, u64, u64)> = maps
+                .iter()
+                .filter(|x| x.exec && x.path == m.path)
+                .map(|x| (x.start, x.end, x.offset))
+                .collect();
+            restorer = sigframe::find_restorer(&data, &exec);
+        }
+        if functions.is_none() {
+            if let Some([Some(a), Some(b), Some(c)]) = elf.functions(&names).as_deref() {
+                functions = Some([a + bias, b + bias, c + bias]);
+            }
         }
     }
-    Err("no dlopen in its libc (glibc before 2.34 without libdl loaded)".into())
+    let [dlopen, dlsym, dlerror] =
+        functions.ok_or("no dlopen in its libc (glibc before 2.34 without libdl loaded)")?;
+    let restorer = restorer.ok_or("no signal-return trampoline found in its libc")?;
+    Ok(LibcParts {
+        dlopen,
+        dlsym,
+        dlerror,
+        restorer,
+    })
 }
 
 /// Syscalls not to take over: the memory calls malloc makes holding its
@@ -265,7 +304,7 @@ pub fn inject(pid: u32, shim: &Path, limits: Limits) -> Result<Outcome, Refusal>
         });
     }
     preflight(pid)?;
-    let [dlopen, dlsym, dlerror] = loader_functions(pid, &maps)?;
+    let parts = libc_parts(pid, &maps)?;
     let ld_so: Vec<(u64, u64)> = maps
         .iter()
         .filter(|m| {
@@ -277,7 +316,7 @@ pub fn inject(pid: u32, shim: &Path, limits: Limits) -> Result<Outcome, Refusal>
         .map(|m| (m.start, m.end))
         .collect();
     let (path, copied) = shim_for(pid, shim)?;
-    let result = run(pid, &path, [dlopen, dlsym, dlerror], &ld_so, limits);
+    let result = run(pid, &path, &parts, &ld_so, limits);
     if let Some(dir) = copied {
         // Loaded (or given up on): the mapping keeps the file alive.
         if !matches!(&result, Err(e) if e.contains("still loading")) {
@@ -290,7 +329,7 @@ pub fn inject(pid: u32, shim: &Path, limits: Limits) -> Result<Outcome, Refusal>
 fn run(
     pid: u32,
     path: &str,
-    [dlopen, dlsym, dlerror]: [u64; 3],
+    parts: &LibcParts,
     ld_so: &[(u64, u64)],
     limits: Limits,
 ) -> Result<Injected, Refusal> {
@@ -322,9 +361,40 @@ fn run(
             }
         }
     };
-    // Taken over: the call becomes an mmap of the stub's page. The one
-    // moment a death of gapscope would leave the thread with registers
-    // not its own lasts from here to the detach below.
+    // Taken over. First the way back, should gapscope die from here on: a
+    // signal frame with the thread's own state, on its stack.
+    let frame = t
+        .sigmask()
+        .and_then(|m| Ok((m, t.xstate()?)))
+        .map_err(|e| format!("cannot read its signal mask or XSAVE state ({e})"))
+        .and_then(|(sigmask, xstate)| {
+            sigframe::build(
+                &entry.regs,
+                entry.ip - 2,
+                entry.regs.orig_rax,
+                sigmask,
+                &xstate,
+            )
+            .ok_or_else(|| {
+                format!(
+                    "its XSAVE state ({} bytes) is not one this kernel can restore",
+                    xstate.len()
+                )
+            })
+        });
+    let frame = match frame {
+        Ok(f) => f,
+        Err(e) => {
+            t.restore_and_release(&entry);
+            return Err(e);
+        }
+    };
+    if let Err(e) = ptrace::write_memory(pid, frame.at, &frame.bytes) {
+        t.restore_and_release(&entry);
+        return Err(format!("cannot write to its stack ({e})"));
+    }
+    // Then the call becomes an mmap of the stub's page, returning into
+    // sigreturn on that frame.
     let l = stub::layout();
     let size = (l.len as u64).next_multiple_of(4096);
     let page = match t.run_syscall_in_place(
@@ -338,6 +408,7 @@ fn run(
             u64::MAX,
             0,
         ],
+        (parts.restorer, frame.sp),
     ) {
         Ok(addr) if (addr as i64) > 0 => addr,
         Ok(err) => {
@@ -352,10 +423,14 @@ fn run(
             return Err(e);
         }
     };
+    if limits.abandon_after_mmap {
+        t.abandon();
+        return Err("let go of after the injected mmap (as if gapscope had died)".into());
+    }
     let bytes = stub::bytes(&stub::Fill {
-        dlopen,
-        dlsym,
-        dlerror,
+        dlopen: parts.dlopen,
+        dlsym: parts.dlsym,
+        dlerror: parts.dlerror,
         resume: entry.ip - 2,
         xsave_size: stub::xsave_size(),
         path: path.as_bytes(),

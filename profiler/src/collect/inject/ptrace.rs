@@ -5,6 +5,8 @@ use std::io;
 use std::time::{Duration, Instant};
 
 const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+const NT_X86_XSTATE: usize = 0x202;
 const PTRACE_EVENT_STOP: i32 = 128;
 const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
 const INFO_ENTRY: u8 = 1;
@@ -178,17 +180,45 @@ impl Tracee {
         read_memory(self.tid, ip.wrapping_sub(2), &mut b).is_ok() && b == [0x0f, 0x05]
     }
 
+    /// The thread's blocked signals.
+    pub fn sigmask(&self) -> io::Result<u64> {
+        let mut m = 0u64;
+        ptrace(PTRACE_GETSIGMASK, self.tid, 8, &mut m as *mut u64 as usize)?;
+        Ok(m)
+    }
+
+    /// The thread's XSAVE area (NT_X86_XSTATE), as the kernel gives it.
+    pub fn xstate(&self) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        ptrace(
+            libc::PTRACE_GETREGSET,
+            self.tid,
+            NT_X86_XSTATE,
+            &mut iov as *mut libc::iovec as usize,
+        )?;
+        buf.truncate(iov.iov_len);
+        Ok(buf)
+    }
+
     /// At the syscall-entry stop `entry`, makes the call syscall `nr` with
-    /// `args` instead, and returns its result at the exit stop.
+    /// `args` instead, returning to `ip` with stack pointer `sp`; returns
+    /// its result at the exit stop.
     pub fn run_syscall_in_place(
         &mut self,
         entry: &Entry,
         nr: u64,
         args: [u64; 6],
+        (ip, sp): (u64, u64),
     ) -> Result<u64, String> {
         let mut r = entry.regs;
         r.orig_rax = nr;
         r.rax = nr;
+        r.rip = ip;
+        r.rsp = sp;
         (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
             (args[0], args[1], args[2], args[3], args[4], args[5]);
         self.set_regs(&r)
@@ -215,6 +245,12 @@ impl Tracee {
         self.set_regs(&r)?;
         self.detach()?;
         Ok(self.longest)
+    }
+
+    /// Lets go of the thread with the registers it has now, as gapscope's
+    /// death would (tests of the recovery frame).
+    pub fn abandon(mut self) {
+        let _ = self.detach();
     }
 
     /// Gives the thread back as it was at `entry`: about to make its call.
