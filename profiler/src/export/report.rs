@@ -444,6 +444,15 @@ pub fn build(a: &Analysis) -> Report {
         gpu_sources: facts
             .gpu_sources
             .iter()
+            // A process with its shim is not also a uprobe source: its
+            // uprobe calls are left out (see timeline's `shimmed`).
+            .filter(|g| {
+                g.kind != SourceKind::Uprobe
+                    || !facts
+                        .gpu_sources
+                        .iter()
+                        .any(|o| o.pid == g.pid && o.kind == SourceKind::Cupti)
+            })
             .map(|g| GpuSourceReport {
                 pid: g.pid,
                 kind: g.kind,

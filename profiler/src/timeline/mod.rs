@@ -42,6 +42,10 @@ pub struct Timeline {
     pub gpu: GpuSide,
     /// What threads keep beyond their accounts.
     keep: Keep,
+    /// Processes whose CUDA calls their shim reports: libcuda uprobes on
+    /// them (attach watches every libcuda in the tree) would count each
+    /// call twice.
+    shimmed: std::collections::HashSet<u32>,
 }
 
 /// Where a finished recording ends, as its end record says: known before
@@ -188,6 +192,12 @@ impl Timeline {
             retired_processes: Vec::new(),
             gpu,
             keep,
+            shimmed: session
+                .gpu_sources
+                .iter()
+                .filter(|g| g.kind == crate::session::SourceKind::Cupti)
+                .map(|g| g.pid)
+                .collect(),
         };
         for p in &session.processes {
             let e = tl.processes.entry(p.pid).or_default();
@@ -403,8 +413,61 @@ impl Timeline {
                 arg,
             } => {
                 thread_mut(&mut self.threads, *pid, *tid, *ts, keep).evidence_of_running(*ts);
-                self.gpu.uprobe_call(*pid, *tid, *ts, *dur, function, *arg);
+                if !self.shimmed.contains(pid) {
+                    self.gpu.uprobe_call(*pid, *tid, *ts, *dur, function, *arg);
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{GpuSource, SessionHeader, SourceKind};
+
+    /// A process whose shim reports its CUDA calls is not counted a second
+    /// time from libcuda uprobes; one without a shim is.
+    #[test]
+    fn uprobe_calls_of_a_shimmed_process_are_left_out() {
+        let mut s = Session::default();
+        s.header = Some(SessionHeader {
+            gapscope_version: String::new(),
+            mode: crate::session::Mode::Attach,
+            target_pid: 1,
+            command: vec![],
+            hostname: String::new(),
+            kernel: String::new(),
+            nr_cpus: 1,
+            start_ns: 0,
+            start_unix_ns: 0,
+            sample_hz: 99,
+        });
+        let source = |pid, kind| GpuSource {
+            pid,
+            kind,
+            hello: gapscope_cupti::Hello {
+                version: 0,
+                pid,
+                driver_version: 0,
+                cupti_version: 0,
+                clock: gapscope_cupti::ClockMethod::Native,
+                source: String::new(),
+            },
+        };
+        s.gpu_sources = vec![source(1, SourceKind::Cupti), source(2, SourceKind::Uprobe)];
+        for pid in [1, 2] {
+            s.events.push(Event::CudaCall {
+                ts: 100,
+                pid,
+                tid: pid,
+                dur: 10,
+                function: "cuLaunchKernel".into(),
+                arg: 0,
+            });
+        }
+        let tl = Timeline::build(&mut s, BuildOptions::default());
+        let pids: Vec<u32> = tl.gpu.calls.keys().map(|k| k.0).collect();
+        assert_eq!(pids, vec![2]);
     }
 }
