@@ -430,8 +430,7 @@ mod tests {
     /// time from libcuda uprobes; one without a shim is.
     #[test]
     fn uprobe_calls_of_a_shimmed_process_are_left_out() {
-        let mut s = Session::default();
-        s.header = Some(SessionHeader {
+        let header = Some(SessionHeader {
             gapscope_version: String::new(),
             mode: crate::session::Mode::Attach,
             target_pid: 1,
@@ -455,7 +454,11 @@ mod tests {
                 source: String::new(),
             },
         };
-        s.gpu_sources = vec![source(1, SourceKind::Cupti), source(2, SourceKind::Uprobe)];
+        let mut s = Session {
+            header,
+            gpu_sources: vec![source(1, SourceKind::Cupti), source(2, SourceKind::Uprobe)],
+            ..Session::default()
+        };
         for pid in [1, 2] {
             s.events.push(Event::CudaCall {
                 ts: 100,
