@@ -532,3 +532,57 @@ fn a_thread_let_go_of_mid_injection_gets_its_own_state_back() {
     assert_eq!(line, "done\n");
     assert!(child.wait().unwrap().success());
 }
+
+/// `gapscope attach` itself, 100 times against one running multithreaded
+/// process: the first attach injects the shim, the others find it dormant
+/// and switch it on and off; every attach succeeds, and the process, which
+/// checks every message it passes and dies on any syscall error, ends as it
+/// would have.
+#[test]
+fn a_hundred_attaches_leave_the_process_as_it_was() {
+    if !bpf_ready("a_hundred_attaches_leave_the_process_as_it_was") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("inject-cycles");
+    let (mut child, mut out) = started(
+        Command::new(workload())
+            .args(["busy", "--pace-us", "300", "--until", "stdin", "--dlopen"])
+            .arg(bin("libcupti_standin.so"))
+            .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+    );
+    let pid = child.id();
+    for cycle in 0..100 {
+        let rec = dir.path().join(format!("rec-{cycle}"));
+        let out = Command::new(gapscope())
+            .args(["attach", "-q", "--no-exports", "--duration", "0.1", "--pid"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&rec)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "attach {cycle}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if cycle == 0 || cycle == 99 {
+            let report = report_json(&rec);
+            let sources = report["gpu_sources"].as_array().unwrap();
+            assert!(
+                sources.iter().any(|s| s["loaded_by"] == "ptrace"),
+                "attach {cycle}: {sources:?}"
+            );
+        }
+        std::fs::remove_dir_all(&rec).unwrap();
+        assert_eq!(tracer_of(pid), 0, "attach {cycle} left a tracer");
+    }
+    child.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n: u64 = f[1].parse().unwrap();
+    let sum = (0..n).fold(0u64, |s, v| s.wrapping_add(v.wrapping_mul(2654435761)));
+    assert_eq!(f[3], sum.to_string(), "{rest}");
+}

@@ -429,7 +429,8 @@ fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordE
 }
 
 /// Brings the CUPTI shim into the tree's GPU processes that run without
-/// one; where it cannot, says why (they are then watched with uprobes).
+/// one (and notes those an earlier attach brought it into); where it
+/// cannot, says why (they are then watched with uprobes).
 /// GPU activity of an injected process exists only from when its shim
 /// records: the time before is marked unseen (by its stream), never idle.
 fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>) {
@@ -437,7 +438,7 @@ fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>) {
         .live
         .iter()
         .copied()
-        .filter(|&p| inject::wants_shim(p))
+        .filter(|&p| inject::gpu_process(p))
         .collect();
     if pids.is_empty() {
         return;

@@ -97,17 +97,31 @@ fn shim_from_environment(pid: u32) -> bool {
 /// Why a process was not injected: one line, for the report.
 pub type Refusal = String;
 
-/// Whether `pid` looks like a GPU process without the shim: it maps
-/// libcuda or libcupti, and no gapscope shim.
+/// The file names `pid` maps.
+fn mapped_names(pid: u32) -> Vec<String> {
+    fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|maps| {
+            maps.lines()
+                .filter_map(map_name)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn gpu_library(name: &str) -> bool {
+    name.starts_with("libcuda.so") || name.starts_with("libcupti")
+}
+
+/// Whether `pid` is a GPU process: it maps libcuda or libcupti.
+pub fn gpu_process(pid: u32) -> bool {
+    mapped_names(pid).iter().any(|n| gpu_library(n))
+}
+
+/// Whether `pid` is a GPU process without the shim.
 pub fn wants_shim(pid: u32) -> bool {
-    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return false;
-    };
-    let names: Vec<&str> = maps.lines().filter_map(map_name).collect();
-    names
-        .iter()
-        .any(|n| n.starts_with("libcuda.so") || n.starts_with("libcupti"))
-        && !names.iter().any(|n| is_shim(n))
+    let names = mapped_names(pid);
+    names.iter().any(|n| gpu_library(n)) && !names.iter().any(|n| is_shim(n))
 }
 
 fn is_shim(file_name: &str) -> bool {
