@@ -219,6 +219,14 @@ fn attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on() {
     assert_eq!(sources.len(), 1, "{sources:?}");
     assert_eq!(sources[0]["pid"].as_u64(), Some(pid as u64));
     assert_eq!(sources[0]["loaded_by"], "ptrace");
+    // What it cost the process: its thread held for microseconds.
+    let cost = &sources[0]["injection"];
+    assert!(u64_of(cost, "longest_stop_ns") > 0, "{cost}");
+    assert!(u64_of(cost, "longest_stop_ns") < 200_000_000, "{cost}");
+    assert!(
+        u64_of(cost, "took_ns") >= u64_of(cost, "longest_stop_ns"),
+        "{cost}"
+    );
     let window = &report["window_ns"];
     let (w0, w1) = (u64_of(window, "start"), u64_of(window, "end"));
     let blind = report["drops"]["gpu_blind"].as_array().unwrap();

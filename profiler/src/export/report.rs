@@ -221,6 +221,16 @@ pub struct GpuSourceReport {
     /// the shim), "ptrace" (injected by attach), "uprobes", or "trace"
     /// (imported) and "simulated".
     pub loaded_by: &'static str,
+    /// When this recording injected the shim: what that cost the process.
+    pub injection: Option<InjectionReport>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct InjectionReport {
+    /// The longest its thread was held stopped.
+    pub longest_stop_ns: u64,
+    /// From the first stop to the shim loaded.
+    pub took_ns: u64,
 }
 
 /// Resolves stack hashes to frame names: symbols where the recording had
@@ -467,6 +477,14 @@ pub fn build(a: &Analysis) -> Report {
                     SourceKind::Cupti if facts.injected.iter().any(|i| i.pid == g.pid) => "ptrace",
                     SourceKind::Cupti => "environment",
                 },
+                injection: facts
+                    .injected
+                    .iter()
+                    .find(|i| i.pid == g.pid && !i.earlier && g.kind == SourceKind::Cupti)
+                    .map(|i| InjectionReport {
+                        longest_stop_ns: i.longest_stop_ns,
+                        took_ns: i.took_ns,
+                    }),
             })
             .collect(),
         session: SessionInfo {
