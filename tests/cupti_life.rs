@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::protocol::{ClockMethod, Decoder, Frame};
+use gapscope_cupti::protocol::{ClockMethod, Frame};
 use gapscope_cupti::{ApiDomain, GpuRecord};
 use gapscope_tests::*;
 use serde_json::Value;
@@ -140,12 +140,7 @@ fn listened(mut cmd: Command) -> (Vec<Frame>, std::process::Output) {
     let mut bytes = Vec::new();
     conn.read_to_end(&mut bytes).unwrap();
     let out = waiter.join().unwrap();
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().expect("well-formed frames") {
-        frames.push(f);
-    }
+    let frames = frames_of(&bytes);
     (frames, out)
 }
 

@@ -3,13 +3,12 @@
 //! on exactly as it would have: its output, its exit status, no tracer left.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixStream};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use gapscope::collect::inject::{self, Limits, Outcome};
-use gapscope_cupti::{Decoder, Frame};
+use gapscope::collect::pidns;
+use gapscope_cupti::Frame;
 use gapscope_tests::*;
 
 fn tracer_of(pid: u32) -> u32 {
@@ -52,22 +51,16 @@ fn injected(pid: u32) -> inject::Injected {
 }
 
 /// The injected shim listens, dormant, like one from the environment: a
-/// profiler that connects and leaves gets a hello and a goodbye.
+/// profiler that connects and leaves, as attach does, gets a hello and a
+/// goodbye.
 fn shim_answers(pid: u32) {
-    let name = gapscope_cupti::transport::local_control_socket_name(pid);
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let mut conn = UnixStream::connect_addr(&addr).expect("the shim listens");
+    let mut conn = pidns::connect_control(pid).expect("the shim listens");
     conn.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     conn.shutdown(std::net::Shutdown::Write).unwrap();
     let mut bytes = Vec::new();
     conn.read_to_end(&mut bytes).unwrap();
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().unwrap() {
-        frames.push(f);
-    }
+    let frames = frames_of(&bytes);
     assert!(
         matches!(frames.first(), Some(Frame::Hello(_))),
         "{frames:?}"
@@ -75,13 +68,32 @@ fn shim_answers(pid: u32) {
     assert!(matches!(frames.last(), Some(Frame::Goodbye)), "{frames:?}");
 }
 
-fn python() -> Option<String> {
-    Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+/// What `gs-workload busy` printed last, "messages N sum S", holds every
+/// message it passed, in order; returns N.
+fn assert_all_messages(last: &str) -> u64 {
+    let f: Vec<&str> = last.split_whitespace().collect();
+    let n: u64 = f[1].parse().unwrap();
+    let sum = (0..n).fold(0u64, |s, v| s.wrapping_add(v.wrapping_mul(2654435761)));
+    assert_eq!(f[3], sum.to_string(), "{last}");
+    n
+}
+
+/// tests/inject/regs.c, checked through three reads and its end: each
+/// read finds every register as it left it.
+fn regs_rounds_hold(mut child: Child, mut out: BufReader<ChildStdout>) {
+    let stdin = child.stdin.as_mut().unwrap();
+    let mut line = String::new();
+    for round in 0..3 {
+        stdin.write_all(b"x\n").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, format!("round {round} ok\n"));
+    }
+    drop(child.stdin.take());
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    assert!(child.wait().unwrap().success());
 }
 
 const PY_BLOCKED: &str = r#"
@@ -359,11 +371,7 @@ fn an_injected_shim_takes_a_hundred_attach_cycles() {
     out.read_to_string(&mut rest).unwrap();
     assert!(child.wait().unwrap().success(), "{rest}");
     // "messages N sum S": every message arrived, in order.
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let n: u64 = f[1].parse().unwrap();
-    let sum = (0..n).fold(0u64, |s, v| s.wrapping_add(v.wrapping_mul(2654435761)));
-    assert_eq!(f[3], sum.to_string(), "{rest}");
-    assert!(n > 100, "{rest}");
+    assert!(assert_all_messages(&rest) > 100, "{rest}");
 }
 
 const PY_FORKING: &str = r#"
@@ -491,22 +499,10 @@ fn build_regs(dir: &std::path::Path) -> std::path::PathBuf {
 fn a_thread_taken_over_in_a_syscall_gets_every_register_back() {
     let dir = scratch("inject-regs");
     let exe = build_regs(dir.path());
-    let (mut child, mut out) = started(&mut Command::new(&exe));
+    let (child, out) = started(&mut Command::new(&exe));
     std::thread::sleep(Duration::from_millis(50)); // in its read by now
     injected(child.id());
-    let stdin = child.stdin.as_mut().unwrap();
-    let mut line = String::new();
-    for round in 0..3 {
-        stdin.write_all(b"x\n").unwrap();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, format!("round {round} ok\n"));
-    }
-    drop(child.stdin.take());
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "done\n");
-    assert!(child.wait().unwrap().success());
+    regs_rounds_hold(child, out);
 }
 
 /// The way back, tested directly: let go of right after the injected mmap
@@ -517,7 +513,7 @@ fn a_thread_taken_over_in_a_syscall_gets_every_register_back() {
 fn a_thread_let_go_of_mid_injection_gets_its_own_state_back() {
     let dir = scratch("inject-abandon");
     let exe = build_regs(dir.path());
-    let (mut child, mut out) = started(&mut Command::new(&exe));
+    let (child, out) = started(&mut Command::new(&exe));
     std::thread::sleep(Duration::from_millis(50));
     let limits = Limits {
         abandon_after_mmap: true,
@@ -526,19 +522,7 @@ fn a_thread_let_go_of_mid_injection_gets_its_own_state_back() {
     let err = inject::inject(child.id(), &shim(), limits).unwrap_err();
     assert!(err.contains("let go of"), "{err}");
     assert_eq!(tracer_of(child.id()), 0);
-    let stdin = child.stdin.as_mut().unwrap();
-    let mut line = String::new();
-    for round in 0..3 {
-        stdin.write_all(b"x\n").unwrap();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, format!("round {round} ok\n"));
-    }
-    drop(child.stdin.take());
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "done\n");
-    assert!(child.wait().unwrap().success());
+    regs_rounds_hold(child, out);
 }
 
 /// `gapscope attach` itself, 100 times against one running multithreaded
@@ -589,8 +573,5 @@ fn a_hundred_attaches_leave_the_process_as_it_was() {
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
     assert!(child.wait().unwrap().success(), "{rest}");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let n: u64 = f[1].parse().unwrap();
-    let sum = (0..n).fold(0u64, |s, v| s.wrapping_add(v.wrapping_mul(2654435761)));
-    assert_eq!(f[3], sum.to_string(), "{rest}");
+    assert_all_messages(&rest);
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gapscope::collect::pidns::{self, HostIds};
 use gapscope::collect::procfs;
-use gapscope_cupti::protocol::{Decoder, Frame};
+use gapscope_cupti::protocol::Frame;
 use gapscope_cupti::{ApiDomain, GpuRecord};
 use gapscope_tests::*;
 
@@ -193,12 +193,7 @@ fn attach_and_leave(pid: u32) -> Vec<Frame> {
     conn.shutdown(std::net::Shutdown::Write).unwrap();
     let mut bytes = Vec::new();
     (&conn).read_to_end(&mut bytes).unwrap();
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().expect("well-formed frames") {
-        frames.push(f);
-    }
+    let frames = frames_of(&bytes);
     assert!(matches!(frames.last(), Some(Frame::Goodbye)), "{frames:?}");
     frames
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::protocol::{Decoder, Frame};
+use gapscope_cupti::protocol::Frame;
 use gapscope_cupti::GpuRecord;
 use gapscope_tests::*;
 use serde_json::Value;
@@ -107,12 +107,7 @@ fn nvtx_ranges_of_a_real_nvtx3_client_reach_the_profiler() {
     // The levels NVTX's push/pop returned to the program are the shim's.
     assert_eq!(truth["failed"], 0, "{stderr}");
 
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().expect("well-formed frames") {
-        frames.push(f);
-    }
+    let frames = frames_of(&bytes);
     let Some(Frame::Hello(hello)) = frames.first() else {
         panic!("first frame is not Hello: {frames:?}")
     };

@@ -509,15 +509,7 @@ fn a_python_program_agrees_with_the_kernels_accounting() {
     if !bpf_ready("a_python_program_agrees_with_the_kernels_accounting") {
         return;
     }
-    // The interpreter itself, not a version-manager shim in front of it
-    // (whose own waits would be part of the same process's account).
-    let Some(python) = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    else {
+    let Some(python) = python() else {
         eprintln!("skipping a_python_program_agrees_with_the_kernels_accounting: no python3");
         return;
     };

@@ -9,7 +9,7 @@ use std::os::unix::net::{SocketAddr, UnixListener};
 use std::process::Command;
 use std::time::Duration;
 
-use gapscope_cupti::protocol::{ClockMethod, Decoder, Frame};
+use gapscope_cupti::protocol::{ClockMethod, Frame};
 use gapscope_tests::*;
 use serde_json::Value;
 
@@ -38,12 +38,7 @@ fn host_with_listener(extra_env: &[(&str, &str)]) -> (Value, Vec<Frame>) {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "host failed: {:?}", out.status);
     let line: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().expect("well-formed frames") {
-        frames.push(f);
-    }
+    let frames = frames_of(&bytes);
     (line, frames)
 }
 
@@ -144,12 +139,7 @@ fn attach_switches_a_dormant_shim_on_and_leaving_switches_it_off() {
     conn.shutdown(std::net::Shutdown::Write).unwrap();
     let mut bytes = Vec::new();
     conn.read_to_end(&mut bytes).unwrap();
-    let mut d = Decoder::new();
-    d.push(&bytes);
-    let mut frames = Vec::new();
-    while let Some(f) = d.next_frame().unwrap() {
-        frames.push(f);
-    }
+    let frames = frames_of(&bytes);
     assert!(
         matches!(frames.first(), Some(Frame::Hello(_))),
         "{frames:?}"

@@ -468,3 +468,26 @@ pub fn a_signal_to_gapscope_reaches_the_target(sig: i32) {
     let th = thread(&report, target as u64);
     assert!(u64_of(&th["off_cpu_ns"], "sleep") > 100_000_000, "{th}");
 }
+
+/// Every frame in bytes a shim sent, which must all be well formed.
+pub fn frames_of(bytes: &[u8]) -> Vec<gapscope_cupti::Frame> {
+    let mut d = gapscope_cupti::Decoder::new();
+    d.push(bytes);
+    let mut frames = Vec::new();
+    while let Some(f) = d.next_frame().expect("well-formed frames") {
+        frames.push(f);
+    }
+    frames
+}
+
+/// The Python interpreter itself (not a version-manager shim in front of
+/// it, whose own waits would be part of the same process's account), if
+/// there is one.
+pub fn python() -> Option<String> {
+    Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
