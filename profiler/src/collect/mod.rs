@@ -258,9 +258,12 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                 watch_libcuda(&mut tracer, libs, &mut notes);
             }
             let mut sink = Sink::new(writer, pid);
-            let head = header(Mode::Run, pid, argv.clone(), opts.tracer.sample_hz);
-            sink.window_start = head.start_ns;
-            sink.push(Record::Header(head));
+            sink.push(Record::Header(header(
+                Mode::Run,
+                pid,
+                argv.clone(),
+                opts.tracer.sample_hz,
+            )));
             // The child is blocked reading the release pipe until now.
             sink.push(Record::Thread(crate::session::ThreadSeed {
                 pid,
@@ -285,9 +288,12 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             let command = procfs::process_info(pid)
                 .map(|p| p.argv)
                 .unwrap_or_default();
-            let head = header(Mode::Attach, pid, command, opts.tracer.sample_hz);
-            sink.window_start = head.start_ns;
-            sink.push(Record::Header(head));
+            sink.push(Record::Header(header(
+                Mode::Attach,
+                pid,
+                command,
+                opts.tracer.sample_hz,
+            )));
             // Seed the filter, then look again: a process forked by an
             // untracked parent between the scan and the insert would be missed
             // by the kernel, which only follows tracked parents.

@@ -69,7 +69,7 @@ struct ProcState {
 pub struct Sink {
     pub writer: SessionWriter,
     pub target_pid: u32,
-    /// Where the recording window starts (the header's start).
+    /// Where the recording window starts: the start of the header pushed.
     pub window_start: u64,
     /// User and kernel stacks seen and not yet symbolized.
     stacks: HashMap<u64, Stack>,
@@ -111,6 +111,9 @@ impl Sink {
     }
 
     pub fn push(&mut self, record: Record) {
+        if let Record::Header(h) = &record {
+            self.window_start = h.start_ns;
+        }
         if self.error.is_some() {
             return;
         }
