@@ -179,20 +179,14 @@ fn bare(_: &Bench, _: usize, cmd: &[String]) -> Command {
     c
 }
 
-fn under_gapscope(b: &Bench, round: usize, cmd: &[String]) -> Command {
+/// `gapscope run` of `cmd` with `options`, recording into `rec` (in the
+/// bench's directory).
+fn under_gapscope(b: &Bench, options: &[&str], rec: String, cmd: &[String]) -> Command {
     let mut c = Command::new(b.bin("gapscope"));
-    c.args(["run", "-q", "-o"])
-        .arg(b.dir.join(format!("rec-{round}")))
-        .arg("--")
-        .args(cmd);
-    c
-}
-
-/// gapscope with every syscall hooked (`--syscalls all`).
-fn under_gapscope_all(b: &Bench, round: usize, cmd: &[String]) -> Command {
-    let mut c = Command::new(b.bin("gapscope"));
-    c.args(["run", "-q", "--syscalls", "all", "-o"])
-        .arg(b.dir.join(format!("rec-all-{round}")))
+    c.args(["run", "-q"])
+        .args(options)
+        .arg("-o")
+        .arg(b.dir.join(rec))
         .arg("--")
         .args(cmd);
     c
@@ -433,11 +427,14 @@ fn peers(b: &Bench) -> Vec<Profiler> {
     let mut v = vec![
         Profiler {
             name: "gapscope",
-            run: |b, round, cmd| timed(b, under_gapscope(b, round, cmd)),
+            run: |b, round, cmd| timed(b, under_gapscope(b, &[], format!("rec-{round}"), cmd)),
         },
         Profiler {
             name: "gapscope --syscalls all",
-            run: |b, round, cmd| timed(b, under_gapscope_all(b, round, cmd)),
+            run: |b, round, cmd| {
+                let rec = format!("rec-all-{round}");
+                timed(b, under_gapscope(b, &["--syscalls", "all"], rec, cmd))
+            },
         },
         // A placebo: the bare workload again, in its turn among the
         // profilers. How far its ratio strays from 1 is what this machine's
