@@ -37,12 +37,24 @@ use gapscope_cupti::{ApiDomain, GpuRecord};
 const USAGE: &str = "\
 simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
 
-usage: simtrain --bottleneck KIND [--workers N] [--steps N] [--seed N]
+usage: simtrain --bottleneck KIND [--fix CAUSE] [--workers N] [--steps N] [--seed N]
                 [--data DIR] [--lose-gpu-step N] --ground-truth PATH
        simtrain --prepare [--data DIR]
 
-KIND: none, input-io, input-cpu, input-network, host-cpu, launch, sync, memory, mixed
-      (mixed = input-io and sync)
+KIND: none, input-io, input-cpu, input-network, host-cpu, launch, sync, memory, mixed,
+      mixed-network (mixed = input-io and sync; mixed-network = input-network, a
+      slower server, and sync: its pace does not depend on this machine's storage)
+
+--fix CAUSE: the same job with that cause's stalls taken out and everything else
+equal, as the fix a report recommends would do (what a what-if replay predicts):
+  input.io       the loaders' reads take no time (the data is at hand)
+  input.cpu      the loaders' decoding takes no time (done ahead, elsewhere)
+  input.network  the data server answers at once
+  cpu.host       the trainer's own host work per step is gone
+  cpu.launch     kernel launches cost nothing (as one CUDA graph launch nearly does)
+  sync           no synchronize per step (the host work after it stays, now
+                 beside the GPU's work: loss.item() every N steps)
+  memory         copies from pinned memory: no staging, asynchronous
 
 --lose-gpu-step N: the device drops step N's records and reports the span they
 covered, as the CUPTI shim does when gapscope cannot keep up.
@@ -112,6 +124,7 @@ enum Bottleneck {
     Sync,
     Memory,
     Mixed,
+    MixedNetwork,
 }
 
 impl Bottleneck {
@@ -126,6 +139,7 @@ impl Bottleneck {
             "sync" => Bottleneck::Sync,
             "memory" => Bottleneck::Memory,
             "mixed" => Bottleneck::Mixed,
+            "mixed-network" => Bottleneck::MixedNetwork,
             other => die(&format!("unknown bottleneck {other:?}\n\n{USAGE}")),
         }
     }
@@ -135,8 +149,35 @@ impl Bottleneck {
         match self {
             Bottleneck::InputIo | Bottleneck::Mixed => Input::Io,
             Bottleneck::InputCpu => Input::Cpu,
-            Bottleneck::InputNetwork => Input::Network,
+            Bottleneck::InputNetwork | Bottleneck::MixedNetwork => Input::Network,
             _ => Input::Fast,
+        }
+    }
+}
+
+/// A cause's stalls taken out (`--fix`), named as gapscope names causes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fix {
+    InputIo,
+    InputCpu,
+    InputNetwork,
+    Host,
+    Launch,
+    Sync,
+    Memory,
+}
+
+impl Fix {
+    fn parse(s: &str) -> Fix {
+        match s {
+            "input.io" => Fix::InputIo,
+            "input.cpu" => Fix::InputCpu,
+            "input.network" => Fix::InputNetwork,
+            "cpu.host" => Fix::Host,
+            "cpu.launch" => Fix::Launch,
+            "sync" => Fix::Sync,
+            "memory" => Fix::Memory,
+            other => die(&format!("--fix: no such cause {other:?}\n\n{USAGE}")),
         }
     }
 }
@@ -167,6 +208,7 @@ impl Input {
 /// CLOCK_MONOTONIC; its records go to gapscope as they would from CUPTI.
 struct SimDevice {
     conn: Option<UnixStream>,
+    fix: Option<Fix>,
     pid: u32,
     /// When the queue empties.
     free_at: u64,
@@ -180,7 +222,7 @@ struct SimDevice {
 }
 
 impl SimDevice {
-    fn connect() -> SimDevice {
+    fn connect(fix: Option<Fix>) -> SimDevice {
         let pid = std::process::id();
         let conn = std::env::var("GAPSCOPE_SOCKET")
             .ok()
@@ -190,6 +232,7 @@ impl SimDevice {
         }
         let mut dev = SimDevice {
             conn,
+            fix,
             pid,
             free_at: 0,
             correlation: 0,
@@ -291,6 +334,11 @@ impl SimDevice {
     /// cudaLaunchKernel: `cost` of host time inside the call, then the kernel
     /// queues behind earlier work.
     fn launch(&mut self, kernel_ns: u64, cost: u64, log: &mut Log) {
+        let cost = if self.fix == Some(Fix::Launch) {
+            0
+        } else {
+            cost
+        };
         let a = now();
         spin_wall(cost);
         let b = now();
@@ -331,14 +379,22 @@ impl SimDevice {
     /// cudaMemcpy from pageable memory: synchronous, so it first waits for
     /// the stream to drain, then the host stages the data (a real copy) while
     /// the GPU has nothing to do, then the device copies it.
+    ///
+    /// Fixed (`--fix memory`): from pinned memory, asynchronous — no
+    /// staging, no waiting; the device still copies the bytes.
     fn memcpy_pageable(&mut self, src: &[u8], staging: &mut [u8], log: &mut Log) {
+        let pinned = self.fix == Some(Fix::Memory);
         let a = now();
-        sleep_until(self.free_at);
-        staging.copy_from_slice(src);
-        std::hint::black_box(&staging);
+        if !pinned {
+            sleep_until(self.free_at);
+            staging.copy_from_slice(src);
+            std::hint::black_box(&staging);
+        }
         let staged = now();
         let (start, end) = self.schedule(staged, src.len() as u64 / 20); // 20 GB/s
-        sleep_until(end);
+        if !pinned {
+            sleep_until(end);
+        }
         let b = now();
         log.add(a, b, "memory");
         let corr = self.api(31, a, b);
@@ -510,7 +566,13 @@ fn worker(
     net: Option<u16>,
     out: File,
     seed: u64,
+    fix: Option<Fix>,
 ) {
+    let decode = |ns: u64| {
+        if fix != Some(Fix::InputCpu) {
+            burn(ns)
+        }
+    };
     let mut out = out;
     let mut file = OpenOptions::new()
         .read(true)
@@ -532,6 +594,7 @@ fn worker(
         match input {
             Input::Io => {
                 // Random 1 MiB reads that the page cache cannot serve.
+                let reads = if fix == Some(Fix::InputIo) { 0 } else { reads };
                 for _ in 0..reads {
                     rng = rng
                         .wrapping_mul(6364136223846793005)
@@ -548,20 +611,22 @@ fn worker(
                     };
                 }
                 fetch_end = now();
-                burn(50_000);
+                decode(50_000);
             }
             Input::Cpu => {
-                let _ = file.read(buf);
+                if fix != Some(Fix::InputIo) {
+                    let _ = file.read(buf);
+                }
                 fetch_end = now();
-                burn(24_000_000);
+                decode(24_000_000);
             }
             Input::Network => {
                 let mut batch = [0u8; 64 << 10];
                 conn.as_mut().unwrap().read_exact(&mut batch).unwrap();
                 fetch_end = now();
-                burn(200_000);
+                decode(200_000);
             }
-            Input::Fast => burn(300_000),
+            Input::Fast => decode(300_000),
         }
         let mut msg = [0u8; BATCH_MSG];
         for (i, v) in [step, fetch_start, fetch_end, now()]
@@ -578,14 +643,17 @@ fn worker(
 }
 
 /// The "remote storage": serves 64 KiB batches with network-like latency.
-fn data_server(listener: TcpListener, clients: u64) {
+/// `latency` per batch: none when the network is fixed (`--fix input.network`).
+fn data_server(listener: TcpListener, clients: u64, latency: Option<Duration>) {
     let mut conns: Vec<TcpStream> = (0..clients).map(|_| listener.accept().unwrap().0).collect();
     let batch = vec![7u8; 64 << 10];
     let mut handles = Vec::new();
     for mut c in conns.drain(..) {
         let b = batch.clone();
         handles.push(std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(30));
+            if let Some(l) = latency {
+                std::thread::sleep(l);
+            }
             if c.write_all(&b).is_err() {
                 return;
             }
@@ -624,6 +692,7 @@ fn pipe() -> (File, File) {
 
 struct Opts {
     bottleneck: Bottleneck,
+    fix: Option<Fix>,
     workers: u64,
     steps: u64,
     seed: u64,
@@ -662,6 +731,7 @@ fn parse() -> Option<Opts> {
     );
     Some(Opts {
         bottleneck,
+        fix: get("--fix").map(|f| Fix::parse(&f)),
         workers: num("--workers", 2).max(1),
         steps: num("--steps", 60).max(1),
         seed: num("--seed", 1),
@@ -679,8 +749,11 @@ fn main() {
     let Some(o) = parse() else { return };
     let data = prepare(&o.data);
     println!(
-        "simtrain: SIMULATED GPU, real data loading — bottleneck {:?}, {} workers, {} steps",
-        o.bottleneck, o.workers, o.steps
+        "simtrain: SIMULATED GPU, real data loading — bottleneck {:?}{}, {} workers, {} steps",
+        o.bottleneck,
+        o.fix.map_or(String::new(), |f| format!(" (fixed: {f:?})")),
+        o.workers,
+        o.steps
     );
     let input = o.bottleneck.input();
 
@@ -690,7 +763,15 @@ fn main() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let clients = o.workers;
-        children.push(fork_child(move || data_server(listener, clients)));
+        // mixed-network's server is slow enough for the input to set the
+        // pace over its sync-bound trainer.
+        let ms = if o.bottleneck == Bottleneck::MixedNetwork {
+            60
+        } else {
+            30
+        };
+        let latency = (o.fix != Some(Fix::InputNetwork)).then(|| Duration::from_millis(ms));
+        children.push(fork_child(move || data_server(listener, clients, latency)));
         port
     });
     // Random 1 MiB reads per batch: mixed makes the loader slower than its
@@ -703,7 +784,7 @@ fn main() {
     let mut readers = Vec::new();
     for w in 0..o.workers {
         let (r, wr) = pipe();
-        let (steps, n, seed, d) = (o.steps, o.workers, o.seed, data.clone());
+        let (steps, n, seed, d, fix) = (o.steps, o.workers, o.seed, data.clone(), o.fix);
         let (rfd, wfd) = (r.as_raw_fd(), wr.as_raw_fd());
         children.push(fork_child(move || {
             // SAFETY: in the child, this process's copies of the pipe ends.
@@ -711,13 +792,13 @@ fn main() {
                 libc::close(rfd);
                 File::from_raw_fd(wfd)
             };
-            worker(w, n, steps, input, reads, &d, port, out, seed)
+            worker(w, n, steps, input, reads, &d, port, out, seed, fix)
         }));
         drop(wr);
         readers.push(r);
     }
 
-    let mut dev = SimDevice::connect();
+    let mut dev = SimDevice::connect(o.fix);
     let mut log = Log::default();
     let src = vec![1u8; 96 << 20];
     let mut staging = vec![0u8; 96 << 20];
@@ -762,8 +843,16 @@ fn main() {
             }
         }
         match b {
-            Bottleneck::HostCpu => log.cpu_work("cpu.host", || burn(14_000_000)),
-            Bottleneck::Sync | Bottleneck::Mixed => {
+            Bottleneck::HostCpu if o.fix != Some(Fix::Host) => {
+                log.cpu_work("cpu.host", || burn(14_000_000))
+            }
+            Bottleneck::Sync | Bottleneck::Mixed | Bottleneck::MixedNetwork
+                if o.fix == Some(Fix::Sync) =>
+            {
+                // The same host work, no longer behind a synchronize.
+                log.cpu_work("cpu.host", || burn(9_000_000));
+            }
+            Bottleneck::Sync | Bottleneck::Mixed | Bottleneck::MixedNetwork => {
                 // loss.item(): wait for the GPU, then host work it cannot hide.
                 dev.synchronize(&mut log);
                 log.cpu_work("sync", || burn(9_000_000));

@@ -318,8 +318,27 @@ fn gap_opened_by_sync(api: Option<&Vec<Call>>, gap_start: u64) -> bool {
 }
 
 fn split_gap(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
+    let after_sync = gap_opened_by_sync(inp.api.get(&feeder), a);
+    feeder_pieces(inp, feeder, a, b, after_sync, out);
+}
+
+/// What `feeder` did over `[a, b)`, GPU idle or not, by the same rules:
+/// the account of its time a what-if replay rearranges (`analyze::replay`).
+/// Its on-CPU time is host work (`cpu.host`) throughout: whether a gap
+/// opened at a synchronize is the replay's to decide.
+pub(crate) fn account(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
+    feeder_pieces(inp, feeder, a, b, false, out);
+}
+
+fn feeder_pieces(
+    inp: &Inputs,
+    feeder: Tid,
+    a: u64,
+    b: u64,
+    after_sync: bool,
+    out: &mut Attribution,
+) {
     let api = inp.api.get(&feeder);
-    let after_sync = gap_opened_by_sync(api, a);
     for (s, e, role) in api_pieces(api, a, b) {
         match role {
             Some(ApiRole::Launch) => out.add(piece(s, e, Cause::CpuLaunch, feeder)),

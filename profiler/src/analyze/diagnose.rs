@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::attribute::{self, Attribution, Cause, Inputs, Tid};
+use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::session::Session;
 use crate::timeline::Timeline;
@@ -11,6 +11,14 @@ use crate::timeline::Timeline;
 pub struct GpuDiagnosis {
     pub gpu: GpuTimeline,
     pub attribution: Attribution,
+    /// The thread that issued most of this GPU's work, and its whole time
+    /// by the attribution's rules: what the what-if replay rearranges.
+    pub feeder: Option<Feeder>,
+}
+
+pub struct Feeder {
+    pub tid: Tid,
+    pub account: Vec<Piece>,
 }
 
 pub struct Diagnosis {
@@ -47,7 +55,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
         .zip(&tl.gpu.devices)
         .map(|(gpu, device)| {
             let work = device.starts();
-            let attribution = attribute::attribute(&Inputs {
+            let inputs = Inputs {
                 window: (tl.start, tl.end),
                 busy: &gpu.busy,
                 work: &work,
@@ -58,8 +66,21 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
                 lossy: &lossy_windows,
                 keep_pieces,
                 unsettled: None,
+            };
+            let attribution = attribute::attribute(&inputs);
+            let feeder = attribute::main_feeder(&work).map(|tid| {
+                let mut account = Attribution::new(Vec::new(), Vec::new(), true);
+                attribute::account(&inputs, tid, tl.start, tl.end, &mut account);
+                Feeder {
+                    tid,
+                    account: account.pieces,
+                }
             });
-            GpuDiagnosis { gpu, attribution }
+            GpuDiagnosis {
+                gpu,
+                attribution,
+                feeder,
+            }
         })
         .collect();
     Diagnosis {

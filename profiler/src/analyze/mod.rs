@@ -14,6 +14,7 @@ pub mod hta;
 pub mod loss;
 pub mod nvml;
 pub mod recommend;
+pub mod replay;
 pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};
@@ -216,7 +217,8 @@ fn conclude(
         stacks: std::mem::take(&mut session.stacks),
     };
     let nr_cpus = session.header().nr_cpus;
-    let advice = recommend::build(nr_cpus, &timeline, &diagnosis, &names);
+    let collector_cpu = session.collector.map_or(0, |c| c.cpu_ns);
+    let advice = recommend::build(nr_cpus, collector_cpu, &timeline, &diagnosis, &names);
     let nvml = diagnosis
         .gpus
         .iter()

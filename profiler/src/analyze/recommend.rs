@@ -1,7 +1,8 @@
 //! From the idle breakdown to advice: one recommendation per cause that cost
-//! real GPU time, with the evidence that points at it and the most fixing
-//! it could buy (`wall / (wall - idle removed)`), and a verdict on whether
-//! more GPUs would help.
+//! real GPU time, with the evidence that points at it, the most fixing it
+//! could buy (`wall / (wall - idle removed)`), what it would buy once what
+//! it hid comes to light (the run replayed without it: `replay`), and a
+//! verdict on whether more GPUs would help.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -10,6 +11,7 @@ use serde::Serialize;
 
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::diagnose::Diagnosis;
+use crate::analyze::replay;
 use crate::analyze::Names;
 use crate::timeline::{OffKind, Timeline};
 use crate::units;
@@ -25,7 +27,87 @@ pub struct Recommendation {
     pub cause: Topic,
     pub title: String,
     pub evidence: Vec<String>,
+    /// The upper bound: this cause's idle time subtracted from the wall.
     pub est_speedup: f64,
+    /// The run replayed with this cause's stalls taken out (null where
+    /// the replay has nothing to go on: no feeder, or busy time).
+    pub what_if: Option<WhatIf>,
+}
+
+/// What the replay predicts a fix would give.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct WhatIf {
+    pub wall_ns: u64,
+    /// The recorded wall over `wall_ns`.
+    pub speedup: f64,
+    /// The cause that leads once this one is fixed (null: none worth a
+    /// recommendation).
+    pub next_cause: Option<Cause>,
+    /// For input causes, the other way out: more loader workers (their
+    /// computing spread over no more than the CPUs the run had spare).
+    pub more_workers: Vec<MoreWorkers>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MoreWorkers {
+    pub add: u32,
+    /// Workers in all, as the recording counted them plus `add`.
+    pub workers: u32,
+    pub wall_ns: u64,
+    pub speedup: f64,
+}
+
+/// Loader workers a what-if adds.
+const MORE_WORKERS: [u32; 3] = [1, 2, 4];
+
+fn rounded(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// `plan`'s prediction as a recommendation states it.
+fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
+    if job.is_empty() {
+        return None;
+    }
+    let p = job.predict(&replay::Plan::fix(cause));
+    let next_cause = p
+        .idle
+        .iter()
+        .filter(|(c, ns)| {
+            c.removable() && **c != cause && **ns as f64 >= MIN_SHARE * p.replayed_wall_ns as f64
+        })
+        .max_by_key(|(c, ns)| (**ns, std::cmp::Reverse(**c)))
+        .map(|(c, _)| *c);
+    let workers = job.workers();
+    let input = matches!(
+        cause,
+        Cause::InputIo | Cause::InputCpu | Cause::InputNetwork
+    );
+    let more_workers = if input && workers > 0.0 {
+        MORE_WORKERS
+            .iter()
+            .map(|&add| {
+                let w = job.predict(&replay::Plan {
+                    removed: None,
+                    add_workers: add,
+                });
+                MoreWorkers {
+                    add,
+                    workers: workers.round() as u32 + add,
+                    wall_ns: w.wall_ns,
+                    speedup: rounded(wall as f64 / w.wall_ns.max(1) as f64),
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Some(WhatIf {
+        wall_ns: p.wall_ns,
+        speedup: rounded(wall as f64 / p.wall_ns.max(1) as f64),
+        next_cause,
+        more_workers,
+    })
 }
 
 /// What a recommendation is about: a cause of idle time, or busy time that
@@ -70,8 +152,15 @@ pub struct Advice {
     pub verdict: Option<String>,
 }
 
-/// `nr_cpus`: the recorded machine's CPUs (0 when not recorded).
-pub fn build(nr_cpus: u32, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice {
+/// `nr_cpus`: the recorded machine's CPUs (0 when not recorded);
+/// `collector_cpu_ns`: what recording them took of them.
+pub fn build(
+    nr_cpus: u32,
+    collector_cpu_ns: u64,
+    tl: &Timeline,
+    d: &Diagnosis,
+    names: &Names,
+) -> Advice {
     if d.gpus.is_empty() {
         return Advice {
             recommendations: Vec::new(),
@@ -100,6 +189,7 @@ pub fn build(nr_cpus: u32, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advic
         tl,
         d,
     };
+    let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns);
     // Each with the time it would give back, to order them: the speedup
     // shown is rounded, and two causes a few µs apart would tie on it.
     let mut recs: Vec<(u64, Recommendation)> = Vec::new();
@@ -126,7 +216,8 @@ pub fn build(nr_cpus: u32, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advic
                 cause: Topic::Idle(cause),
                 title,
                 evidence,
-                est_speedup: (est_speedup * 100.0).round() / 100.0,
+                est_speedup: rounded(est_speedup),
+                what_if: what_if(&job, cause, wall),
             },
         ));
     }
@@ -233,7 +324,8 @@ fn communication_advice(tl: &Timeline, exposed: u64, wall: u64) -> Recommendatio
         cause: Topic::Communication,
         title: "Communication not hidden behind compute: the GPU ran only collectives (NCCL), which includes waiting for the slowest rank. Overlap them with compute (DDP: bucket_cap_mb, gradient_as_bucket_view; FSDP: forward and backward prefetch), and compare ranks for a straggler (`gapscope report` over every rank's trace lines them up).".into(),
         evidence,
-        est_speedup: (est_speedup * 100.0).round() / 100.0,
+        est_speedup: rounded(est_speedup),
+        what_if: None,
     }
 }
 

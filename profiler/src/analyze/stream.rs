@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use gapscope_cupti::GpuRecord;
 
-use super::attribute::{self, Attribution, Cause, Inputs, Tid};
+use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
 use super::checks::{on_cpu_at, ClockCheck};
-use super::diagnose::{Diagnosis, GpuDiagnosis};
+use super::diagnose::{Diagnosis, Feeder, GpuDiagnosis};
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::timeline::Timeline;
 
@@ -26,6 +26,10 @@ struct Device {
     /// The next gap to attribute: between busy[next] and busy[next + 1].
     next: usize,
     out: Attribution,
+    /// The main feeder's account (see `diagnose::Feeder`), up to
+    /// `account_to`.
+    account: Vec<Piece>,
+    account_to: u64,
 }
 
 /// What the rules read for one GPU (its busy spans and work starts). Blind
@@ -114,6 +118,8 @@ impl Attributor {
                     gpu,
                     next: 0,
                     out: Attribution::new(blind.to_vec(), lossy.clone(), false),
+                    account: Vec::new(),
+                    account_to: window.0,
                 }
             })
             .collect();
@@ -150,16 +156,25 @@ impl Attributor {
                 );
                 let mut gap = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
+                let mut account = Attribution::new(Vec::new(), Vec::new(), true);
+                if let Some(f) = d.fallback {
+                    attribute::account(&inp, f, d.account_to, b, &mut account);
+                }
                 if unsettled.get() {
                     break;
                 }
                 for p in gap.pieces {
                     d.out.add(p);
                 }
+                d.account.extend(account.pieces);
+                d.account_to = b;
                 d.next += 1;
             }
             if d.next + 1 < d.gpu.busy.len() {
                 forget = forget.min(d.gpu.busy[d.next].1);
+            }
+            if d.fallback.is_some() {
+                forget = forget.min(d.account_to);
             }
         }
         while let Some(&l) = self.launches.get(self.next_launch) {
@@ -224,9 +239,19 @@ impl Attributor {
                 if let Some(tail) = tail {
                     d.out.add(tail);
                 }
+                let feeder = d.fallback.map(|tid| {
+                    let mut rest = Attribution::new(Vec::new(), Vec::new(), true);
+                    attribute::account(&inp, tid, d.account_to, self.window.1, &mut rest);
+                    d.account.extend(rest.pieces);
+                    Feeder {
+                        tid,
+                        account: d.account,
+                    }
+                });
                 GpuDiagnosis {
                     gpu: d.gpu,
                     attribution: d.out,
+                    feeder,
                 }
             })
             .collect();

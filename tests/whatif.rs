@@ -1,0 +1,189 @@
+//! What a fix would buy, checked against applying it: each scenario's
+//! recording predicts, for each cause it recommends fixing, the wall time
+//! of the run without that cause's stalls (`what_if`); simtrain then runs
+//! the same job with the fix applied (`--fix CAUSE`) or with more loader
+//! workers (`--workers N`), recorded the same way, and its wall time must be
+//! within 10% of the prediction.
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+const TOLERANCE: f64 = 0.10;
+
+fn wall(report: &Value) -> u64 {
+    let w = &report["window_ns"];
+    u64_of(w, "end") - u64_of(w, "start")
+}
+
+/// `simtrain ARGS` recorded; its report.
+fn record(name: &str, simtrain_args: &[&str]) -> Value {
+    let dir = scratch(&format!("whatif-{name}"));
+    let (run, _) = run_simtrain(dir.path(), &["-q", "--no-exports"], simtrain_args);
+    run.report()
+}
+
+fn recommendation<'a>(report: &'a Value, cause: &str) -> &'a Value {
+    report["recommendations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["cause"] == cause)
+        .unwrap_or_else(|| panic!("no recommendation for {cause}: {report:#}"))
+}
+
+fn close(what: &str, predicted: u64, measured: u64, detail: &str) {
+    let off = predicted as f64 / measured as f64 - 1.0;
+    eprintln!(
+        "{what}: predicted {:.0} ms, measured {:.0} ms ({:+.1}%)",
+        predicted as f64 / 1e6,
+        measured as f64 / 1e6,
+        off * 100.0
+    );
+    assert!(
+        off.abs() <= TOLERANCE,
+        "{what}: predicted {predicted} ns, the fixed run took {measured} ns ({:+.1}%)\n{detail}",
+        off * 100.0
+    );
+}
+
+/// Records `bottleneck`, then for each cause the fixed run; each cause
+/// must be recommended with a prediction within the tolerance. `next`: the
+/// cause each fix is predicted to leave leading (None: none).
+fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Option<&str>)]) {
+    simtrain_data(); // made before taking the lock
+    let _lock = recording_lock();
+    let mut args = vec!["--bottleneck", bottleneck];
+    args.extend_from_slice(extra);
+    let base = record(bottleneck, &args);
+    for (cause, next) in fixes {
+        let rec = recommendation(&base, cause);
+        let w = &rec["what_if"];
+        assert!(w.is_object(), "{rec:#}");
+        let mut fixed_args = args.clone();
+        fixed_args.extend(["--fix", cause]);
+        let fixed = record(&format!("{bottleneck}-{cause}"), &fixed_args);
+        let detail = format!(
+            "recommendation: {rec:#}\nfixed run's idle: {:#}",
+            fixed["gpus"][0]["idle_by_cause_ns"]
+        );
+        close(
+            &format!("{bottleneck} without {cause}"),
+            u64_of(w, "wall_ns"),
+            wall(&fixed),
+            &detail,
+        );
+        assert_eq!(w["next_cause"].as_str(), *next, "{detail}");
+        // The speedup is the prediction's, against the recorded wall.
+        let speedup = wall(&base) as f64 / u64_of(w, "wall_ns") as f64;
+        assert!(
+            (w["speedup"].as_f64().unwrap() - speedup).abs() < 0.01,
+            "{rec:#}"
+        );
+    }
+}
+
+#[test]
+fn input_io() {
+    scenario("input-io", &[], &[("input.io", None)]);
+}
+
+#[test]
+fn input_cpu() {
+    scenario("input-cpu", &[], &[("input.cpu", None)]);
+}
+
+#[test]
+fn input_network() {
+    scenario("input-network", &[], &[("input.network", None)]);
+}
+
+#[test]
+fn host_cpu() {
+    scenario("host-cpu", &[], &[("cpu.host", None)]);
+}
+
+#[test]
+fn launch() {
+    // Long enough that start-up's jitter (tens of ms) is small beside the
+    // fixed run.
+    scenario("launch", &["--steps", "200"], &[("cpu.launch", None)]);
+}
+
+/// Taking the synchronize out does not take out the host work behind it:
+/// it now runs beside the GPU's, and what is left of the idle is host time.
+#[test]
+fn sync() {
+    scenario("sync", &[], &[("sync", Some("cpu.host"))]);
+}
+
+#[test]
+fn memory() {
+    scenario("memory", &[], &[("memory", None)]);
+}
+
+/// Two causes that hide each other: without the slow loader the sync per
+/// step leads; without the sync, the loader still sets the pace and the
+/// job is hardly faster — where subtracting idle time promises much. (With
+/// a network loader: a storage loader's pace moves with this machine's
+/// disk from one run to the next, the server's does not.)
+#[test]
+fn mixed() {
+    scenario(
+        "mixed-network",
+        &[],
+        &[
+            ("input.network", Some("sync")),
+            ("sync", Some("input.network")),
+        ],
+    );
+}
+
+/// More loader workers instead of a fix: the recording of `workers`
+/// predicts the run with `add` more.
+fn more_workers(bottleneck: &str, cause: &str, workers: u32, add: u32) {
+    simtrain_data();
+    let _lock = recording_lock();
+    let n = workers.to_string();
+    let base = record(
+        &format!("{bottleneck}-{n}"),
+        &["--bottleneck", bottleneck, "--workers", &n],
+    );
+    let rec = recommendation(&base, cause);
+    let m = rec["what_if"]["more_workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["add"] == add)
+        .unwrap_or_else(|| panic!("no prediction for {add} more workers: {rec:#}"))
+        .clone();
+    assert_eq!(m["workers"], workers + add, "{rec:#}");
+    let total = (workers + add).to_string();
+    let more = record(
+        &format!("{bottleneck}-{total}"),
+        &["--bottleneck", bottleneck, "--workers", &total],
+    );
+    close(
+        &format!("{bottleneck} with {add} more workers than {workers}"),
+        u64_of(&m, "wall_ns"),
+        wall(&more),
+        &format!("recommendation: {rec:#}"),
+    );
+}
+
+/// One decoding worker on two CPUs: a second halves the wait.
+#[test]
+fn input_cpu_one_more_worker() {
+    more_workers("input-cpu", "input.cpu", 1, 1);
+}
+
+/// Two decoding workers on two CPUs: more cannot compute faster.
+#[test]
+fn input_cpu_two_more_workers() {
+    more_workers("input-cpu", "input.cpu", 2, 2);
+}
+
+/// Waiting on a server: more requests in flight, more batches.
+#[test]
+fn input_network_two_more_workers() {
+    more_workers("input-network", "input.network", 2, 2);
+}
