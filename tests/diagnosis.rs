@@ -110,11 +110,21 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
         assert!(rec["est_speedup"].as_f64().unwrap() > 1.0);
         assert!(!rec["evidence"].as_array().unwrap().is_empty());
     }
-    // The top recommendation and the verdict name the dominant cause.
-    assert_eq!(report["recommendations"][0]["cause"], top.as_str());
+    // The top recommendation is the one whose fix gives back most, as
+    // replayed (the dominant idle cause may hide behind another: mixed), and
+    // the verdict names it.
+    let recs = report["recommendations"].as_array().unwrap();
+    let gain = |r: &Value| r["what_if"]["speedup"].as_f64().unwrap();
+    let best = recs
+        .iter()
+        .max_by(|a, b| gain(a).total_cmp(&gain(b)))
+        .unwrap();
+    assert_eq!(gain(&recs[0]), gain(best), "{recs:#?}");
+    let first = recs[0]["cause"].as_str().unwrap();
+    assert!(expected.contains(&first), "{first}\n  {table}");
     let verdict = report["verdict"].as_str().unwrap();
     assert!(
-        verdict.starts_with("More GPUs would not help until") && verdict.contains(top.as_str()),
+        verdict.starts_with("More GPUs would not help until") && verdict.contains(first),
         "{verdict}"
     );
 }

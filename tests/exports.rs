@@ -274,26 +274,32 @@ fn check_idle_flamegraph(path: &str, report: &Value) {
         roots, expected,
         "idle flamegraph roots vs the report's idle by cause"
     );
-    // Recommendations about idle time come in the order of their towers'
-    // widths: the widest fixable tower is what the report says to fix first.
-    // (Exposed communication is busy time, not in this graph.)
-    let recs: Vec<&str> = report["recommendations"]
+    // Of the recommended causes, the widest tower is the one with the most
+    // idle time (the largest upper bound; recommendations come in the
+    // replay's order). Exposed communication is busy time, not in this
+    // graph.
+    let recs: Vec<(&str, f64)> = report["recommendations"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| r["cause"].as_str().unwrap())
-        .filter(|c| *c != "communication")
+        .filter(|r| r["cause"] != "communication")
+        .map(|r| {
+            (
+                r["cause"].as_str().unwrap(),
+                r["est_speedup"].as_f64().unwrap(),
+            )
+        })
         .collect();
-    if let Some(first) = recs.first() {
+    if let Some(most) = recs.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
         let widest = roots
             .iter()
-            .filter(|(c, _)| recs.contains(&c.as_str()))
+            .filter(|(c, _)| recs.iter().any(|r| r.0 == c.as_str()))
             .max_by_key(|(_, n)| **n)
             .map(|(c, _)| c.as_str());
         assert_eq!(
             widest,
-            Some(*first),
-            "the widest tower vs the first recommendation"
+            Some(most.0),
+            "the widest tower vs the recommendation with the most idle time"
         );
     }
 }
@@ -375,16 +381,20 @@ fn flamegraphs_account_for_the_reports_time() {
     let report: Value =
         serde_json::from_slice(&gapscope_stdout(&["report", "-f", "json", &s])).unwrap();
     check_idle_flamegraph(&s, &report);
-    // In this recording the widest tower of all is the fix, too.
+    // The widest tower of all is the cause with the most idle time.
     let mut roots: BTreeMap<String, u64> = BTreeMap::new();
     for (stack, n) in folded(&s, "idle") {
         *roots.entry(stack[0].clone()).or_default() += n;
     }
     let widest = roots.iter().max_by_key(|(_, n)| **n).unwrap().0;
-    assert_eq!(
-        widest,
-        report["recommendations"][0]["cause"].as_str().unwrap()
-    );
+    let most = report["gpus"][0]["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .max_by_key(|(_, ns)| ns.as_u64().unwrap())
+        .unwrap()
+        .0;
+    assert_eq!(widest, most);
 
     // On-CPU: the samples match the threads' on-CPU time (from the
     // scheduler's switches) at the sampling rate, within sampling noise.
@@ -544,6 +554,13 @@ fn html_report_renders_in_chromium_with_its_numbers() {
             dom.contains(&format!("data-speedup=\"{speedup}\"")),
             "speedup {speedup}"
         );
+        if let Some(after) = r["what_if"]["wall_ns"].as_u64() {
+            assert!(
+                dom.contains(&format!("data-after=\"{after}\"")),
+                "before/after bar of {}",
+                r["cause"]
+            );
+        }
     }
     assert!(dom.contains("idle-gap flamegraph"), "the flamegraph frame");
 

@@ -30,7 +30,7 @@ const SYNC_SLACK_NS: u64 = 200_000;
 
 pub use super::cause::Cause;
 
-pub use crate::timeline::gpu::{api_role, ApiRole, Call, Tid};
+pub use crate::timeline::gpu::{api_role, main_feeder, ApiRole, Call, Tid};
 
 /// A piece of idle time and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -193,19 +193,6 @@ fn split(windows: &[(u64, u64)], p: Piece, mut part: impl FnMut(bool, Piece)) {
     }
 }
 
-/// The feeder most often seen issuing work: used for gaps whose closing work
-/// has no known issuer.
-pub(crate) fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
-    let mut counts: HashMap<Tid, usize> = HashMap::new();
-    for t in work.iter().filter_map(|w| w.1) {
-        *counts.entry(t).or_default() += 1;
-    }
-    counts
-        .into_iter()
-        .max_by_key(|(t, n)| (*n, *t))
-        .map(|(t, _)| t)
-}
-
 pub fn attribute(inp: &Inputs) -> Attribution {
     let mut out = Attribution::new(inp.blind.to_vec(), inp.lossy.to_vec(), inp.keep_pieces);
     let (head, tail) = edges(inp.window, inp.busy);
@@ -319,23 +306,45 @@ fn gap_opened_by_sync(api: Option<&Vec<Call>>, gap_start: u64) -> bool {
 
 fn split_gap(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
     let after_sync = gap_opened_by_sync(inp.api.get(&feeder), a);
-    feeder_pieces(inp, feeder, a, b, after_sync, out);
+    feeder_pieces(inp, feeder, a, b, after_sync, true, out);
 }
 
 /// What `feeder` did over `[a, b)`, GPU idle or not, by the same rules:
 /// the account of its time a what-if replay rearranges (`analyze::replay`).
 /// Its on-CPU time is host work (`cpu.host`) throughout: whether a gap
-/// opened at a synchronize is the replay's to decide.
+/// opened at a synchronize is the replay's to decide. Outside the GPU's
+/// idle gaps a wait for another thread is not followed (that thread's
+/// states there are not kept): an unattributed piece in its name says whom
+/// the feeder waited on.
 pub(crate) fn account(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
-    feeder_pieces(inp, feeder, a, b, false, out);
+    let busy = inp.busy;
+    let mut at = a;
+    // The gaps between busy spans, from the first ending after `a`.
+    let first = busy.partition_point(|x| x.0 <= a).saturating_sub(1);
+    let gaps = busy[first..].windows(2).map(|w| (w[0].1, w[1].0));
+    for (s, e) in gaps.take_while(|x| x.0 < b).filter(|x| x.1 > a) {
+        let (s, e) = (s.max(at), e.min(b));
+        if s > at {
+            feeder_pieces(inp, feeder, at, s, false, false, out);
+        }
+        if e > s {
+            feeder_pieces(inp, feeder, s, e, false, true, out);
+        }
+        at = at.max(e);
+    }
+    if at < b {
+        feeder_pieces(inp, feeder, at, b, false, false, out);
+    }
 }
 
+/// `follow`: follow waits for other threads into what they did.
 fn feeder_pieces(
     inp: &Inputs,
     feeder: Tid,
     a: u64,
     b: u64,
     after_sync: bool,
+    follow: bool,
     out: &mut Attribution,
 ) {
     let api = inp.api.get(&feeder);
@@ -345,7 +354,12 @@ fn feeder_pieces(
             Some(ApiRole::Sync) => out.add(piece(s, e, Cause::Sync, feeder)),
             Some(ApiRole::Memory) => out.add(piece(s, e, Cause::Memory, feeder)),
             Some(ApiRole::Other) | None => {
-                thread_pieces(inp, feeder, s, e, after_sync, 0, out);
+                let walk = Walk {
+                    after_sync,
+                    hops: 0,
+                    follow,
+                };
+                thread_pieces(inp, feeder, s, e, walk, out);
             }
         }
     }
@@ -360,17 +374,24 @@ fn piece(start: u64, end: u64, cause: Cause, thread: Tid) -> Piece {
     }
 }
 
-/// Attributes `[a, b)` by what thread `t` was doing. `hops` counts wakeup
-/// edges followed so far; `depth 0` is the feeder itself.
-fn thread_pieces(
-    inp: &Inputs,
-    t: Tid,
-    a: u64,
-    b: u64,
+/// How a thread's states are read.
+#[derive(Clone, Copy)]
+struct Walk {
+    /// The gap opened as a synchronize returned.
     after_sync: bool,
+    /// Wakeup edges followed so far; 0 is the feeder itself.
     hops: usize,
-    out: &mut Attribution,
-) {
+    /// Follow a wait for another thread into what it did.
+    follow: bool,
+}
+
+/// Attributes `[a, b)` by what thread `t` was doing.
+fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Attribution) {
+    let Walk {
+        after_sync,
+        hops,
+        follow,
+    } = walk;
     let Some(tl) = inp.threads.get(&t) else {
         op_pieces(inp.ops.get(&t), t, a, b, after_sync && hops == 0, out);
         return;
@@ -412,8 +433,17 @@ fn thread_pieces(
                 OffKind::Gpu if hops == 0 => Some(Cause::Sync),
                 OffKind::Sleep if hops == 0 => Some(Cause::CpuHost),
                 OffKind::Ipc => match o.waker {
+                    Some(w) if !follow && w != t => {
+                        out.add(piece(s, e, Cause::Unattributed, w));
+                        None
+                    }
                     Some(w) if hops < MAX_HOPS && w != t && inp.threads.contains_key(&w) => {
-                        thread_pieces(inp, w, s, e, false, hops + 1, out);
+                        let next = Walk {
+                            after_sync: false,
+                            hops: hops + 1,
+                            follow: true,
+                        };
+                        thread_pieces(inp, w, s, e, next, out);
                         None
                     }
                     _ => Some(Cause::Unattributed),

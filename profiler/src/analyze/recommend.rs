@@ -57,6 +57,61 @@ pub struct MoreWorkers {
     pub speedup: f64,
 }
 
+impl Recommendation {
+    /// What it would buy, as every format says it: the replayed speedup
+    /// where there is one, else the upper bound.
+    pub fn gain(&self) -> String {
+        match &self.what_if {
+            Some(w) => format!(
+                "{:.2}x faster, replayed (its idle time alone: {:.2}x)",
+                w.speedup, self.est_speedup
+            ),
+            None => format!("up to {:.2}x faster", self.est_speedup),
+        }
+    }
+
+    /// [`Self::gain`] in a few words, for the verdict.
+    fn gain_short(&self) -> String {
+        match &self.what_if {
+            Some(w) => format!("{:.2}x faster by replay", w.speedup),
+            None => format!("up to {:.2}x faster", self.est_speedup),
+        }
+    }
+
+    /// Before → after, and what leads then; `before_ns`: the recorded wall,
+    /// on `gpus` GPUs.
+    pub fn what_if_lines(&self, before_ns: u64, gpus: usize) -> Vec<String> {
+        let Some(w) = &self.what_if else {
+            return Vec::new();
+        };
+        let then = match w.next_cause {
+            Some(c) => format!("then {} leads", c.name()),
+            None => "then no other cause stands out".into(),
+        };
+        // The same work in less time: GPU time given back for other work.
+        let saved = 1.0 - w.wall_ns as f64 / before_ns.max(1) as f64;
+        let mut out = vec![format!(
+            "replayed without its stalls: {} → {} ({:.2}x, {:.1} GPU-hours a day given back); {then}",
+            units::duration(before_ns),
+            units::duration(w.wall_ns),
+            w.speedup,
+            (saved * 24.0 * gpus as f64).max(0.0)
+        )];
+        if !w.more_workers.is_empty() {
+            let options: Vec<String> = w
+                .more_workers
+                .iter()
+                .map(|m| format!("{} workers {:.2}x", m.workers, m.speedup))
+                .collect();
+            out.push(format!(
+                "or more loader workers instead (computing spread over the CPUs the run had spare, storage at its recorded pace): {}",
+                options.join(" · ")
+            ));
+        }
+        out
+    }
+}
+
 /// Loader workers a what-if adds.
 const MORE_WORKERS: [u32; 3] = [1, 2, 4];
 
@@ -190,8 +245,10 @@ pub fn build(
         d,
     };
     let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns);
-    // Each with the time it would give back, to order them: the speedup
-    // shown is rounded, and two causes a few µs apart would tie on it.
+    // Each with the time it would give back, to order them: as replayed
+    // where it could be (a cause that hides another gives back less than
+    // its idle time), else its idle time. The speedup shown is rounded, and
+    // two causes a few µs apart would tie on it.
     let mut recs: Vec<(u64, Recommendation)> = Vec::new();
     for (&cause, &ns) in &idle {
         let per_gpu = ns / n_gpus;
@@ -210,14 +267,18 @@ pub fn build(
             ),
         );
         let est_speedup = wall as f64 / (wall - per_gpu.min(wall - 1)) as f64;
+        let what_if = what_if(&job, cause, wall);
+        let gives_back = what_if
+            .as_ref()
+            .map_or(per_gpu, |w| wall.saturating_sub(w.wall_ns));
         recs.push((
-            per_gpu,
+            gives_back,
             Recommendation {
                 cause: Topic::Idle(cause),
                 title,
                 evidence,
                 est_speedup: rounded(est_speedup),
-                what_if: what_if(&job, cause, wall),
+                what_if,
             },
         ));
     }
@@ -263,7 +324,7 @@ pub fn build(
         .unwrap_or_default();
     let verdict = match top_idle {
         Some((cause, top)) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
-            "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: up to {:.2}x faster).",
+            "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: {}{}).",
             cause.name(),
             units::percent(wall.saturating_sub(busy), wall),
             units::percent(
@@ -271,7 +332,11 @@ pub fn build(
                 wall.saturating_sub(busy)
             ),
             cause.name(),
-            top.est_speedup
+            top.gain_short(),
+            match top.what_if.as_ref().and_then(|w| w.next_cause) {
+                Some(next) => format!("; then {} leads", next.name()),
+                None => String::new(),
+            }
         ) + &also_communication,
         _ if exposed as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would add to the problem: the GPUs were busy {} of the time they were held, but {} of it ran only collectives with no compute beside them; hide communication behind compute, or find the slow rank, before scaling out.",

@@ -585,7 +585,7 @@ impl<'a> Job<'a> {
                 })
             })
             .collect();
-        let baseline: Vec<Outcome> = runs.iter().map(|r| r.replay(&Plan::default())).collect();
+        let baseline = runs.iter().map(|r| r.replay(&Plan::default())).collect();
         Job {
             runs,
             baseline,

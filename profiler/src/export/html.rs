@@ -234,6 +234,7 @@ table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:le
 .verdict{font-size:16px;font-weight:600}
 ol.recs>li{margin:10px 0}.chip{display:inline-block;color:#fff;border-radius:10px;padding:0 8px;font-size:12px;margin-right:6px}
 .speedup{font-weight:700}
+.whatif{margin:6px 0;max-width:640px}.whatif .bar{color:#fff;font-size:12px;padding:1px 6px;margin:2px 0;border-radius:3px;white-space:nowrap;box-sizing:border-box}.whatif .was{background:#7f7f7f}
 iframe.flame{width:100%;border:1px solid #ddd;border-radius:6px;background:#fff}
 details{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px 18px;margin-top:24px}
 summary{cursor:pointer;font-weight:600}
@@ -416,20 +417,44 @@ fn write_html(
     if let Some(verdict) = &r.verdict {
         writeln!(
             o,
-            r#"<section id="diagnosis"><h2>Diagnosis</h2><p class="verdict">{}</p><ol class="recs">"#,
+            r#"<section id="diagnosis"><h2>Diagnosis</h2><p class="verdict">{}</p>"#,
             esc(verdict)
         )?;
+        if let Some(c) = &r.idle_cost {
+            writeln!(o, "<p>{}</p>", esc(&summary::idle_cost_line(c)))?;
+        }
+        writeln!(o, r#"<ol class="recs">"#)?;
+        let before = r.window_ns.end.saturating_sub(r.window_ns.start);
         for rec in &r.recommendations {
             writeln!(
                 o,
-                r#"<li><span class="chip" style="background:{}">{}</span><span class="speedup" data-speedup="{}">up to {:.2}× faster</span> — {}<ul class="mono">"#,
+                r#"<li><span class="chip" style="background:{}">{}</span><span class="speedup" data-speedup="{}">{}</span> — {}"#,
                 rec.cause.color(),
                 esc(rec.cause.name()),
                 rec.est_speedup,
-                rec.est_speedup,
+                esc(&rec.gain()),
                 esc(&rec.title)
             )?;
-            for e in &rec.evidence {
+            if let Some(w) = &rec.what_if {
+                // Before and after, to scale.
+                let pct = w.wall_ns as f64 * 100.0 / before.max(1) as f64;
+                writeln!(
+                    o,
+                    r#"<div class="whatif" data-before="{before}" data-after="{}"><div class="bar was" style="width:100%">now {}</div><div class="bar fixed" style="width:{:.1}%;background:{}">fixed {} ({:.2}×)</div></div>"#,
+                    w.wall_ns,
+                    units::duration(before),
+                    pct.min(100.0),
+                    rec.cause.color(),
+                    units::duration(w.wall_ns),
+                    w.speedup
+                )?;
+            }
+            writeln!(o, r#"<ul class="mono">"#)?;
+            for e in rec
+                .what_if_lines(before, r.gpus.len())
+                .iter()
+                .chain(&rec.evidence)
+            {
                 writeln!(o, "<li>{}</li>", esc(e))?;
             }
             writeln!(o, "</ul></li>")?;

@@ -26,6 +26,9 @@ pub struct Report {
     pub recommendations: Vec<Recommendation>,
     /// Whether more GPUs would help, in one line (absent without GPU data).
     pub verdict: Option<String>,
+    /// The idle time in the units a team budgets in (absent without GPU
+    /// data).
+    pub idle_cost: Option<IdleCost>,
     /// CUDA API time per host thread, from the GPU sources.
     pub cuda_api: Vec<ApiThread>,
     /// Host waits in CUDA synchronization calls, by kind.
@@ -35,6 +38,35 @@ pub struct Report {
     pub session: SessionInfo,
     pub processes: Vec<ProcessReport>,
     pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct IdleCost {
+    /// GPUs' worth of held time that sat idle: the GPUs' idle time over
+    /// the window.
+    pub equivalent_gpus: f64,
+    /// The same over a day of the job at this pace.
+    pub gpu_hours_per_day: f64,
+    /// Energy the GPUs burnt while idle (NVML power), null without power
+    /// readings.
+    pub idle_energy_j: Option<f64>,
+}
+
+impl IdleCost {
+    fn of(gpus: &[GpuReport]) -> Option<IdleCost> {
+        let held = gpus
+            .iter()
+            .map(|g| g.allocated_ns)
+            .max()
+            .filter(|&n| n > 0)?;
+        let idle: u64 = gpus.iter().map(|g| g.idle_ns).sum();
+        let equivalent_gpus = idle as f64 / held as f64;
+        Some(IdleCost {
+            equivalent_gpus: (equivalent_gpus * 1000.0).round() / 1000.0,
+            gpu_hours_per_day: (equivalent_gpus * 24.0 * 10.0).round() / 10.0,
+            idle_energy_j: gpus.iter().map(|g| g.idle_energy_j).sum(),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -446,6 +478,7 @@ pub fn build(a: &Analysis) -> Report {
                 .collect(),
         },
         threads,
+        idle_cost: IdleCost::of(&gpu.gpus),
         gpus: gpu.gpus,
         recommendations: a.advice.recommendations.clone(),
         verdict: a.advice.verdict.clone(),

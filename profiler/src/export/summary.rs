@@ -4,7 +4,7 @@
 
 use std::io::{self, Write};
 
-use super::report::{Report, StackReport, ThreadReport};
+use super::report::{IdleCost, Report, StackReport, ThreadReport};
 use super::units;
 use super::{Format, Options, View};
 use crate::session::{Mode, SourceKind};
@@ -293,19 +293,37 @@ fn bytes_moved(t: &ThreadReport) -> Option<String> {
     Some(line.join(" · ") + " (kernel accounting)")
 }
 
+/// The idle time as a team budgets it.
+pub fn idle_cost_line(c: &IdleCost) -> String {
+    let energy = c
+        .idle_energy_j
+        .map(|j| format!("; {:.1} kJ burnt while idle", j / 1000.0))
+        .unwrap_or_default();
+    format!(
+        "Idle cost: {:.2} GPUs' worth of held time did nothing — {:.1} GPU-hours a day at this pace{energy}.",
+        c.equivalent_gpus, c.gpu_hours_per_day
+    )
+}
+
 fn advice_blocks(r: &Report, b: &mut Vec<Block>) {
     let Some(verdict) = &r.verdict else { return };
     b.push(Block::Heading("Diagnosis".into()));
     b.push(Block::Line(verdict.clone()));
+    if let Some(c) = &r.idle_cost {
+        b.push(Block::Line(idle_cost_line(c)));
+    }
+    let before = r.window_ns.end.saturating_sub(r.window_ns.start);
     for (i, rec) in r.recommendations.iter().enumerate() {
         b.push(Block::Line(format!(
-            "{}. [{}] up to {:.2}x faster — {}",
+            "{}. [{}] {} — {}",
             i + 1,
             rec.cause,
-            rec.est_speedup,
+            rec.gain(),
             rec.title
         )));
-        b.push(Block::Bullets(rec.evidence.clone()));
+        let mut bullets = rec.what_if_lines(before, r.gpus.len());
+        bullets.extend(rec.evidence.iter().cloned());
+        b.push(Block::Bullets(bullets));
     }
 }
 

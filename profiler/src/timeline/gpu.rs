@@ -130,6 +130,20 @@ impl Work {
     }
 }
 
+/// The feeder most often seen issuing work (`work`: each item's start and
+/// issuer): the attribution's fallback for gaps whose closing work has no
+/// known issuer, and the thread a what-if replays.
+pub fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
+    let mut counts: HashMap<Tid, usize> = HashMap::new();
+    for t in work.iter().filter_map(|w| w.1) {
+        *counts.entry(t).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(t, n)| (*n, *t))
+        .map(|(t, _)| t)
+}
+
 /// One GPU: its name, how it was seen, and its work in start order.
 #[derive(Clone, Debug, Default)]
 pub struct Device {
@@ -413,6 +427,12 @@ impl GpuSide {
         super::Wanted {
             gaps: merged,
             launches,
+            // The replay reads their every moment (`attribute::account`).
+            whole: self
+                .devices
+                .iter()
+                .filter_map(|d| main_feeder(&d.starts()))
+                .collect(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! splits its lifetime into on-CPU, runnable and off-CPU (by kind), plus
 //! what it did in syscalls and where its stacks were.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::classify::{byte_class, io_dir, offcpu_kind, ByteClass, IoDir, OffKind};
@@ -162,6 +162,8 @@ pub struct Wanted {
     pub gaps: Vec<(u64, u64)>,
     /// Per thread, sorted: when it called to launch GPU work.
     pub launches: HashMap<(u32, u32), Vec<u64>>,
+    /// Threads whose every state is wanted.
+    pub whole: HashSet<(u32, u32)>,
 }
 
 /// A thread's place in [`Wanted`]: its states close in time order, so
@@ -186,6 +188,9 @@ impl Sieve {
     }
 
     fn wants(&mut self, tid: (u32, u32), s: u64, e: u64) -> bool {
+        if self.wanted.whole.contains(&tid) {
+            return true;
+        }
         if Self::overlaps_gap(&self.wanted.gaps, &mut self.gap, s, e) {
             return true;
         }
