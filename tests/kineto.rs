@@ -373,3 +373,65 @@ fn the_rank_the_others_wait_for_is_the_one_least_in_collectives() {
         (Some(false), Some(true))
     );
 }
+
+/// A trace whose GPU work comes from a thread it shows only by its CUDA
+/// calls (no ops: work issued from a second thread, CUDA graph launches):
+/// its calls and their spacing still say something, and where they do not,
+/// the verdict says first that the idle time is unknown, whose it is and
+/// how to know it.
+#[test]
+fn a_thread_seen_only_by_its_cuda_calls() {
+    let dir = scratch("kineto-calls-only");
+    let p = dir.path().join("trace.json");
+    // µs, thread 2 (no ops): a graph launch 0-5 → kernel 10-20; event
+    // queries polling 22-38; silence until a launch at 3040-3045 → kernel
+    // 3045-3055; an async copy call 3055-3060 → copy 3060-3070; 30 µs of host
+    // code; a launch 3100-3105 → kernel 3105-3115. Thread 1 has ops, no work.
+    let mut events = vec![
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 10, "tid": 1, "ts": 0, "dur": 3000}"#.to_string(),
+        r#"{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 10, "tid": 2, "ts": 0, "dur": 5, "args": {"correlation": 1}}"#.into(),
+        r#"{"ph": "X", "cat": "kernel", "name": "g1", "pid": 0, "tid": 7, "ts": 10, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 1}}"#.into(),
+    ];
+    for (i, ts) in (22..38).step_by(4).enumerate() {
+        events.push(format!(
+            r#"{{"ph": "X", "cat": "cuda_runtime", "name": "cudaEventQuery", "pid": 10, "tid": 2, "ts": {ts}, "dur": 2, "args": {{"correlation": {}}}}}"#,
+            100 + i
+        ));
+    }
+    events.extend([
+        r#"{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 2, "ts": 3040, "dur": 5, "args": {"correlation": 2}}"#.to_string(),
+        r#"{"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 3045, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 2}}"#.into(),
+        r#"{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 10, "tid": 2, "ts": 3055, "dur": 5, "args": {"correlation": 3}}"#.into(),
+        r#"{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 7, "ts": 3060, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 3, "bytes": 4096}}"#.into(),
+        r#"{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 2, "ts": 3100, "dur": 5, "args": {"correlation": 4}}"#.into(),
+        r#"{"ph": "X", "cat": "kernel", "name": "k3", "pid": 0, "tid": 7, "ts": 3105, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 4}}"#.into(),
+    ]);
+    std::fs::write(
+        &p,
+        format!("{{\"traceEvents\": [\n{}\n]}}", events.join(",\n")),
+    )
+    .unwrap();
+    let r = report(&[p.to_str().unwrap(), "--format", "json"]);
+    let causes = &r["gpus"][0]["idle_by_cause_ns"];
+    // 20-22 host code before the first poll; 22-38 polling (the last query
+    // ends at 36, and 36-38 lies between it and the next call, a launch 3 ms
+    // later: unknown); 38-3040 silence; launch; 3070-3100 host, 3100-3105
+    // launch.
+    assert_eq!(causes["sync"], 14_000, "{causes}");
+    assert_eq!(causes["cpu.host"], 2_000 + 30_000, "{causes}");
+    assert_eq!(causes["cpu.launch"], 5_000 + 5_000, "{causes}");
+    assert_eq!(causes["unattributed"], 3_004_000, "{causes}");
+    let verdict = r["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("Most of the idle time is not known: 3.0ms"),
+        "{verdict}"
+    );
+    for says in [
+        "thread 10/2",
+        "only by its 8 CUDA calls, with no CPU ops",
+        "gapscope attach --pid PID",
+        "Of what is known: no cause is worth fixing",
+    ] {
+        assert!(verdict.contains(says), "{says:?} not in {verdict}");
+    }
+}

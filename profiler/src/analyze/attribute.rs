@@ -393,7 +393,10 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
         follow,
     } = walk;
     let Some(tl) = inp.threads.get(&t) else {
-        op_pieces(inp.ops.get(&t), t, a, b, after_sync && hops == 0, out);
+        match inp.ops.get(&t) {
+            Some(ops) => op_pieces(Some(ops), t, a, b, after_sync && hops == 0, out),
+            None => call_spacing(inp.api.get(&t), t, a, b, out),
+        }
         return;
     };
     if let Some(unsettled) = inp.unsettled {
@@ -493,6 +496,47 @@ fn op_pieces(
     }
     if cur < b {
         out.add(piece(cur, b, Cause::Unattributed, t));
+    }
+}
+
+/// Between two CUDA calls of a thread this close, it was running host code.
+pub const CALL_SPACING_NS: u64 = 1_000_000;
+
+/// A call that asks whether work is done without waiting for it: a loop of
+/// them is a wait.
+fn polls(c: &Call) -> bool {
+    let n = c.name.name();
+    n.contains("EventQuery") || n.contains("StreamQuery")
+}
+
+/// `[a, b)` of a thread a trace shows only by its CUDA calls (no ops, no
+/// states): inside or between polling calls it waited for the GPU
+/// (`sync`); between calls at most [`CALL_SPACING_NS`] apart it ran host
+/// code (`cpu.host`); longer silences stay unattributed.
+fn call_spacing(calls: Option<&Vec<Call>>, t: Tid, a: u64, b: u64, out: &mut Attribution) {
+    let calls = calls.map_or(&[][..], Vec::as_slice);
+    let mut cur = a;
+    while cur < b {
+        // The last call starting at or before `cur`, and the next one.
+        let i = calls.partition_point(|c| c.start <= cur);
+        let prev = i.checked_sub(1).map(|j| &calls[j]);
+        let next = calls.get(i);
+        let end = next.map_or(b, |n| n.start.min(b));
+        let cause = match (prev, next) {
+            (Some(p), _) if p.end > cur && polls(p) => Cause::Sync,
+            (Some(p), _) if p.end > cur => Cause::Unattributed,
+            (Some(p), Some(n)) if polls(p) && polls(n) => Cause::Sync,
+            (Some(p), Some(n)) if n.start - p.end <= CALL_SPACING_NS => Cause::CpuHost,
+            _ => Cause::Unattributed,
+        };
+        // Inside a call: up to its end; between calls: up to the next.
+        let end = match prev {
+            Some(p) if p.end > cur => p.end.min(b),
+            _ => end,
+        };
+        // `end > cur`: a call starting after `cur`, or one ending after it.
+        out.add(piece(cur, end, cause, t));
+        cur = end;
     }
 }
 
@@ -909,7 +953,11 @@ mod tests {
             (0, 300),
         );
         assert_eq!(a.get(Cause::Sync), 50);
-        assert_eq!(a.get(Cause::Unattributed), 50);
+        // A thread known only by its calls: between calls close together it
+        // ran host code (120-140); before its first and after its last, not
+        // known.
+        assert_eq!(a.get(Cause::CpuHost), 20);
+        assert_eq!(a.get(Cause::Unattributed), 30);
     }
 
     #[test]

@@ -240,6 +240,7 @@ fn conclude(
     let mut notes = std::mem::take(&mut session.notes);
     notes.extend(stack_depth_note(&timeline, &names));
     notes.extend(loss::lossy_note(&diagnosis.lossy_windows, timeline.start));
+    notes.extend(advice.note.clone());
     let facts = Facts {
         header: session
             .header

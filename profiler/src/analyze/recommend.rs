@@ -112,6 +112,72 @@ impl Recommendation {
     }
 }
 
+/// When more of the idle time is unknown than any cause, that comes first:
+/// how much, which thread the gaps' work came from, what the recording
+/// lacks, and how to record it so that it is known.
+fn unknown_first(
+    ev: &Evidence,
+    idle: &BTreeMap<Cause, u64>,
+    by: &HashMap<Tid, u64>,
+    n_gpus: u64,
+    wall: u64,
+) -> Option<String> {
+    let unknown = idle.get(&Cause::Unattributed).copied().unwrap_or(0) / n_gpus;
+    let known = idle
+        .iter()
+        .filter(|(c, _)| c.removable())
+        .map(|(_, ns)| ns / n_gpus)
+        .max()
+        .unwrap_or(0);
+    if unknown <= known || (unknown as f64) < MIN_SHARE * wall as f64 {
+        return None;
+    }
+    let total: u64 = idle
+        .iter()
+        .filter(|(c, _)| !matches!(c, Cause::Startup | Cause::Teardown))
+        .map(|(_, ns)| ns / n_gpus)
+        .sum();
+    let head = format!(
+        "Most of the idle time is not known: {} ({} of the GPUs' idle time outside start-up and tear-down) could not be attributed",
+        units::duration(unknown),
+        units::percent(unknown, total)
+    );
+    let lost = !ev.d.lossy_windows.is_empty();
+    let why = match top_threads(by, 1).first() {
+        Some(&t) if !ev.tl.threads.contains_key(&t) => {
+            let calls = ev.tl.gpu.calls.get(&t).map_or(0, Vec::len);
+            if ev.tl.gpu.host_ops.contains_key(&t) {
+                format!(
+                    "thread {} issued the work that ended those gaps, and its ops in the trace do not cover them",
+                    ev.who(t)
+                )
+            } else if calls > 0 {
+                format!(
+                    "thread {} issued the work that ended those gaps, and the trace shows it only by its {calls} CUDA calls, with no CPU ops: its silences longer than {} between calls say nothing of what it did",
+                    ev.who(t),
+                    units::duration(crate::analyze::attribute::CALL_SPACING_NS)
+                )
+            } else {
+                format!("thread {} issued the work that ended those gaps, and the recording has nothing of it", ev.who(t))
+            }
+        }
+        Some(&t) => format!(
+            "thread {} issued the work that ended those gaps, and its states there were not recorded",
+            ev.who(t)
+        ),
+        None if lost => "events were lost where they fell".to_string(),
+        None => "the work that ended those gaps has no launching call in the recording".to_string(),
+    };
+    let how = if ev.tl.threads.is_empty() {
+        "To know it, record the job with `gapscope run` (or `gapscope attach --pid PID` while it runs, torch.profiler can stay on): the scheduler's view of every thread gives each of those gaps its cause."
+    } else if lost {
+        "To know it, record again with a larger --buffer-mb (and fewer --syscalls)."
+    } else {
+        "To know it, record that thread too (attach to its process)."
+    };
+    Some(format!("{head}: {why}. {how}"))
+}
+
 /// Loader workers a what-if adds.
 const MORE_WORKERS: [u32; 3] = [1, 2, 4];
 
@@ -205,7 +271,13 @@ impl Serialize for Topic {
 pub struct Advice {
     pub recommendations: Vec<Recommendation>,
     pub verdict: Option<String>,
+    /// Said when the replay could not reproduce the recording closely.
+    pub note: Option<String>,
 }
+
+/// The unchanged replay this far from the record makes its predictions
+/// worth a word of caution.
+const REPLAY_FIDELITY: f64 = 0.10;
 
 /// `nr_cpus`: the recorded machine's CPUs (0 when not recorded);
 /// `collector_cpu_ns`: what recording them took of them.
@@ -220,6 +292,7 @@ pub fn build(
         return Advice {
             recommendations: Vec::new(),
             verdict: None,
+            note: None,
         };
     }
     // Causes summed over GPUs; the threads behind each.
@@ -236,6 +309,7 @@ pub fn build(
         }
     }
     let n_gpus = d.gpus.len().max(1) as u64;
+    let unattributed_by = threads.remove(&Cause::Unattributed).unwrap_or_default();
     // Never zero: a recording can be shorter than a clock tick.
     let wall = allocated.max(1);
     let ev = Evidence {
@@ -322,6 +396,7 @@ pub fn build(
             )
         })
         .unwrap_or_default();
+    let unknown = unknown_first(&ev, &idle, &unattributed_by, n_gpus, wall);
     let verdict = match top_idle {
         Some((cause, top)) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: {}{}).",
@@ -343,6 +418,12 @@ pub fn build(
             units::percent(busy, wall),
             units::duration(exposed)
         ),
+        // What is known is small beside what is not: no call to scale.
+        _ if unknown.is_some() => format!(
+            "no cause is worth fixing (busy {} of the time they were held; {} idle that a fix could remove).",
+            units::percent(busy, wall),
+            units::percent(removable, wall)
+        ),
         // Nothing removable, or spread over causes too small to name.
         _ => format!(
             "The GPUs are doing useful work (busy {} of the time they were held; {} idle that a fix could remove): scale out.",
@@ -350,9 +431,20 @@ pub fn build(
             units::percent(removable, wall)
         ),
     };
+    let fidelity = job.fidelity();
+    let note = (!job.is_empty() && (fidelity - 1.0).abs() > REPLAY_FIDELITY).then(|| {
+        format!(
+            "what-if replays: the run replayed unchanged takes {:.0}% of its recorded wall time; what the replay does not model is assumed to stay as it was, and the predictions are less sure",
+            fidelity * 100.0
+        )
+    });
     Advice {
+        note,
         recommendations: recs,
-        verdict: Some(verdict),
+        verdict: Some(match unknown {
+            Some(first) => format!("{first} Of what is known: {verdict}"),
+            None => verdict,
+        }),
     }
 }
 
@@ -415,7 +507,7 @@ impl Evidence<'_> {
             .get(&t)
             .map(|x| x.comm.clone())
             .unwrap_or_default();
-        format!("{}/{} {comm}", t.0, t.1)
+        format!("{}/{} {comm}", t.0, t.1).trim_end().to_string()
     }
 
     fn frames(&self, hash: u64) -> Vec<String> {
