@@ -9,6 +9,9 @@ use gapscope_tests::*;
 use serde_json::Value;
 
 const TOLERANCE: f64 = 0.10;
+/// Steps per run: long enough that start-up's jitter from one run to the
+/// next (process start, the first batch: tens of ms) is small beside it.
+const STEPS: &str = "120";
 
 fn wall(report: &Value) -> u64 {
     let w = &report["window_ns"];
@@ -52,7 +55,7 @@ fn close(what: &str, predicted: u64, measured: u64, detail: &str) {
 fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Option<&str>)]) {
     simtrain_data(); // made before taking the lock
     let _lock = recording_lock();
-    let mut args = vec!["--bottleneck", bottleneck];
+    let mut args = vec!["--bottleneck", bottleneck, "--steps", STEPS];
     args.extend_from_slice(extra);
     let base = record(bottleneck, &args);
     for (cause, next) in fixes {
@@ -104,9 +107,8 @@ fn host_cpu() {
 
 #[test]
 fn launch() {
-    // Long enough that start-up's jitter (tens of ms) is small beside the
-    // fixed run.
-    scenario("launch", &["--steps", "200"], &[("cpu.launch", None)]);
+    // Its fixed run is short: longer still.
+    scenario("launch", &["--steps", "300"], &[("cpu.launch", None)]);
 }
 
 /// Taking the synchronize out does not take out the host work behind it:
@@ -146,7 +148,14 @@ fn more_workers(bottleneck: &str, cause: &str, workers: u32, add: u32) {
     let n = workers.to_string();
     let base = record(
         &format!("{bottleneck}-{n}"),
-        &["--bottleneck", bottleneck, "--workers", &n],
+        &[
+            "--bottleneck",
+            bottleneck,
+            "--workers",
+            &n,
+            "--steps",
+            STEPS,
+        ],
     );
     let rec = recommendation(&base, cause);
     let m = rec["what_if"]["more_workers"]
@@ -160,7 +169,14 @@ fn more_workers(bottleneck: &str, cause: &str, workers: u32, add: u32) {
     let total = (workers + add).to_string();
     let more = record(
         &format!("{bottleneck}-{total}"),
-        &["--bottleneck", bottleneck, "--workers", &total],
+        &[
+            "--bottleneck",
+            bottleneck,
+            "--workers",
+            &total,
+            "--steps",
+            STEPS,
+        ],
     );
     close(
         &format!("{bottleneck} with {add} more workers than {workers}"),

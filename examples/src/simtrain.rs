@@ -24,15 +24,12 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gapscope_cupti::clock::monotonic_ns as now;
 use gapscope_cupti::clock::thread_cpu_ns as thread_cpu;
-use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
-use gapscope_cupti::record::{copy_kind, memory_kind, sync_type};
-use gapscope_cupti::{ApiDomain, GpuRecord};
+use gs_simgpu::{intervals_total, sleep_until, SimDevice};
 
 const USAGE: &str = "\
 simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
@@ -91,26 +88,6 @@ fn run_delay() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
-}
-
-/// Busy-waits `ns` of wall time (work the host cannot hide, e.g. a launch).
-fn spin_wall(ns: u64) {
-    let end = now() + ns;
-    while now() < end {
-        std::hint::spin_loop();
-    }
-}
-
-fn sleep_until(t: u64) {
-    let n = now();
-    if t > n {
-        std::thread::sleep(Duration::from_nanos(t - n));
-    }
-}
-
-fn tid() -> u32 {
-    // SAFETY: no preconditions.
-    unsafe { libc::gettid() as u32 }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -199,232 +176,6 @@ impl Input {
             // Batches are ready ahead: any wait is a scheduling hiccup.
             Input::Fast => "cpu.contention",
         }
-    }
-}
-
-// ------------------------------------------------------ the simulated GPU
-
-/// A single-stream simulated GPU. Work runs back to back in issue order, on
-/// CLOCK_MONOTONIC; its records go to gapscope as they would from CUPTI.
-struct SimDevice {
-    conn: Option<UnixStream>,
-    fix: Option<Fix>,
-    pid: u32,
-    /// When the queue empties.
-    free_at: u64,
-    correlation: u32,
-    pending: Vec<GpuRecord>,
-    /// Every span of device activity, for the ground truth.
-    busy: Vec<(u64, u64)>,
-    /// Records dropped on purpose (`--lose-gpu-step`), and the span they
-    /// covered.
-    lost: Option<(u64, u64, u64)>,
-}
-
-impl SimDevice {
-    fn connect(fix: Option<Fix>) -> SimDevice {
-        let pid = std::process::id();
-        let conn = std::env::var("GAPSCOPE_SOCKET")
-            .ok()
-            .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
-        if conn.is_none() {
-            eprintln!("simtrain: not under gapscope (no GAPSCOPE_SOCKET): the simulated GPU reports to no one");
-        }
-        let mut dev = SimDevice {
-            conn,
-            fix,
-            pid,
-            free_at: 0,
-            correlation: 0,
-            pending: Vec::new(),
-            busy: Vec::new(),
-            lost: None,
-        };
-        let mut bytes = Vec::new();
-        encode(
-            &Frame::Hello(Hello {
-                version: VERSION,
-                pid,
-                driver_version: 0,
-                cupti_version: 0,
-                clock: ClockMethod::Native,
-                source: "simulated device (simtrain)".into(),
-            }),
-            &mut bytes,
-        );
-        encode(
-            &Frame::Records(vec![GpuRecord::Device {
-                id: 0,
-                name: "Simulated GPU 0 (simtrain)".into(),
-            }]),
-            &mut bytes,
-        );
-        dev.send(&bytes);
-        dev
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        if let Some(c) = &mut self.conn {
-            if c.write_all(bytes).is_err() {
-                self.conn = None;
-            }
-        }
-    }
-
-    fn flush(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let mut bytes = Vec::new();
-        encode(
-            &Frame::Records(std::mem::take(&mut self.pending)),
-            &mut bytes,
-        );
-        self.send(&bytes);
-    }
-
-    /// Drops the pending records the way the shim's transport does when
-    /// its queue is full: they never reach gapscope, the span they covered
-    /// does.
-    fn lose_pending(&mut self) {
-        let records = std::mem::take(&mut self.pending);
-        let Some((start, end)) = records
-            .iter()
-            .filter_map(GpuRecord::span)
-            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
-        else {
-            return;
-        };
-        self.lost = Some((start, end, records.len() as u64));
-        let mut bytes = Vec::new();
-        encode(
-            &Frame::Lost {
-                start,
-                end,
-                records: records.len() as u64,
-            },
-            &mut bytes,
-        );
-        self.send(&bytes);
-    }
-
-    fn api(&mut self, cbid: u32, start: u64, end: u64) -> u32 {
-        self.correlation += 1;
-        self.pending.push(GpuRecord::Api {
-            domain: ApiDomain::Runtime,
-            cbid,
-            start,
-            end,
-            pid: self.pid,
-            tid: tid(),
-            correlation: self.correlation,
-        });
-        self.correlation
-    }
-
-    /// Schedules `ns` of device work that may start no earlier than `ready`.
-    fn schedule(&mut self, ready: u64, ns: u64) -> (u64, u64) {
-        let start = ready.max(self.free_at);
-        let end = start + ns;
-        self.free_at = end;
-        self.busy.push((start, end));
-        (start, end)
-    }
-
-    /// cudaLaunchKernel: `cost` of host time inside the call, then the kernel
-    /// queues behind earlier work.
-    fn launch(&mut self, kernel_ns: u64, cost: u64, log: &mut Log) {
-        let cost = if self.fix == Some(Fix::Launch) {
-            0
-        } else {
-            cost
-        };
-        let a = now();
-        spin_wall(cost);
-        let b = now();
-        log.add(a, b, "cpu.launch");
-        let corr = self.api(211, a, b);
-        let (start, end) = self.schedule(b, kernel_ns);
-        self.pending.push(GpuRecord::Kernel {
-            start,
-            end,
-            device: 0,
-            context: 1,
-            stream: 7,
-            correlation: corr,
-            grid: [1024, 1, 1],
-            block: [256, 1, 1],
-            name: "simulated_step_kernel".into(),
-        });
-    }
-
-    /// cudaStreamSynchronize: blocks until the queue is empty.
-    fn synchronize(&mut self, log: &mut Log) {
-        let a = now();
-        sleep_until(self.free_at);
-        let b = now();
-        log.add(a, b, "sync");
-        let corr = self.api(131, a, b);
-        self.pending.push(GpuRecord::Sync {
-            start: a,
-            end: b,
-            context: 1,
-            stream: 7,
-            correlation: corr,
-            sync_type: sync_type::STREAM_SYNCHRONIZE,
-            event: 0,
-        });
-    }
-
-    /// cudaMemcpy from pageable memory: synchronous, so it first waits for
-    /// the stream to drain, then the host stages the data (a real copy) while
-    /// the GPU has nothing to do, then the device copies it.
-    ///
-    /// Fixed (`--fix memory`): from pinned memory, asynchronous — no
-    /// staging, no waiting; the device still copies the bytes.
-    fn memcpy_pageable(&mut self, src: &[u8], staging: &mut [u8], log: &mut Log) {
-        let pinned = self.fix == Some(Fix::Memory);
-        let a = now();
-        if !pinned {
-            sleep_until(self.free_at);
-            staging.copy_from_slice(src);
-            std::hint::black_box(&staging);
-        }
-        let staged = now();
-        let (start, end) = self.schedule(staged, src.len() as u64 / 20); // 20 GB/s
-        if !pinned {
-            sleep_until(end);
-        }
-        let b = now();
-        log.add(a, b, "memory");
-        let corr = self.api(31, a, b);
-        self.pending.push(GpuRecord::Memcpy {
-            start,
-            end,
-            device: 0,
-            context: 1,
-            stream: 7,
-            correlation: corr,
-            bytes: src.len() as u64,
-            copy_kind: copy_kind::HTOD,
-            src_kind: memory_kind::PAGEABLE,
-            dst_kind: memory_kind::DEVICE,
-        });
-    }
-
-    fn goodbye(&mut self) {
-        self.flush();
-        let mut bytes = Vec::new();
-        // The shim's cumulative loss counts, as it sends them when leaving.
-        encode(
-            &Frame::Dropped {
-                cupti: 0,
-                shim: self.lost.map_or(0, |l| l.2),
-            },
-            &mut bytes,
-        );
-        encode(&Frame::Goodbye, &mut bytes);
-        self.send(&bytes);
     }
 }
 
@@ -798,7 +549,11 @@ fn main() {
         readers.push(r);
     }
 
-    let mut dev = SimDevice::connect(o.fix);
+    let mut dev = SimDevice::connect("simtrain");
+    // The fixes the device itself makes: launches that cost nothing
+    // (`cpu.launch`), copies from pinned memory (`memory`).
+    let launch_cost = |ns: u64| if o.fix == Some(Fix::Launch) { 0 } else { ns };
+    let pinned = o.fix == Some(Fix::Memory);
     let mut log = Log::default();
     let src = vec![1u8; 96 << 20];
     let mut staging = vec![0u8; 96 << 20];
@@ -817,18 +572,22 @@ fn main() {
             Bottleneck::Launch => {
                 // Many tiny kernels: each launch costs more than it runs.
                 for _ in 0..300 {
-                    dev.launch(4_000, 30_000, &mut log);
+                    let (a, b) = dev.launch(4_000, launch_cost(30_000));
+                    log.add(a, b, "cpu.launch");
                 }
             }
             Bottleneck::Memory => {
-                dev.memcpy_pageable(&src, &mut staging, &mut log);
+                let (a, b) = dev.memcpy(&src, &mut staging, pinned);
+                log.add(a, b, "memory");
                 for _ in 0..4 {
-                    dev.launch(1_500_000, 20_000, &mut log);
+                    let (a, b) = dev.launch(1_500_000, launch_cost(20_000));
+                    log.add(a, b, "cpu.launch");
                 }
             }
             Bottleneck::None => {
                 for _ in 0..4 {
-                    dev.launch(5_000_000, 20_000, &mut log);
+                    let (a, b) = dev.launch(5_000_000, launch_cost(20_000));
+                    log.add(a, b, "cpu.launch");
                 }
                 // Stay ahead of the GPU, but not unboundedly (the launch
                 // queue fills): wait only while it is busy.
@@ -838,7 +597,8 @@ fn main() {
             }
             _ => {
                 for _ in 0..4 {
-                    dev.launch(1_500_000, 20_000, &mut log);
+                    let (a, b) = dev.launch(1_500_000, launch_cost(20_000));
+                    log.add(a, b, "cpu.launch");
                 }
             }
         }
@@ -854,7 +614,8 @@ fn main() {
             }
             Bottleneck::Sync | Bottleneck::Mixed | Bottleneck::MixedNetwork => {
                 // loss.item(): wait for the GPU, then host work it cannot hide.
-                dev.synchronize(&mut log);
+                let (a, b) = dev.synchronize();
+                log.add(a, b, "sync");
                 log.cpu_work("sync", || burn(9_000_000));
             }
             _ => {}
@@ -882,24 +643,7 @@ fn main() {
     }
     let t_end = now();
     let by_cause = log.idle_by_cause(&dev.busy, t_start, t_end);
-    let busy: u64 = {
-        let mut spans = dev.busy.clone();
-        spans.sort_unstable();
-        let mut total = 0;
-        let mut cur: Option<(u64, u64)> = None;
-        for (s, e) in spans {
-            match &mut cur {
-                Some(c) if s <= c.1 => c.1 = c.1.max(e),
-                _ => {
-                    if let Some(c) = cur {
-                        total += c.1 - c.0;
-                    }
-                    cur = Some((s, e));
-                }
-            }
-        }
-        total + cur.map_or(0, |c| c.1 - c.0)
-    };
+    let busy = intervals_total(&dev.busy);
     let causes: Vec<String> = by_cause
         .iter()
         .map(|(k, v)| format!("\"{k}\": {v}"))

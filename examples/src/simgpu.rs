@@ -1,0 +1,330 @@
+//! The simulated GPU of gapscope's test and demo workloads — NOT a GPU.
+//!
+//! A single stream on CLOCK_MONOTONIC: work runs back to back in issue
+//! order, and its records (with the CUDA API calls that issued them) go to
+//! gapscope through its GPU wire protocol, the same code the CUPTI shim
+//! uses. It says so in its handshake, so reports show `source:
+//! "simulated"`. simtrain links it; Python workloads load it as
+//! libgs_simgpu.so through its C ABI (below), so that real host code — a
+//! PyTorch DataLoader, say — can feed a simulated device.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use gapscope_cupti::clock::monotonic_ns as now;
+use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
+use gapscope_cupti::record::{copy_kind, memory_kind, sync_type};
+use gapscope_cupti::{ApiDomain, GpuRecord};
+
+/// Busy-waits `ns` of wall time (work the host cannot hide, e.g. a launch).
+pub fn spin_wall(ns: u64) {
+    let end = now() + ns;
+    while now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+pub fn sleep_until(t: u64) {
+    let n = now();
+    if t > n {
+        std::thread::sleep(Duration::from_nanos(t - n));
+    }
+}
+
+fn tid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// A single-stream simulated GPU. Work runs back to back in issue order, on
+/// CLOCK_MONOTONIC; its records go to gapscope as they would from CUPTI.
+pub struct SimDevice {
+    conn: Option<UnixStream>,
+    pid: u32,
+    /// When the queue empties.
+    pub free_at: u64,
+    correlation: u32,
+    pending: Vec<GpuRecord>,
+    /// Every span of device activity, for the ground truth.
+    pub busy: Vec<(u64, u64)>,
+    /// Records dropped on purpose (`--lose-gpu-step`), and the span they
+    /// covered.
+    pub lost: Option<(u64, u64, u64)>,
+}
+
+impl SimDevice {
+    /// Connects to gapscope through GAPSCOPE_SOCKET (if set) and says who
+    /// it is: `who` goes into the handshake and the device's name.
+    pub fn connect(who: &str) -> SimDevice {
+        let pid = std::process::id();
+        let conn = std::env::var("GAPSCOPE_SOCKET")
+            .ok()
+            .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
+        if conn.is_none() {
+            eprintln!("{who}: not under gapscope (no GAPSCOPE_SOCKET): the simulated GPU reports to no one");
+        }
+        let mut dev = SimDevice {
+            conn,
+            pid,
+            free_at: 0,
+            correlation: 0,
+            pending: Vec::new(),
+            busy: Vec::new(),
+            lost: None,
+        };
+        let mut bytes = Vec::new();
+        encode(
+            &Frame::Hello(Hello {
+                version: VERSION,
+                pid,
+                driver_version: 0,
+                cupti_version: 0,
+                clock: ClockMethod::Native,
+                source: format!("simulated device ({who})"),
+            }),
+            &mut bytes,
+        );
+        encode(
+            &Frame::Records(vec![GpuRecord::Device {
+                id: 0,
+                name: format!("Simulated GPU 0 ({who})"),
+            }]),
+            &mut bytes,
+        );
+        dev.send(&bytes);
+        dev
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        if let Some(c) = &mut self.conn {
+            if c.write_all(bytes).is_err() {
+                self.conn = None;
+            }
+        }
+    }
+
+    pub fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut bytes = Vec::new();
+        encode(
+            &Frame::Records(std::mem::take(&mut self.pending)),
+            &mut bytes,
+        );
+        self.send(&bytes);
+    }
+
+    /// Drops the pending records the way the shim's transport does when
+    /// its queue is full: they never reach gapscope, the span they covered
+    /// does.
+    pub fn lose_pending(&mut self) {
+        let records = std::mem::take(&mut self.pending);
+        let Some((start, end)) = records
+            .iter()
+            .filter_map(GpuRecord::span)
+            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+        else {
+            return;
+        };
+        self.lost = Some((start, end, records.len() as u64));
+        let mut bytes = Vec::new();
+        encode(
+            &Frame::Lost {
+                start,
+                end,
+                records: records.len() as u64,
+            },
+            &mut bytes,
+        );
+        self.send(&bytes);
+    }
+
+    fn api(&mut self, cbid: u32, start: u64, end: u64) -> u32 {
+        self.correlation += 1;
+        self.pending.push(GpuRecord::Api {
+            domain: ApiDomain::Runtime,
+            cbid,
+            start,
+            end,
+            pid: self.pid,
+            tid: tid(),
+            correlation: self.correlation,
+        });
+        self.correlation
+    }
+
+    /// Schedules `ns` of device work that may start no earlier than `ready`.
+    fn schedule(&mut self, ready: u64, ns: u64) -> (u64, u64) {
+        let start = ready.max(self.free_at);
+        let end = start + ns;
+        self.free_at = end;
+        self.busy.push((start, end));
+        (start, end)
+    }
+
+    /// cudaLaunchKernel: `cost` of host time inside the call, then the kernel
+    /// queues behind earlier work.
+    pub fn launch(&mut self, kernel_ns: u64, cost: u64) -> (u64, u64) {
+        let a = now();
+        spin_wall(cost);
+        let b = now();
+        let corr = self.api(211, a, b);
+        let (start, end) = self.schedule(b, kernel_ns);
+        self.pending.push(GpuRecord::Kernel {
+            start,
+            end,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            grid: [1024, 1, 1],
+            block: [256, 1, 1],
+            name: "simulated_step_kernel".into(),
+        });
+        (a, b)
+    }
+
+    /// cudaStreamSynchronize: blocks until the queue is empty. Returns the
+    /// call's span, as every call here does.
+    pub fn synchronize(&mut self) -> (u64, u64) {
+        let a = now();
+        sleep_until(self.free_at);
+        let b = now();
+        let corr = self.api(131, a, b);
+        self.pending.push(GpuRecord::Sync {
+            start: a,
+            end: b,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            sync_type: sync_type::STREAM_SYNCHRONIZE,
+            event: 0,
+        });
+        (a, b)
+    }
+
+    /// cudaMemcpy from pageable memory: synchronous, so it first waits for
+    /// the stream to drain, then the host stages the data (a real copy) while
+    /// the GPU has nothing to do, then the device copies it.
+    ///
+    /// `pinned` (cudaMemcpyAsync from pinned memory): no staging, no
+    /// waiting; the device still copies the bytes.
+    pub fn memcpy(&mut self, src: &[u8], staging: &mut [u8], pinned: bool) -> (u64, u64) {
+        let a = now();
+        if !pinned {
+            sleep_until(self.free_at);
+            staging.copy_from_slice(src);
+            std::hint::black_box(&staging);
+        }
+        let staged = now();
+        let (start, end) = self.schedule(staged, src.len() as u64 / 20); // 20 GB/s
+        if !pinned {
+            sleep_until(end);
+        }
+        let b = now();
+        // cudaMemcpy, cudaMemcpyAsync.
+        let corr = self.api(if pinned { 41 } else { 31 }, a, b);
+        self.pending.push(GpuRecord::Memcpy {
+            start,
+            end,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            bytes: src.len() as u64,
+            copy_kind: copy_kind::HTOD,
+            src_kind: if pinned {
+                memory_kind::PINNED
+            } else {
+                memory_kind::PAGEABLE
+            },
+            dst_kind: memory_kind::DEVICE,
+        });
+        (a, b)
+    }
+
+    pub fn goodbye(&mut self) {
+        self.flush();
+        let mut bytes = Vec::new();
+        // The shim's cumulative loss counts, as it sends them when leaving.
+        encode(
+            &Frame::Dropped {
+                cupti: 0,
+                shim: self.lost.map_or(0, |l| l.2),
+            },
+            &mut bytes,
+        );
+        encode(&Frame::Goodbye, &mut bytes);
+        self.send(&bytes);
+    }
+}
+
+// ------------------------------------------------------------ the C ABI
+
+/// The process's one device, made on first use.
+static DEVICE: Mutex<Option<SimDevice>> = Mutex::new(None);
+
+fn with<T>(f: impl FnOnce(&mut SimDevice) -> T) -> T {
+    let mut d = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    f(d.get_or_insert_with(|| SimDevice::connect("gs_simgpu")))
+}
+
+/// Launches a kernel of `kernel_ns` on the simulated device, the call
+/// costing `cost_ns` of host time; sends the records. Returns when the
+/// kernel will end (CLOCK_MONOTONIC ns).
+#[no_mangle]
+pub extern "C" fn gs_simgpu_launch(kernel_ns: u64, cost_ns: u64) -> u64 {
+    with(|d| {
+        d.launch(kernel_ns, cost_ns);
+        d.flush();
+        d.free_at
+    })
+}
+
+/// cudaStreamSynchronize: returns once the device's queue is empty.
+#[no_mangle]
+pub extern "C" fn gs_simgpu_synchronize() {
+    with(|d| {
+        d.synchronize();
+        d.flush();
+    })
+}
+
+/// The device's busy time so far, ns (ground truth for tests).
+#[no_mangle]
+pub extern "C" fn gs_simgpu_busy_ns() -> u64 {
+    with(|d| intervals_total(&d.busy))
+}
+
+/// Waits for the device, says goodbye to gapscope, and forgets the device.
+#[no_mangle]
+pub extern "C" fn gs_simgpu_close() {
+    let mut d = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(mut dev) = d.take() {
+        sleep_until(dev.free_at);
+        dev.goodbye();
+    }
+}
+
+/// The total length of possibly overlapping spans.
+pub fn intervals_total(spans: &[(u64, u64)]) -> u64 {
+    let mut spans = spans.to_vec();
+    spans.sort_unstable();
+    let mut total = 0;
+    let mut cur: Option<(u64, u64)> = None;
+    for (s, e) in spans {
+        match &mut cur {
+            Some(c) if s <= c.1 => c.1 = c.1.max(e),
+            _ => {
+                if let Some(c) = cur {
+                    total += c.1 - c.0;
+                }
+                cur = Some((s, e));
+            }
+        }
+    }
+    total + cur.map_or(0, |c| c.1 - c.0)
+}
