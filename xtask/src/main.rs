@@ -177,8 +177,50 @@ fn fetch_cupti_wheel() {
 
 /// Installs, with apt, what building needs and, `for_tests`, what the
 /// tests need too. Without root, says what to install instead.
+/// The venv with torch (CPU use only) that the DataLoader tests run in.
+pub const TORCH_VENV: &str = "target/torch-venv";
+/// The torch those tests were written against.
+const TORCH: &str = "torch==2.15.0";
+
+/// Makes the torch venv when it cannot import torch: PyPI's torch is a few
+/// GB, so it is made once and kept with the build outputs.
+fn torch_venv() {
+    let venv = root().join(TORCH_VENV);
+    let python = venv.join("bin/python");
+    let imports = || {
+        Command::new(&python)
+            .args(["-c", "import torch, PIL, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if imports() {
+        return;
+    }
+    eprintln!("xtask: setup: installing {TORCH} into {TORCH_VENV} (a few GB, once)");
+    let made = python.exists()
+        || Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success());
+    let installed = made
+        && Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args([TORCH, "pillow", "numpy"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !installed || !imports() {
+        eprintln!(
+            "xtask: setup: could not install {TORCH}; the DataLoader tests will skip (fail under GAPSCOPE_REQUIRE_TORCH=1)"
+        );
+    }
+}
+
 fn setup(for_tests: bool) -> Result<()> {
     fetch_cupti_wheel();
+    if for_tests {
+        torch_venv();
+    }
     let mut missing = missing();
     let building = missing.len();
     if for_tests {

@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::timeline::{Interval, OffKind, State, ThreadTimeline};
+use crate::timeline::{Interval, OffCpu, OffKind, State, ThreadTimeline};
 
 /// Waits followed from thread to thread before giving up.
 pub const MAX_HOPS: usize = 3;
@@ -406,19 +406,34 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
     }
     let mut cur = a;
     let mut previous: Option<&State> = None;
+    // The feeder's work on a batch a loader just handed it (unpickling it,
+    // rebuilding its tensors), up to its next CUDA call, is input work.
+    let mut receiving = hops == 0 && handed_batch_before(inp, t, a);
     for (s, e, state) in states_in(tl, a, b) {
         if s > cur {
             out.add(piece(cur, s, Cause::Unattributed, t));
         }
         let came_from = previous.take();
         previous = Some(state);
+        if hops == 0 {
+            if let State::Off(o) = state {
+                receiving = hands_batch(inp, o, t).unwrap_or(receiving);
+            }
+        }
         let cause = match state {
+            State::OnCpu | State::Runnable if receiving => Some(Cause::InputCpu),
             State::OnCpu if hops == 0 && after_sync => Some(Cause::Sync),
             State::OnCpu if hops == 0 => Some(Cause::CpuHost),
             // A data worker on a CPU: inside file or socket syscalls it is
             // doing I/O, otherwise preprocessing.
             State::OnCpu => {
                 io_split(tl, s, e, t, out);
+                None
+            }
+            // Waiting for a CPU: the job's own loaders holding them make
+            // it an input cost; others, contention.
+            State::Runnable if hops == 0 && follow => {
+                held_by_loaders(inp, t, s, e, out);
                 None
             }
             State::Runnable if hops == 0 => Some(Cause::CpuContention),
@@ -595,6 +610,56 @@ pub fn flatten_ops(mut ops: Vec<(u64, u64, Cause)>) -> Vec<(u64, u64, Cause)> {
     out
 }
 
+/// What a wait of the feeder says about the batch it may be receiving:
+/// handed over by another process of the job (a loader) → `Some(true)`; a
+/// handoff inside its own process (the GIL, a lock) says nothing → `None`;
+/// anything else ends the receiving → `Some(false)`.
+fn hands_batch(inp: &Inputs, o: &OffCpu, t: Tid) -> Option<bool> {
+    match o.waker {
+        Some(w) if o.kind == OffKind::Ipc && w.0 == t.0 => None,
+        Some(w) if o.kind == OffKind::Ipc => Some(inp.threads.contains_key(&w)),
+        _ => Some(false),
+    }
+}
+
+/// Was `t` handed a batch by another process since its last CUDA call
+/// before `at`, and busy with it since?
+fn handed_batch_before(inp: &Inputs, t: Tid, at: u64) -> bool {
+    let Some(iv) = inp.threads.get(&t).and_then(|tl| tl.intervals.as_deref()) else {
+        return false;
+    };
+    let since = inp.api.get(&t).map_or(0, |calls| {
+        let i = calls.partition_point(|c| c.start < at);
+        calls[..i].iter().map(|c| c.end).max().unwrap_or(0)
+    });
+    let i = iv.partition_point(|x| x.start < at);
+    for x in iv[..i].iter().rev().take_while(|x| x.end > since) {
+        if let State::Off(o) = &x.state {
+            if let Some(handed) = hands_batch(inp, o, t) {
+                return handed;
+            }
+        }
+    }
+    false
+}
+
+/// The feeder waiting for a CPU over `[a, b)`: as long as the job's other
+/// processes (its loaders) were on CPUs it is `input.cpu`, the rest
+/// `cpu.contention`.
+fn held_by_loaders(inp: &Inputs, t: Tid, a: u64, b: u64, out: &mut Attribution) {
+    let own: u64 = inp
+        .threads
+        .iter()
+        .filter(|(k, _)| k.0 != t.0)
+        .flat_map(|(_, tl)| states_in(tl, a, b))
+        .filter(|x| x.2 == &State::OnCpu)
+        .map(|x| x.1 - x.0)
+        .sum();
+    let loaders = own.min(b - a);
+    out.add(piece(a, a + loaders, Cause::InputCpu, t));
+    out.add(piece(a + loaders, b, Cause::CpuContention, t));
+}
+
 /// The state a thread was in just before `ts`.
 fn state_before(t: &ThreadTimeline, ts: u64) -> Option<&State> {
     let iv = t.intervals.as_ref()?;
@@ -759,9 +824,11 @@ mod tests {
         assert_eq!(a.get(Cause::Teardown), 400);
         // 200-390 reading, and 390-400 runnable right after the read: its tail.
         assert_eq!(a.get(Cause::InputIo), 200);
-        assert_eq!(a.get(Cause::CpuContention), 10); // feeder runnable 480-490
-        assert_eq!(a.get(Cause::InputCpu), 80); // worker on-CPU 400-480
-        assert_eq!(a.get(Cause::CpuHost), 10); // feeder on-CPU 490-500
+        // Worker on-CPU 400-480; then the feeder, handed the batch, waits
+        // for a CPU 480-490 and works on it 490-500: input work too.
+        assert_eq!(a.get(Cause::InputCpu), 80 + 20);
+        assert_eq!(a.get(Cause::CpuContention), 0);
+        assert_eq!(a.get(Cause::CpuHost), 0);
         assert_eq!(a.get(Cause::Unattributed), 0);
     }
 
@@ -860,6 +927,38 @@ mod tests {
         assert_eq!(a.get(Cause::CpuContention), 50);
         assert_eq!(a.get(Cause::CpuHost), 10 + 10);
         assert_eq!(a.get(Cause::Unattributed), 30); // woken by an untracked thread
+    }
+
+    /// Waiting for a CPU the job's own loader holds is an input cost; for
+    /// one nobody recorded holds, contention.
+    #[test]
+    fn a_cpu_held_by_the_jobs_loader_is_input_not_contention() {
+        let feeder = thread(
+            FEEDER,
+            &[(0, Step::In), (100, Step::Preempt), (180, Step::In)],
+            300,
+        );
+        // The loader runs 90-150: it holds the CPU for 50 of the 80.
+        let worker = thread(
+            WORKER,
+            &[
+                (0, Step::Block(FUTEX, FdKind::None)),
+                (90, Step::Wake((0, 0))),
+                (90, Step::In),
+                (150, Step::Block(FUTEX, FdKind::None)),
+            ],
+            300,
+        );
+        let a = run(
+            &[(0, 100), (200, 300)],
+            &[(200, Some(FEEDER))],
+            vec![feeder, worker],
+            BTreeMap::new(),
+            (0, 300),
+        );
+        assert_eq!(a.get(Cause::InputCpu), 50);
+        assert_eq!(a.get(Cause::CpuContention), 30);
+        assert_eq!(a.get(Cause::CpuHost), 20);
     }
 
     #[test]

@@ -736,10 +736,41 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             )
         }
         Cause::InputCpu => {
-            e.extend(ev.hot_stack(&top));
+            // The trainer's own part: receiving batches, and waiting for
+            // CPUs its loaders held.
+            let feeders: HashSet<Tid> = ev
+                .d
+                .gpus
+                .iter()
+                .filter_map(|g| g.feeder.as_ref().map(|f| f.tid))
+                .collect();
+            let trainer: u64 = feeders.iter().filter_map(|f| involved.get(f)).sum();
+            if trainer > 0 {
+                e.push(format!(
+                    "{} of it the trainer's own: receiving batches (unpickling, rebuilding tensors) or waiting for CPUs its loaders held",
+                    units::duration(trainer / ev.d.gpus.len().max(1) as u64)
+                ));
+            }
+            let loaders: HashSet<Tid> = set
+                .iter()
+                .filter(|t| !feeders.iter().any(|f| f.0 == t.0))
+                .copied()
+                .collect();
+            let loader_threads: Vec<Tid> = top
+                .iter()
+                .filter(|t| loaders.contains(t))
+                .copied()
+                .collect();
+            e.extend(ev.hot_stack(&loader_threads));
+            let n = ev.processes(&loaders);
+            let crowded = ev.nr_cpus > 0 && n as u32 >= ev.nr_cpus;
             format!(
-                "Data loading is CPU-bound (decode, augmentation in {} loader process(es), {cpus}). Raise num_workers toward the cores available, keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",
-                ev.processes(&set)
+                "Data loading is CPU-bound (decode, augmentation in {n} loader process(es), {cpus}).{} Keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",
+                if crowded {
+                    " The loaders already hold every CPU, the trainer's included: more workers will not help; give the job more CPUs."
+                } else {
+                    " Raise num_workers toward the cores available."
+                }
             )
         }
         Cause::InputNetwork => {

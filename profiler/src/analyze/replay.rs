@@ -92,8 +92,11 @@ pub struct Pool {
     pub net: u64,
     pub cpu: u64,
     pub runnable: u64,
-    /// The busiest thread's working time.
+    /// The busiest thread's working time, and its lifetime in the window.
     pub busiest: u64,
+    pub busiest_life: u64,
+    /// When its first thread began (0: no pool).
+    pub start: u64,
 }
 
 impl Pool {
@@ -104,7 +107,15 @@ impl Pool {
         self.net += net;
         self.cpu += t.on_cpu;
         self.runnable += t.runnable;
-        self.busiest = self.busiest.max(io + net + t.on_cpu + t.runnable);
+        let work = io + net + t.on_cpu + t.runnable;
+        if work > self.busiest {
+            self.busiest = work;
+            self.busiest_life = t.end.saturating_sub(t.start);
+        }
+        self.start = match self.start {
+            0 => t.start,
+            s => s.min(t.start),
+        };
     }
 
     fn total(&self) -> u64 {
@@ -121,9 +132,9 @@ impl Pool {
         }
     }
 
-    /// The pool worked most of the window: its pace was the run's.
-    fn paced(&self, window: u64) -> bool {
-        self.busiest as f64 >= POOL_BOUND * window as f64
+    /// The pool worked most of its life: its pace was the run's.
+    fn paced(&self) -> bool {
+        self.busiest > 0 && self.busiest as f64 >= POOL_BOUND * self.busiest_life as f64
     }
 
     /// Time the pool needs per unit of the recorded output, with `workers`
@@ -363,7 +374,9 @@ impl Run<'_> {
             _ => return Outcome::default(),
         };
         let pace = self.pace(plan);
-        let paced = self.pool.paced(t1.saturating_sub(t0));
+        let paced = self.pool.paced();
+        // Batches came at the pool's pace from when it began.
+        let p0 = self.pool.start.clamp(t0, t1);
         let (mine, others) = self.items();
         let (mut mi, mut oi) = (0, 0);
         let mut gpu = Gpu::default();
@@ -421,7 +434,7 @@ impl Run<'_> {
                     i += 1;
                 }
                 let ready = if paced {
-                    h.max(t0 + ((e - t0) as f64 * pace) as u64)
+                    h.max(p0 + (e.saturating_sub(p0) as f64 * pace) as u64)
                 } else {
                     h + latency
                 };
@@ -841,9 +854,10 @@ mod tests {
             io: 20 * 20 * MS,
             cpu: 20 * 2 * MS,
             busiest: 20 * 22 * MS,
+            busiest_life: j.at,
             ..Pool::default()
         };
-        assert!(pool.paced(j.at));
+        assert!(pool.paced());
         let recorded = j.at;
         assert_eq!(j.replay(pool, &Plan::default()).wall_ns, recorded);
         let fixed = j.replay(pool, &Plan::fix(Cause::InputIo));
@@ -889,9 +903,10 @@ mod tests {
             io: 10 * MS,
             runnable: 10 * MS,
             busiest: 20 * MS,
+            busiest_life: j.at,
             ..Pool::default()
         };
-        assert!(!pool.paced(j.at));
+        assert!(!pool.paced());
         let fixed = j.replay(pool, &Plan::fix(Cause::InputIo));
         assert_eq!(fixed.wall_ns, j.at - 10 * MS);
     }

@@ -1,0 +1,148 @@
+"""A training loop with a real PyTorch DataLoader feeding a SIMULATED GPU.
+
+Everything on the host is real: torch's DataLoader with worker processes
+that open and decode PNG files (PIL) and collate them into tensors, handed
+to the trainer through torch's shared-memory queues. Only the GPU is
+simulated (libgs_simgpu.so, gapscope's simulated device: it says so to
+gapscope, and reports show `source: "simulated"`): each step launches
+kernels on it and synchronizes, as `loss.item()` would.
+
+Ground truth, written as JSON to --truth: the simulated GPU's busy spans'
+total and, of its idle time between its first and last work, how much the
+trainer spent inside `next(DataLoader)`.
+
+    python dataloader_train.py --prepare DIR          # the PNG dataset, once
+    python dataloader_train.py --data DIR --lib libgs_simgpu.so --truth T.json
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+
+def prepare(d, n, size):
+    import numpy as np
+    from PIL import Image
+
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(7)
+    for i in range(n):
+        p = os.path.join(d, f"{i:05d}.png")
+        if os.path.exists(p):
+            continue
+        # Smooth noise: decoding costs what a photo's would, roughly.
+        base = rng.integers(0, 256, (size // 8, size // 8, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((size, size), Image.BILINEAR)
+        noise = rng.integers(0, 24, (size, size, 3), dtype=np.uint8)
+        arr = np.clip(np.asarray(img, dtype=np.int16) + noise, 0, 255).astype(np.uint8)
+        tmp = p + ".tmp"
+        Image.fromarray(arr).save(tmp, format="PNG")
+        os.replace(tmp, p)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prepare", metavar="DIR")
+    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--data")
+    ap.add_argument("--lib")
+    ap.add_argument("--truth")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--kernels", type=int, default=4)
+    ap.add_argument("--kernel-us", type=int, default=2000)
+    a = ap.parse_args()
+    if a.prepare:
+        prepare(a.prepare, a.images, a.size)
+        return
+    if not (a.data and a.lib and a.truth):
+        ap.error("--data, --lib and --truth are required (or --prepare DIR)")
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+
+    class PNGs(Dataset):
+        def __init__(self, d):
+            self.files = sorted(
+                os.path.join(d, f) for f in os.listdir(d) if f.endswith(".png")
+            )
+
+        def __len__(self):
+            return len(self.files)
+
+        def __getitem__(self, i):
+            with Image.open(self.files[i]) as img:
+                arr = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
+            return torch.from_numpy(arr).permute(2, 0, 1)
+
+    gpu = ctypes.CDLL(a.lib)
+    gpu.gs_simgpu_launch.restype = ctypes.c_uint64
+    gpu.gs_simgpu_launch.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    gpu.gs_simgpu_busy_ns.restype = ctypes.c_uint64
+
+    loader = DataLoader(
+        PNGs(a.data), batch_size=a.batch, num_workers=a.workers, shuffle=False
+    )
+    now = time.monotonic_ns
+    waits = []  # the trainer inside next(DataLoader)
+    kernels = []  # the simulated GPU's work
+    it = iter(loader)
+    for _ in range(a.steps):
+        t0 = now()
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(loader)
+            batch = next(it)
+        waits.append((t0, now()))
+        # A forward and backward pass: kernels the batch feeds, then a
+        # synchronize (loss.item()).
+        assert batch.shape[1] == 3
+        for _ in range(a.kernels):
+            end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
+            kernels.append((end - a.kernel_us * 1000, end))
+        gpu.gs_simgpu_synchronize()
+    gpu.gs_simgpu_close()
+
+    # The GPU's idle between its first and last work, and the part of it
+    # the trainer spent inside next(DataLoader).
+    kernels.sort()
+    busy = []
+    for s, e in kernels:
+        if busy and s <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], e)
+        else:
+            busy.append([s, e])
+    idle = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
+    idle_ns = sum(e - s for s, e in idle)
+    in_next = 0
+    for s, e in idle:
+        for ws, we in waits:
+            in_next += max(0, min(e, we) - max(s, ws))
+    truth = {
+        "simulated": True,
+        "busy_ns": sum(e - s for s, e in busy),
+        "idle_between_ns": idle_ns,
+        "idle_in_next_ns": in_next,
+        "workers": a.workers,
+        "torch": torch.__version__,
+    }
+    with open(a.truth, "w") as f:
+        json.dump(truth, f)
+    print(
+        f"dataloader_train: SIMULATED GPU, {a.workers} workers: "
+        f"{100 * in_next / max(idle_ns, 1):.1f}% of the GPU's idle inside next(DataLoader)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

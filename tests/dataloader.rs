@@ -1,0 +1,169 @@
+//! A real PyTorch DataLoader (torch from PyPI, CPU only): worker processes
+//! open and decode PNG files and hand batches to the trainer through
+//! torch's queues; the trainer feeds gapscope's simulated GPU and
+//! synchronizes every step. Ground truth is the trainer's own clock: the
+//! share of the GPU's idle time it spent inside `next(DataLoader)`. The
+//! report's input causes must give the same share within 4 points — with
+//! two workers on two CPUs too, where the trainer waits for CPUs its own
+//! loaders hold and spends CPU time receiving each batch, both input
+//! costs. And the recording with one worker predicts the run with two.
+//!
+//! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
+//! without it these tests skip, unless GAPSCOPE_REQUIRE_TORCH=1.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/python/dataloader_train.py"
+);
+
+/// The venv's python, if torch imports there.
+fn torch_python() -> Option<PathBuf> {
+    // Beside the build profiles: cargo xtask setup makes it there.
+    let py = target_dir().parent().unwrap().join("torch-venv/bin/python");
+    let ok = Command::new(&py)
+        .args(["-c", "import torch, PIL, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    if std::env::var("GAPSCOPE_REQUIRE_TORCH").as_deref() == Ok("1") {
+        panic!(
+            "torch is required (GAPSCOPE_REQUIRE_TORCH=1) but {} cannot import it; cargo xtask setup installs it",
+            py.display()
+        );
+    }
+    eprintln!(
+        "skipping: no torch in {} (cargo xtask setup installs it)",
+        py.display()
+    );
+    None
+}
+
+/// The PNG dataset, made once (outside any recording).
+fn dataset(py: &PathBuf) -> PathBuf {
+    let d = target_dir().join("png-data");
+    let out = Command::new(py)
+        .arg(SCRIPT)
+        .arg("--prepare")
+        .arg(&d)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d
+}
+
+/// Records the loop with `workers`; its report and ground truth.
+fn record(py: &PathBuf, data: &PathBuf, workers: u32) -> (Value, Value) {
+    let dir = scratch(&format!("dataloader-{workers}"));
+    let truth = dir.path().join("truth.json");
+    let lib = target_dir().join("libgs_simgpu.so");
+    let n = workers.to_string();
+    let r = run(
+        &dir.path().join("rec"),
+        &["-q", "--no-exports"],
+        &[
+            py.to_str().unwrap(),
+            SCRIPT,
+            "--data",
+            data.to_str().unwrap(),
+            "--lib",
+            lib.to_str().unwrap(),
+            "--truth",
+            truth.to_str().unwrap(),
+            "--workers",
+            &n,
+        ],
+    );
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+    (r.report(), truth)
+}
+
+/// Percent of the GPU's idle between its first and last work: the truth's
+/// inside next(DataLoader), the report's input causes; and the report's
+/// table of every cause, for messages.
+fn shares(report: &Value, truth: &Value) -> (f64, f64, String) {
+    let g = &report["gpus"][0];
+    assert_eq!(g["source"], "simulated");
+    assert_eq!(u64_of(g, "busy_ns"), u64_of(truth, "busy_ns"));
+    let causes = g["idle_by_cause_ns"].as_object().unwrap();
+    let between: u64 = causes
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    let input: u64 = causes
+        .iter()
+        .filter(|(c, _)| c.starts_with("input."))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    let pct = |ns: u64, of: u64| ns as f64 * 100.0 / of.max(1) as f64;
+    let table = causes
+        .iter()
+        .map(|(c, v)| format!("{c} {:.1}%", pct(v.as_u64().unwrap(), between)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (
+        pct(
+            u64_of(truth, "idle_in_next_ns"),
+            u64_of(truth, "idle_between_ns"),
+        ),
+        pct(input, between),
+        table,
+    )
+}
+
+#[test]
+fn dataloader_workers_are_the_input_pipeline() {
+    let Some(py) = torch_python() else { return };
+    let data = dataset(&py);
+    let _lock = recording_lock();
+    let (one, truth1) = record(&py, &data, 1);
+    let (two, truth2) = record(&py, &data, 2);
+    for (workers, report, truth) in [(1, &one, &truth1), (2, &two, &truth2)] {
+        let (want, got, table) = shares(report, truth);
+        eprintln!(
+            "{workers} worker(s): inside next(DataLoader) {want:.1}%, input {got:.1}% ({table})"
+        );
+        assert!(
+            (want - got).abs() <= 4.0,
+            "{workers} worker(s): the trainer spent {want:.1}% of the GPU's idle inside next(DataLoader), the report says input {got:.1}%\n  {table}"
+        );
+        assert_eq!(
+            report["recommendations"][0]["cause"], "input.cpu",
+            "{report:#}"
+        );
+    }
+    // One worker on two CPUs: the recording predicts the run with a second.
+    // Both without their start-up (importing torch: a second or two that
+    // moves by a tenth from one run to the next, and the replay keeps it
+    // as recorded).
+    let rec = &one["recommendations"][0];
+    let m = rec["what_if"]["more_workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["add"] == 1)
+        .unwrap_or_else(|| panic!("{rec:#}"));
+    let startup = |r: &Value| u64_of(&r["gpus"][0]["idle_by_cause_ns"], "startup");
+    let w = &two["window_ns"];
+    let measured = u64_of(w, "end") - u64_of(w, "start") - startup(&two);
+    let predicted = u64_of(m, "wall_ns") - startup(&one);
+    let off = predicted as f64 / measured as f64 - 1.0;
+    eprintln!(
+        "one more worker: predicted {predicted} ns, measured {measured} ns ({:+.1}%)",
+        off * 100.0
+    );
+    assert!(off.abs() <= 0.10, "{rec:#}\nmeasured {measured}");
+}
