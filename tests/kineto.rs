@@ -435,3 +435,36 @@ fn a_thread_seen_only_by_its_cuda_calls() {
         assert!(verdict.contains(says), "{says:?} not in {verdict}");
     }
 }
+
+/// The replay on real traces: run unchanged it reproduces the recorded wall
+/// (no note says otherwise), and no fix is predicted to make a GPU finish
+/// before its own busy time (kernels the replay lets overlap are not
+/// counted as time saved).
+#[test]
+fn the_replay_holds_on_real_traces() {
+    for name in ["a100_8rank_rank3.json.gz", "v100_ns_rank0.json.gz"] {
+        let path = kineto_traces().join(name);
+        let r = report(&[path.to_str().unwrap(), "--format", "json"]);
+        let notes = r["notes"].as_array().unwrap();
+        assert!(
+            !notes
+                .iter()
+                .any(|n| n.as_str().unwrap().contains("what-if replays")),
+            "{name}: {notes:#?}"
+        );
+        let busy = r["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| u64_of(g, "busy_ns"))
+            .max()
+            .unwrap();
+        for rec in r["recommendations"].as_array().unwrap() {
+            let Some(w) = rec["what_if"].as_object() else {
+                continue;
+            };
+            let wall = w["wall_ns"].as_u64().unwrap();
+            assert!(wall >= busy, "{name}: {rec:#}");
+        }
+    }
+}

@@ -8,8 +8,11 @@ gapscope, and reports show `source: "simulated"`): each step launches
 kernels on it and synchronizes, as `loss.item()` would.
 
 Ground truth, written as JSON to --truth: the simulated GPU's busy spans'
-total and, of its idle time between its first and last work, how much the
-trainer spent inside `next(DataLoader)`.
+total and, of its idle time between its first and last work, how much was
+the input pipeline's: the trainer inside `next(DataLoader)`, and outside it
+waiting for a CPU (the kernel's schedstat run delay; nothing else of note
+runs here, so the CPUs were held by the loaders) — spread evenly over the
+span it was measured in, as simtrain's ground truth does.
 
     python dataloader_train.py --prepare DIR          # the PNG dataset, once
     python dataloader_train.py --data DIR --lib libgs_simgpu.so --truth T.json
@@ -93,7 +96,13 @@ def main():
         PNGs(a.data), batch_size=a.batch, num_workers=a.workers, shuffle=False
     )
     now = time.monotonic_ns
+
+    def run_delay():
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+
     waits = []  # the trainer inside next(DataLoader)
+    delays = []  # (start, end, ns waiting for a CPU) outside it
     kernels = []  # the simulated GPU's work
     it = iter(loader)
     for _ in range(a.steps):
@@ -110,7 +119,9 @@ def main():
         for _ in range(a.kernels):
             end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
             kernels.append((end - a.kernel_us * 1000, end))
+        t1, d1 = now(), run_delay()
         gpu.gs_simgpu_synchronize()
+        delays.append((t1, now(), run_delay() - d1))
     gpu.gs_simgpu_close()
 
     # The GPU's idle between its first and last work, and the part of it
@@ -128,11 +139,17 @@ def main():
     for s, e in idle:
         for ws, we in waits:
             in_next += max(0, min(e, we) - max(s, ws))
+    held = 0
+    for s, e in idle:
+        for ds, de, waited in delays:
+            overlap = max(0, min(e, de) - max(s, ds))
+            held += overlap * min(waited, de - ds) // max(de - ds, 1)
     truth = {
         "simulated": True,
         "busy_ns": sum(e - s for s, e in busy),
         "idle_between_ns": idle_ns,
         "idle_in_next_ns": in_next,
+        "idle_waiting_for_cpu_ns": held,
         "workers": a.workers,
         "torch": torch.__version__,
     }
@@ -140,7 +157,8 @@ def main():
         json.dump(truth, f)
     print(
         f"dataloader_train: SIMULATED GPU, {a.workers} workers: "
-        f"{100 * in_next / max(idle_ns, 1):.1f}% of the GPU's idle inside next(DataLoader)"
+        f"{100 * in_next / max(idle_ns, 1):.1f}% of the GPU's idle inside next(DataLoader), "
+        f"{100 * held / max(idle_ns, 1):.1f}% waiting for a CPU outside it"
     )
 
 

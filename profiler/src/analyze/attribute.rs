@@ -351,7 +351,7 @@ fn feeder_pieces(
     for (s, e, role) in api_pieces(api, a, b) {
         match role {
             Some(ApiRole::Launch) => out.add(piece(s, e, Cause::CpuLaunch, feeder)),
-            Some(ApiRole::Sync) => out.add(piece(s, e, Cause::Sync, feeder)),
+            Some(ApiRole::Sync) => sync_pieces(inp, feeder, s, e, follow, out),
             Some(ApiRole::Memory) => out.add(piece(s, e, Cause::Memory, feeder)),
             Some(ApiRole::Other) | None => {
                 let walk = Walk {
@@ -608,6 +608,29 @@ pub fn flatten_ops(mut ops: Vec<(u64, u64, Cause)>) -> Vec<(u64, u64, Cause)> {
         cur = cur.max(end);
     }
     out
+}
+
+/// `[a, b)` inside a synchronize: `sync`, except where the feeder, the GPU
+/// done, waits for a CPU to return on — that is whoever holds the CPUs'
+/// (see [`held_by_loaders`]).
+fn sync_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, follow: bool, out: &mut Attribution) {
+    let Some(tl) = inp.threads.get(&t).filter(|_| follow) else {
+        out.add(piece(a, b, Cause::Sync, t));
+        return;
+    };
+    let mut cur = a;
+    for (s, e, state) in states_in(tl, a, b) {
+        if *state == State::Runnable {
+            if s > cur {
+                out.add(piece(cur, s, Cause::Sync, t));
+            }
+            held_by_loaders(inp, t, s, e, out);
+            cur = e;
+        }
+    }
+    if cur < b {
+        out.add(piece(cur, b, Cause::Sync, t));
+    }
 }
 
 /// What a wait of the feeder says about the batch it may be receiving:
