@@ -222,15 +222,19 @@ impl Gpu {
     fn run(&mut self, ready: u64, it: &Item) -> u64 {
         // Work that started just as other work ended waited for it (an
         // event between streams, a collective's inputs): it still does.
+        // (A trace may show work starting before its launch: no wait then.)
         let after = it
             .recorded_start
             .saturating_sub(DEPENDENCY_SLACK_NS)
             .max(it.issued);
-        let dep = self
-            .ends
-            .range(after..=it.recorded_start)
-            .next_back()
-            .map_or(0, |(_, &e)| e);
+        let dep = match after <= it.recorded_start {
+            true => self
+                .ends
+                .range(after..=it.recorded_start)
+                .next_back()
+                .map_or(0, |(_, &e)| e),
+            false => 0,
+        };
         let free = self.free.entry(it.stream).or_default();
         let start = ready.max(*free).max(dep);
         let end = start + it.dur;
@@ -455,7 +459,7 @@ impl Run<'_> {
                         let cost = if plan.removes(Cause::CpuLaunch) {
                             0
                         } else {
-                            call.end - call.start
+                            call.end.saturating_sub(call.start)
                         };
                         note(&mut log, h, h + cost, Cause::CpuLaunch);
                         h += cost;
@@ -467,8 +471,13 @@ impl Run<'_> {
                     }
                     // cudaStreamWaitEvent orders streams; the host goes on.
                     ApiRole::Sync if !call.name.name().contains("Synchronize") => {
-                        note(&mut log, h, h + (call.end - call.start), Cause::Sync);
-                        h += call.end - call.start;
+                        note(
+                            &mut log,
+                            h,
+                            h + (call.end.saturating_sub(call.start)),
+                            Cause::Sync,
+                        );
+                        h += call.end.saturating_sub(call.start);
                     }
                     ApiRole::Sync => {
                         if !plan.removes(Cause::Sync) {
@@ -515,7 +524,7 @@ impl Run<'_> {
                             note(&mut log, h, end, Cause::Memory);
                             h = end;
                         } else {
-                            let cost = call.end - call.start;
+                            let cost = call.end.saturating_sub(call.start);
                             note(&mut log, h, h + cost, Cause::Memory);
                             h += cost;
                             for c in copies {
