@@ -309,22 +309,22 @@ pub extern "C" fn gs_simgpu_close() {
     }
 }
 
-/// The total length of possibly overlapping spans.
-pub fn intervals_total(spans: &[(u64, u64)]) -> u64 {
+/// Possibly overlapping spans as disjoint ones, in order (ground truth's
+/// own, not gapscope's).
+pub fn union(spans: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut spans = spans.to_vec();
     spans.sort_unstable();
-    let mut total = 0;
-    let mut cur: Option<(u64, u64)> = None;
+    let mut out: Vec<(u64, u64)> = Vec::new();
     for (s, e) in spans {
-        match &mut cur {
-            Some(c) if s <= c.1 => c.1 = c.1.max(e),
-            _ => {
-                if let Some(c) = cur {
-                    total += c.1 - c.0;
-                }
-                cur = Some((s, e));
-            }
+        match out.last_mut() {
+            Some(l) if s <= l.1 => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
         }
     }
-    total + cur.map_or(0, |c| c.1 - c.0)
+    out
+}
+
+/// The total length of possibly overlapping spans.
+pub fn intervals_total(spans: &[(u64, u64)]) -> u64 {
+    union(spans).iter().map(|(s, e)| e - s).sum()
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use gapscope_cupti::clock::monotonic_ns as now;
 use gapscope_cupti::clock::thread_cpu_ns as thread_cpu;
-use gs_simgpu::{intervals_total, sleep_until, SimDevice};
+use gs_simgpu::{intervals_total, sleep_until, union, SimDevice};
 
 const USAGE: &str = "\
 simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
@@ -211,15 +211,7 @@ impl Log {
     /// Idle time of the device in `[lo, hi)` split by what the trainer did.
     fn idle_by_cause(&self, busy: &[(u64, u64)], lo: u64, hi: u64) -> BTreeMap<&'static str, u64> {
         let mut out = BTreeMap::new();
-        let mut union: Vec<(u64, u64)> = Vec::new();
-        let mut spans = busy.to_vec();
-        spans.sort_unstable();
-        for (s, e) in spans {
-            match union.last_mut() {
-                Some(l) if s <= l.1 => l.1 = l.1.max(e),
-                _ => union.push((s, e)),
-            }
-        }
+        let union = union(busy);
         let Some(&(first, _)) = union.first() else {
             return out;
         };

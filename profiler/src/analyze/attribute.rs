@@ -358,6 +358,7 @@ fn feeder_pieces(
                     after_sync,
                     hops: 0,
                     follow,
+                    feeder_pid: feeder.0,
                 };
                 thread_pieces(inp, feeder, s, e, walk, out);
             }
@@ -383,6 +384,8 @@ struct Walk {
     hops: usize,
     /// Follow a wait for another thread into what it did.
     follow: bool,
+    /// The feeder's process: a loader waiting on it is waiting for work.
+    feeder_pid: u32,
 }
 
 /// Attributes `[a, b)` by what thread `t` was doing.
@@ -391,6 +394,7 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
         after_sync,
         hops,
         follow,
+        feeder_pid,
     } = walk;
     let Some(tl) = inp.threads.get(&t) else {
         match inp.ops.get(&t) {
@@ -455,13 +459,28 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                         out.add(piece(s, e, Cause::Unattributed, w));
                         None
                     }
-                    Some(w) if hops < MAX_HOPS && w != t && inp.threads.contains_key(&w) => {
+                    Some(w)
+                        if hops < MAX_HOPS
+                            && w != t
+                            && (hops == 0 || w.0 != feeder_pid)
+                            && inp.threads.contains_key(&w) =>
+                    {
                         let next = Walk {
                             after_sync: false,
                             hops: hops + 1,
-                            follow: true,
+                            ..walk
                         };
                         thread_pieces(inp, w, s, e, next, out);
+                        None
+                    }
+                    // A loader with nothing to do (waiting for the feeder's
+                    // next request, or for a thread out of reach) is not
+                    // what the feeder waits for: its siblings, working, are
+                    // (DataLoader's workers share one result queue, and the
+                    // one whose batch woke the feeder need not be the one
+                    // it waited for).
+                    _ if hops > 0 => {
+                        siblings_pieces(inp, t, feeder_pid, s, e, out);
                         None
                     }
                     _ => Some(Cause::Unattributed),
@@ -608,6 +627,53 @@ pub fn flatten_ops(mut ops: Vec<(u64, u64, Cause)>) -> Vec<(u64, u64, Cause)> {
         cur = cur.max(end);
     }
     out
+}
+
+/// `[a, b)` of a loader `t` that was waiting, by what the threads of its
+/// sibling loaders (the other processes named as its own, the feeder's
+/// aside) did meanwhile:
+/// reading files `input.io`, receiving `input.network`, on a CPU or waiting
+/// for one `input.cpu`, each in proportion; the rest (nobody working)
+/// unattributed.
+fn siblings_pieces(inp: &Inputs, t: Tid, feeder_pid: u32, a: u64, b: u64, out: &mut Attribution) {
+    // A process is named by its main thread (its other threads, a queue's
+    // feeder say, have names of their own).
+    let process_name = |pid: u32| inp.threads.get(&(pid, pid)).map(|x| x.comm.as_str());
+    let Some(name) = process_name(t.0) else {
+        out.add(piece(a, b, Cause::Unattributed, t));
+        return;
+    };
+    // ns by cause, and the thread that did most of it.
+    let mut by: BTreeMap<Cause, (u64, Option<(u64, Tid)>)> = BTreeMap::new();
+    for (&k, tl) in inp.threads {
+        if k.0 == t.0 || k.0 == feeder_pid || process_name(k.0) != Some(name) {
+            continue;
+        }
+        for (s, e, state) in states_in(tl, a, b) {
+            let cause = match state {
+                State::OnCpu | State::Runnable => Cause::InputCpu,
+                State::Off(o) if o.kind == OffKind::File => Cause::InputIo,
+                State::Off(o) if o.kind == OffKind::Net => Cause::InputNetwork,
+                _ => continue,
+            };
+            let x = by.entry(cause).or_default();
+            x.0 += e - s;
+            if x.1.is_none_or(|(n, _)| n < e - s) {
+                x.1 = Some((e - s, k));
+            }
+        }
+    }
+    // Several siblings at once count once: shares of the span.
+    let busy: u64 = by.values().map(|x| x.0).sum();
+    let len = b - a;
+    let mut at = a;
+    for (cause, (ns, who)) in by {
+        let part = (ns as u128 * len.min(busy) as u128 / busy.max(1) as u128) as u64;
+        let who = who.map_or(t, |x| x.1);
+        out.add(piece(at, at + part, cause, who));
+        at += part;
+    }
+    out.add(piece(at, b, Cause::Unattributed, t));
 }
 
 /// `[a, b)` inside a synchronize: `sync`, except where the feeder, the GPU
@@ -982,6 +1048,52 @@ mod tests {
         assert_eq!(a.get(Cause::InputCpu), 50);
         assert_eq!(a.get(Cause::CpuContention), 30);
         assert_eq!(a.get(Cause::CpuHost), 20);
+    }
+
+    /// DataLoader's workers share one result queue: the worker whose batch
+    /// woke the feeder was itself waiting for the feeder's next request;
+    /// the one computing the batch the feeder waited for is its sibling.
+    #[test]
+    fn a_waker_waiting_for_work_points_at_its_working_siblings() {
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Block(READ, FdKind::Pipe)),
+                (200, Step::Wake(WORKER)),
+                (200, Step::In),
+            ],
+            300,
+        );
+        // Waiting 50-200 for an index from the feeder's process.
+        let worker = thread(
+            WORKER,
+            &[
+                (0, Step::In),
+                (50, Step::Block(READ, FdKind::Pipe)),
+                (190, Step::Wake((FEEDER.0, 11))),
+                (195, Step::In),
+            ],
+            300,
+        );
+        let requester = thread((FEEDER.0, 11), &[(0, Step::In)], 300);
+        // Decoding 0-160, then waiting too.
+        let sibling = thread(
+            WORKER2,
+            &[(0, Step::In), (160, Step::Block(FUTEX, FdKind::None))],
+            300,
+        );
+        let a = run(
+            &[(0, 100), (200, 300)],
+            &[(200, Some(FEEDER))],
+            vec![feeder, worker, requester, sibling],
+            BTreeMap::new(),
+            (0, 300),
+        );
+        // 100-190: the sibling decoding until 160, nobody after; 190-200:
+        // the waker itself, runnable then sending.
+        assert_eq!(a.get(Cause::InputCpu), 60 + 10);
+        assert_eq!(a.get(Cause::Unattributed), 30);
     }
 
     #[test]

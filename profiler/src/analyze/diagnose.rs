@@ -1,12 +1,12 @@
 //! Per GPU: its busy timeline and the attribution of every idle nanosecond,
 //! with the recording's lossy windows and blind spans applied.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::session::Session;
-use crate::timeline::Timeline;
+use crate::timeline::{State, ThreadTimeline, Timeline};
 
 pub struct GpuDiagnosis {
     pub gpu: GpuTimeline,
@@ -19,6 +19,57 @@ pub struct GpuDiagnosis {
 pub struct Feeder {
     pub tid: Tid,
     pub account: Vec<Piece>,
+    /// Its on-CPU time per [`CPU_BUCKET_NS`] from `start`: the replay asks
+    /// how much CPU it took while its loaders worked.
+    cpu: Vec<u64>,
+    start: u64,
+}
+
+pub const CPU_BUCKET_NS: u64 = 10_000_000;
+
+impl Feeder {
+    pub fn new(tid: Tid, window_start: u64) -> Feeder {
+        Feeder {
+            tid,
+            account: Vec::new(),
+            cpu: Vec::new(),
+            start: window_start,
+        }
+    }
+
+    /// Adds its on-CPU time in `[a, b)` (its states there still kept).
+    pub fn add_cpu(&mut self, threads: &BTreeMap<Tid, ThreadTimeline>, a: u64, b: u64) {
+        let Some(iv) = threads.get(&self.tid).and_then(|t| t.intervals.as_deref()) else {
+            return;
+        };
+        let i = iv.partition_point(|x| x.end <= a);
+        for x in iv[i..].iter().take_while(|x| x.start < b) {
+            if x.state != State::OnCpu {
+                continue;
+            }
+            let (mut s, e) = (x.start.max(a), x.end.min(b));
+            while s < e {
+                let k = ((s - self.start) / CPU_BUCKET_NS) as usize;
+                let bucket_end = self.start + (k as u64 + 1) * CPU_BUCKET_NS;
+                let upto = e.min(bucket_end);
+                if self.cpu.len() <= k {
+                    self.cpu.resize(k + 1, 0);
+                }
+                self.cpu[k] += upto - s;
+                s = upto;
+            }
+        }
+    }
+
+    /// Its on-CPU time in `[a, b)`, to a bucket.
+    pub fn cpu_within(&self, a: u64, b: u64) -> u64 {
+        let k = |t: u64| (t.saturating_sub(self.start) / CPU_BUCKET_NS) as usize;
+        let (from, to) = (
+            k(a),
+            k(b.saturating_sub(1)).min(self.cpu.len().saturating_sub(1)),
+        );
+        self.cpu.get(from..=to).map_or(0, |x| x.iter().sum())
+    }
 }
 
 pub struct Diagnosis {
@@ -71,10 +122,10 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
             let feeder = attribute::main_feeder(&work).map(|tid| {
                 let mut account = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::account(&inputs, tid, tl.start, tl.end, &mut account);
-                Feeder {
-                    tid,
-                    account: account.pieces,
-                }
+                let mut f = Feeder::new(tid, tl.start);
+                f.account = account.pieces;
+                f.add_cpu(&tl.threads, tl.start, tl.end);
+                f
             });
             GpuDiagnosis {
                 gpu,

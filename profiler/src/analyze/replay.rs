@@ -95,7 +95,7 @@ pub struct Pool {
     /// The busiest thread's working time, and its lifetime in the window.
     pub busiest: u64,
     pub busiest_life: u64,
-    /// When its first thread began (0: no pool).
+    /// When its busiest thread began: the pool's pace runs from there.
     pub start: u64,
 }
 
@@ -111,11 +111,8 @@ impl Pool {
         if work > self.busiest {
             self.busiest = work;
             self.busiest_life = t.end.saturating_sub(t.start);
+            self.start = t.start;
         }
-        self.start = match self.start {
-            0 => t.start,
-            s => s.min(t.start),
-        };
     }
 
     fn total(&self) -> u64 {
@@ -282,10 +279,16 @@ pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
         .filter_map(|t| kin(t.0))
         .collect();
     let threads = tl.all_threads();
+    // (Not the feeder's own name: a process's helper threads often keep it.)
+    let feeder_name = threads
+        .iter()
+        .find(|t| (t.pid, t.tid) == feeder)
+        .map(|t| t.comm.as_str());
     let named_in_feeder: HashSet<&str> = threads
         .iter()
         .filter(|t| t.pid == feeder.0 && waited.contains(&(t.pid, t.tid)))
         .map(|t| t.comm.as_str())
+        .filter(|&n| Some(n) != feeder_name)
         .collect();
     let mut pool = Pool::default();
     let mut elsewhere = 0;
@@ -437,7 +440,12 @@ impl Run<'_> {
                     e = q.end;
                     i += 1;
                 }
-                let ready = if paced {
+                // Before the pool began, or after the GPU's last work (the
+                // loaders being shut down), waits are not for its batches:
+                // they keep their length.
+                let ready = if e <= p0 || p.start >= last {
+                    h + (e - p.start)
+                } else if paced {
                     h.max(p0 + (e.saturating_sub(p0) as f64 * pace) as u64)
                 } else {
                     h + latency
@@ -647,7 +655,20 @@ impl<'a> Job<'a> {
                 let f = g.feeder.as_ref()?;
                 let device = tl.gpu.devices.iter().find(|x| x.id == g.gpu.device)?;
                 let (pool, elsewhere) = pool(f.tid, &f.account, tl);
-                let taken = (elsewhere + collector_cpu_ns) as f64 / span as f64;
+                // The CPUs the rest took while the loaders worked: the
+                // feeder's own from its time (a trainer busy importing
+                // before its loaders start took nothing from them), the
+                // others' and the recorder's spread over the window.
+                let life = (pool.start, pool.start + pool.busiest_life);
+                let own_total = f.cpu_within(window.0, window.1);
+                let taken = if pool.busiest_life > 0 {
+                    let rest = elsewhere.saturating_sub(own_total) + collector_cpu_ns;
+                    (f.cpu_within(life.0, life.1) as f64
+                        + rest as f64 * pool.busiest_life as f64 / span as f64)
+                        / pool.busiest_life as f64
+                } else {
+                    (elsewhere + collector_cpu_ns) as f64 / span as f64
+                };
                 let spare_cpus = if nr_cpus == 0 {
                     f64::INFINITY
                 } else {
@@ -730,7 +751,7 @@ mod tests {
     /// A job built step by step on one stream: the feeder's calls, the
     /// GPU's work and the feeder's account, in time order.
     #[derive(Default)]
-    struct Job {
+    struct Recorded {
         at: u64,
         calls: Vec<Call>,
         work: Vec<Work>,
@@ -739,7 +760,7 @@ mod tests {
         free: u64,
     }
 
-    impl Job {
+    impl Recorded {
         fn piece(&mut self, ns: u64, cause: Cause, thread: Tid) {
             self.account.push(Piece {
                 start: self.at,
@@ -824,7 +845,7 @@ mod tests {
     /// and runs beside the GPU's: steps of 9 ms, not 6.
     #[test]
     fn a_sync_taken_out_leaves_the_host_work_behind_it() {
-        let mut j = Job::default();
+        let mut j = Recorded::default();
         for _ in 0..10 {
             j.launch(6 * MS);
             j.sync();
@@ -853,7 +874,7 @@ mod tests {
     /// its reads the GPU does; with a second worker the pace halves.
     #[test]
     fn a_pool_that_set_the_pace() {
-        let mut j = Job::default();
+        let mut j = Recorded::default();
         for _ in 0..20 {
             j.piece(22 * MS, Cause::InputIo, LOADER);
             j.launch(5 * MS);
@@ -901,7 +922,7 @@ mod tests {
     /// cause's part of each wait goes, the rest stays.
     #[test]
     fn a_pool_that_did_not_set_the_pace() {
-        let mut j = Job::default();
+        let mut j = Recorded::default();
         for _ in 0..10 {
             j.piece(MS, Cause::InputIo, LOADER);
             j.piece(MS, Cause::CpuContention, LOADER);

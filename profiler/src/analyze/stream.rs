@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use gapscope_cupti::GpuRecord;
 
-use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
+use super::attribute::{self, Attribution, Cause, Inputs, Tid};
 use super::checks::{on_cpu_at, ClockCheck};
 use super::diagnose::{Diagnosis, Feeder, GpuDiagnosis};
 use super::gpu::{gpu_timelines, GpuTimeline};
@@ -28,7 +28,7 @@ struct Device {
     out: Attribution,
     /// The main feeder's account (see `diagnose::Feeder`), up to
     /// `account_to`.
-    account: Vec<Piece>,
+    feeder: Option<Feeder>,
     account_to: u64,
 }
 
@@ -112,13 +112,14 @@ impl Attributor {
             .zip(&tl.gpu.devices)
             .map(|(gpu, d)| {
                 let work = d.starts();
+                let fallback = attribute::main_feeder(&work);
                 Device {
-                    fallback: attribute::main_feeder(&work),
+                    fallback,
                     work,
                     gpu,
                     next: 0,
                     out: Attribution::new(blind.to_vec(), lossy.clone(), false),
-                    account: Vec::new(),
+                    feeder: fallback.map(|t| Feeder::new(t, window.0)),
                     account_to: window.0,
                 }
             })
@@ -166,7 +167,10 @@ impl Attributor {
                 for p in gap.pieces {
                     d.out.add(p);
                 }
-                d.account.extend(account.pieces);
+                if let Some(f) = d.feeder.as_mut() {
+                    f.account.extend(account.pieces);
+                    f.add_cpu(&tl.threads, d.account_to, b);
+                }
                 d.account_to = b;
                 d.next += 1;
             }
@@ -239,14 +243,12 @@ impl Attributor {
                 if let Some(tail) = tail {
                     d.out.add(tail);
                 }
-                let feeder = d.fallback.map(|tid| {
+                let feeder = d.feeder.map(|mut f| {
                     let mut rest = Attribution::new(Vec::new(), Vec::new(), true);
-                    attribute::account(&inp, tid, d.account_to, self.window.1, &mut rest);
-                    d.account.extend(rest.pieces);
-                    Feeder {
-                        tid,
-                        account: d.account,
-                    }
+                    attribute::account(&inp, f.tid, d.account_to, self.window.1, &mut rest);
+                    f.account.extend(rest.pieces);
+                    f.add_cpu(&tl.threads, d.account_to, self.window.1);
+                    f
                 });
                 GpuDiagnosis {
                     gpu: d.gpu,
