@@ -168,22 +168,33 @@ impl SimDevice {
     /// cudaLaunchKernel: `cost` of host time inside the call, then the kernel
     /// queues behind earlier work.
     pub fn launch(&mut self, kernel_ns: u64, cost: u64) -> (u64, u64) {
+        self.launch_kernels(211, 1, kernel_ns, cost)
+    }
+
+    /// cudaGraphLaunch: `n` kernels of `kernel_ns` from one call.
+    pub fn launch_graph(&mut self, n: usize, kernel_ns: u64) -> (u64, u64) {
+        self.launch_kernels(311, n, kernel_ns, 0)
+    }
+
+    fn launch_kernels(&mut self, cbid: u32, n: usize, kernel_ns: u64, cost: u64) -> (u64, u64) {
         let a = now();
         spin_wall(cost);
         let b = now();
-        let corr = self.api(211, a, b);
-        let (start, end) = self.schedule(b, kernel_ns);
-        self.pending.push(GpuRecord::Kernel {
-            start,
-            end,
-            device: 0,
-            context: 1,
-            stream: 7,
-            correlation: corr,
-            grid: [1024, 1, 1],
-            block: [256, 1, 1],
-            name: "simulated_step_kernel".into(),
-        });
+        let corr = self.api(cbid, a, b);
+        for _ in 0..n {
+            let (start, end) = self.schedule(b, kernel_ns);
+            self.pending.push(GpuRecord::Kernel {
+                start,
+                end,
+                device: 0,
+                context: 1,
+                stream: 7,
+                correlation: corr,
+                grid: [1024, 1, 1],
+                block: [256, 1, 1],
+                name: "simulated_step_kernel".into(),
+            });
+        }
         (a, b)
     }
 

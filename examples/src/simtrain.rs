@@ -48,7 +48,7 @@ equal, as the fix a report recommends would do (what a what-if replay predicts):
   input.cpu      the loaders' decoding takes no time (done ahead, elsewhere)
   input.network  the data server answers at once
   cpu.host       the trainer's own host work per step is gone
-  cpu.launch     kernel launches cost nothing (as one CUDA graph launch nearly does)
+  cpu.launch     each step's kernels from one CUDA graph launch
   sync           no synchronize per step (the host work after it stays, now
                  beside the GPU's work: loss.item() every N steps)
   memory         copies from pinned memory: no staging, asynchronous
@@ -561,6 +561,11 @@ fn main() {
         log_batch_wait(&mut log, input, (a, now()), (at(1), at(2)), at(3));
 
         match b {
+            // Fixed: the step captured as one CUDA graph.
+            Bottleneck::Launch if o.fix == Some(Fix::Launch) => {
+                let (a, b) = dev.launch_graph(300, 4_000);
+                log.add(a, b, "cpu.launch");
+            }
             Bottleneck::Launch => {
                 // Many tiny kernels: each launch costs more than it runs.
                 for _ in 0..300 {

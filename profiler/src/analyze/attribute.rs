@@ -719,7 +719,14 @@ fn handed_batch_before(inp: &Inputs, t: Tid, at: u64) -> bool {
     };
     let since = inp.api.get(&t).map_or(0, |calls| {
         let i = calls.partition_point(|c| c.start < at);
-        calls[..i].iter().map(|c| c.end).max().unwrap_or(0)
+        // The last few: a runtime call and the driver calls nested in it.
+        calls[..i]
+            .iter()
+            .rev()
+            .take(8)
+            .map(|c| c.end)
+            .max()
+            .unwrap_or(0)
     });
     let i = iv.partition_point(|x| x.start < at);
     for x in iv[..i].iter().rev().take_while(|x| x.end > since) {
