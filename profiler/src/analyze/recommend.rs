@@ -631,6 +631,27 @@ impl Evidence<'_> {
         threads.iter().map(|t| t.0).collect::<HashSet<_>>().len()
     }
 
+    /// Loader processes that did real work (a tenth of the busiest's at
+    /// least): the feeder blocks only on the one that is behind, so its
+    /// waits alone undercount them (the replay's pool has the siblings);
+    /// else, those among `waited`.
+    fn loader_processes(&self, waited: &HashSet<Tid>) -> usize {
+        let mut work: HashMap<u32, u64> = HashMap::new();
+        for f in self.d.gpus.iter().filter_map(|g| g.feeder.as_ref()) {
+            let members = replay::loaders(f.tid, &f.account, self.tl);
+            for t in self.tl.all_threads() {
+                if members.contains(&(t.pid, t.tid)) && t.pid != f.tid.0 {
+                    let off = |k| t.off.get(&k).copied().unwrap_or(0);
+                    *work.entry(t.pid).or_default() +=
+                        t.on_cpu + off(OffKind::File) + off(OffKind::Net);
+                }
+            }
+        }
+        let most = work.values().copied().max().unwrap_or(0);
+        let n = work.values().filter(|&&w| w * 10 >= most && w > 0).count();
+        n.max(self.processes(waited))
+    }
+
     fn api_calls(&self, role: ApiRole) -> (u64, u64) {
         self.tl
             .gpu
@@ -731,8 +752,8 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             e.extend(ev.files_read(&set));
             e.extend(ev.blocked_stack(&top, OffKind::File));
             format!(
-                "The input pipeline waits on storage (the trainer waited on {} loader process(es) reading files). Raise DataLoader num_workers and prefetch_factor, set persistent_workers=True; cache the dataset on local NVMe or in RAM, or read larger sequential shards (WebDataset, tar) instead of many small files.",
-                ev.processes(&set)
+                "The input pipeline waits on storage ({} loader process(es) reading files). Raise DataLoader num_workers and prefetch_factor, set persistent_workers=True; cache the dataset on local NVMe or in RAM, or read larger sequential shards (WebDataset, tar) instead of many small files.",
+                ev.loader_processes(&set)
             )
         }
         Cause::InputCpu => {
@@ -762,7 +783,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
                 .copied()
                 .collect();
             e.extend(ev.hot_stack(&loader_threads));
-            let n = ev.processes(&loaders);
+            let n = ev.loader_processes(&loaders);
             let crowded = ev.nr_cpus > 0 && n as u32 >= ev.nr_cpus;
             format!(
                 "Data loading is CPU-bound (decode, augmentation in {n} loader process(es), {cpus}).{} Keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",

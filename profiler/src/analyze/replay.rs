@@ -261,6 +261,21 @@ impl Gpu {
 /// process named like one it waited on (a thread pool). With it, the CPU
 /// time every other recorded thread took.
 pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
+    let members = loaders(feeder, account, tl);
+    let mut pool = Pool::default();
+    let mut elsewhere = 0;
+    for t in tl.all_threads() {
+        if members.contains(&(t.pid, t.tid)) {
+            pool.add(t);
+        } else {
+            elsewhere += t.on_cpu;
+        }
+    }
+    (pool, elsewhere)
+}
+
+/// The pool's threads (see [`pool`]).
+pub fn loaders(feeder: Tid, account: &[Piece], tl: &Timeline) -> HashSet<Tid> {
     let waited: HashSet<Tid> = account
         .iter()
         .filter_map(|p| p.thread)
@@ -290,22 +305,19 @@ pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
         .map(|t| t.comm.as_str())
         .filter(|&n| Some(n) != feeder_name)
         .collect();
-    let mut pool = Pool::default();
-    let mut elsewhere = 0;
-    for t in threads {
-        let tid = (t.pid, t.tid);
-        let member = if t.pid == feeder.0 {
-            tid != feeder && (waited.contains(&tid) || named_in_feeder.contains(t.comm.as_str()))
-        } else {
-            waited.contains(&tid) || kin(t.pid).is_some_and(|k| families.contains(&k))
-        };
-        if member {
-            pool.add(t);
-        } else {
-            elsewhere += t.on_cpu;
-        }
-    }
-    (pool, elsewhere)
+    threads
+        .iter()
+        .filter(|t| {
+            let tid = (t.pid, t.tid);
+            if t.pid == feeder.0 {
+                tid != feeder
+                    && (waited.contains(&tid) || named_in_feeder.contains(t.comm.as_str()))
+            } else {
+                waited.contains(&tid) || kin(t.pid).is_some_and(|k| families.contains(&k))
+            }
+        })
+        .map(|t| (t.pid, t.tid))
+        .collect()
 }
 
 impl Run<'_> {
