@@ -129,6 +129,19 @@ impl Pool {
         }
     }
 
+    /// Its time with `removed`'s part taken out (io: input.io, net:
+    /// input.network, cpu: input.cpu, runnable: cpu.contention).
+    fn without(&self, removed: Option<Cause>) -> Pool {
+        let keep = |c: Cause, ns: u64| if removed == Some(c) { 0 } else { ns };
+        Pool {
+            io: keep(Cause::InputIo, self.io),
+            net: keep(Cause::InputNetwork, self.net),
+            cpu: keep(Cause::InputCpu, self.cpu),
+            runnable: keep(Cause::CpuContention, self.runnable),
+            ..*self
+        }
+    }
+
     /// The pool worked most of its life: its pace was the run's.
     fn paced(&self) -> bool {
         self.busiest > 0 && self.busiest as f64 >= POOL_BOUND * self.busiest_life as f64
@@ -142,15 +155,9 @@ impl Pool {
     /// once is not in the recording, so its throughput is held at the
     /// recorded one (more workers never look better than they are).
     fn service(&self, removed: Option<Cause>, workers: f64, recorded: f64, cpus: f64) -> f64 {
-        let keep = |c: Cause, ns: u64| if removed == Some(c) { 0 } else { ns } as f64;
-        let (io, cpu) = (
-            keep(Cause::InputIo, self.io),
-            keep(Cause::InputCpu, self.cpu),
-        );
-        let all = io
-            + keep(Cause::InputNetwork, self.net)
-            + cpu
-            + keep(Cause::CpuContention, self.runnable);
+        let k = self.without(removed);
+        let (io, cpu) = (k.io as f64, k.cpu as f64);
+        let all = (k.io + k.net + k.cpu + k.runnable) as f64;
         (all / workers)
             .max(cpu / workers.min(cpus).max(1e-9))
             .max(io / recorded)
@@ -158,14 +165,11 @@ impl Pool {
 
     /// What the pool's remaining work mostly is, once `removed` is gone.
     fn cause(&self, removed: Option<Cause>) -> Cause {
-        let keep = |c: Cause, ns: u64| if removed == Some(c) { 0 } else { ns };
+        let k = self.without(removed);
         [
-            (keep(Cause::InputIo, self.io), Cause::InputIo),
-            (keep(Cause::InputNetwork, self.net), Cause::InputNetwork),
-            (
-                keep(Cause::InputCpu, self.cpu) + keep(Cause::CpuContention, self.runnable),
-                Cause::InputCpu,
-            ),
+            (k.io, Cause::InputIo),
+            (k.net, Cause::InputNetwork),
+            (k.cpu + k.runnable, Cause::InputCpu),
         ]
         .into_iter()
         .max_by_key(|x| x.0)
@@ -183,7 +187,8 @@ pub struct Run<'a> {
     pub account: &'a [Piece],
     /// The feeder's CUDA calls, by start.
     pub calls: &'a [Call],
-    pub device: &'a Device,
+    /// The GPU's work, sorted once for every plan replayed.
+    pub work: Issued,
     pub pool: Pool,
     /// CPUs the loaders could have: the machine's, less the feeder's share.
     pub spare_cpus: f64,
@@ -202,6 +207,42 @@ struct Item {
     /// A copy from or to pageable host memory: its call stages the data and
     /// returns once it is copied, asynchronous or not.
     pageable: bool,
+}
+
+/// A GPU's work as the replay issues it: the feeder's, by its launching
+/// call's start; the rest, by its recorded start.
+pub struct Issued {
+    mine: Vec<Item>,
+    others: Vec<Item>,
+}
+
+impl Issued {
+    pub fn of(device: &Device, feeder: Tid) -> Issued {
+        let (mut mine, mut others) = (Vec::new(), Vec::new());
+        for w in &device.work {
+            let (start, end) = w.span();
+            let pageable = matches!(
+                w.record,
+                GpuRecord::Memcpy { src_kind, dst_kind, .. }
+                    if src_kind == memory_kind::PAGEABLE || dst_kind == memory_kind::PAGEABLE
+            );
+            let it = |issued| Item {
+                issued,
+                recorded_start: start,
+                recorded_end: end,
+                dur: end.saturating_sub(start),
+                stream: w.stream(),
+                pageable,
+            };
+            match w.launch {
+                Some((t, at)) if t == feeder => mine.push(it(at)),
+                _ => others.push(it(start)),
+            }
+        }
+        mine.sort_by_key(|i| i.issued);
+        others.sort_by_key(|i| i.issued);
+        Issued { mine, others }
+    }
 }
 
 /// The replayed GPU: streams that run their work in order.
@@ -341,33 +382,6 @@ impl Run<'_> {
         }
     }
 
-    fn items(&self) -> (Vec<Item>, Vec<Item>) {
-        let (mut mine, mut others) = (Vec::new(), Vec::new());
-        for w in &self.device.work {
-            let (start, end) = w.span();
-            let pageable = matches!(
-                w.record,
-                GpuRecord::Memcpy { src_kind, dst_kind, .. }
-                    if src_kind == memory_kind::PAGEABLE || dst_kind == memory_kind::PAGEABLE
-            );
-            let it = |issued| Item {
-                issued,
-                recorded_start: start,
-                recorded_end: end,
-                dur: end.saturating_sub(start),
-                stream: w.stream(),
-                pageable,
-            };
-            match w.launch {
-                Some((t, at)) if t == self.feeder => mine.push(it(at)),
-                _ => others.push(it(start)),
-            }
-        }
-        mine.sort_by_key(|i| i.issued);
-        others.sort_by_key(|i| i.issued);
-        (mine, others)
-    }
-
     /// The feeder's call starting at or containing `t`, if it launches,
     /// synchronizes or copies.
     fn call_at(&self, t: u64) -> Option<&Call> {
@@ -396,7 +410,7 @@ impl Run<'_> {
         let paced = self.pool.paced();
         // Batches came at the pool's pace from when it began.
         let p0 = self.pool.start.clamp(t0, t1);
-        let (mine, others) = self.items();
+        let (mine, others) = (&self.work.mine, &self.work.others);
         let (mut mi, mut oi) = (0, 0);
         let mut gpu = Gpu::default();
         let mut h = t0;
@@ -692,7 +706,7 @@ impl<'a> Job<'a> {
                     feeder: f.tid,
                     account: &f.account,
                     calls: tl.gpu.calls.get(&f.tid).map_or(&[], Vec::as_slice),
-                    device,
+                    work: Issued::of(device, f.tid),
                     pool,
                     spare_cpus,
                 })
@@ -844,7 +858,7 @@ mod tests {
                 feeder: FEEDER,
                 account: &self.account,
                 calls: &self.calls,
-                device: &device,
+                work: Issued::of(&device, FEEDER),
                 pool,
                 spare_cpus: 2.0,
             }
