@@ -50,17 +50,7 @@ fn torch_python() -> Option<PathBuf> {
 /// The PNG dataset, made once (outside any recording).
 fn dataset(py: &Path) -> PathBuf {
     let d = target_dir().join("png-data");
-    let out = Command::new(py)
-        .arg(SCRIPT)
-        .arg("--prepare")
-        .arg(&d)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeed(Command::new(py).arg(SCRIPT).arg("--prepare").arg(&d));
     d
 }
 
@@ -157,14 +147,7 @@ fn dataloader_workers_are_the_input_pipeline() {
     // else this 2-CPU machine runs; simtrain's `whatif` tests hold that to
     // 10%.)
     let speedup = |r: &Value, add: u64| {
-        let rec = &r["recommendations"][0];
-        let m = rec["what_if"]["more_workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["add"] == add)
-            .unwrap_or_else(|| panic!("{rec:#}"))
-            .clone();
+        let m = with_more_workers(&r["recommendations"][0], add);
         let c = &r["gpus"][0]["idle_by_cause_ns"];
         let edges = u64_of(c, "startup") + u64_of(c, "teardown");
         let span = u64_of(&r["gpus"][0], "span_ns");

@@ -364,21 +364,40 @@ pub fn run_simtrain(dir: &Path, args: &[&str], simtrain_args: &[&str]) -> (Run, 
     (r, truth)
 }
 
+/// Runs `cmd` to its end and requires success (its stderr otherwise).
+#[track_caller]
+pub fn succeed(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("running a workload");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// simtrain's dataset, made once (outside any recording).
 pub fn simtrain_data() -> PathBuf {
     let d = target_dir().join("simtrain-data");
-    let out = Command::new(bin("simtrain"))
-        .arg("--prepare")
-        .arg("--data")
-        .arg(&d)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new(bin("simtrain"))
+            .arg("--prepare")
+            .arg("--data")
+            .arg(&d),
     );
     d
+}
+
+/// A recommendation's what-if with `add` more loader workers.
+#[track_caller]
+pub fn with_more_workers(rec: &Value, add: u64) -> Value {
+    rec["what_if"]["more_workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["add"] == add)
+        .unwrap_or_else(|| panic!("no prediction for {add} more workers: {rec:#}"))
+        .clone()
 }
 
 /// The real PyTorch profiler traces kept with the tests (tests/data/kineto,

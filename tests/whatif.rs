@@ -161,13 +161,7 @@ fn more_workers(bottleneck: &str, cause: &str, workers: u32, add: u32) {
         ],
     );
     let rec = recommendation(&base, cause);
-    let m = rec["what_if"]["more_workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["add"] == add)
-        .unwrap_or_else(|| panic!("no prediction for {add} more workers: {rec:#}"))
-        .clone();
+    let m = with_more_workers(rec, add.into());
     assert_eq!(m["workers"], workers + add, "{rec:#}");
     let total = (workers + add).to_string();
     // With more workers the CPUs are busier, so anything else the machine
