@@ -313,12 +313,20 @@ fn split_gap(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
 /// the account of its time a what-if replay rearranges (`analyze::replay`).
 /// Its on-CPU time is host work (`cpu.host`) throughout: whether a gap
 /// opened at a synchronize is the replay's to decide. Outside the GPU's
-/// idle gaps a wait for another thread is not followed (that thread's
-/// states there are not kept): an unattributed piece in its name says whom
-/// the feeder waited on.
+/// idle gaps and start-up a wait for another thread is not followed (that
+/// thread's states there are not kept): an unattributed piece in its name
+/// says whom the feeder waited on.
 pub(crate) fn account(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
     let busy = inp.busy;
     let mut at = a;
+    // Start-up is an idle gap too: the feeder's first batch, and the CPUs
+    // its loaders took from it meanwhile.
+    if let Some(&(first, _)) = busy.first() {
+        if at < first.min(b) {
+            feeder_pieces(inp, feeder, at, first.min(b), false, true, out);
+            at = first.min(b);
+        }
+    }
     // The gaps between busy spans, from the first ending after `a`.
     let first = busy.partition_point(|x| x.0 <= a).saturating_sub(1);
     let gaps = busy[first..].windows(2).map(|w| (w[0].1, w[1].0));

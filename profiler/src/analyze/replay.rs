@@ -149,7 +149,8 @@ impl Pool {
 
     /// Time the pool needs per unit of the recorded output, with `workers`
     /// (`recorded` of them before) on `cpus` CPUs and `removed`'s part of
-    /// its work gone. Computing spreads over workers up to the CPUs;
+    /// its work gone. Computing spreads over workers up to the CPUs (its
+    /// waits for a CPU do not spread: they are that bound);
     /// waiting for a server spreads over workers (more requests in
     /// flight); reading storage does not: how many reads a device serves at
     /// once is not in the recording, so its throughput is held at the
@@ -157,8 +158,10 @@ impl Pool {
     fn service(&self, removed: Option<Cause>, workers: f64, recorded: f64, cpus: f64) -> f64 {
         let k = self.without(removed);
         let (io, cpu) = (k.io as f64, k.cpu as f64);
-        let all = (k.io + k.net + k.cpu + k.runnable) as f64;
-        (all / workers)
+        // Waiting for a CPU is not work a new worker takes over: it is
+        // what the CPUs' limit costs, and more workers only wait longer.
+        let work = (k.io + k.net + k.cpu) as f64;
+        (work / workers)
             .max(cpu / workers.min(cpus).max(1e-9))
             .max(io / recorded)
     }
@@ -393,6 +396,24 @@ impl Run<'_> {
             .find(|c| c.end > t && c.role != ApiRole::Other)
     }
 
+    /// The feeder's piece `i` is a wait for a CPU in the middle of its own
+    /// work that `plan` removes: preempted host work that no longer runs is
+    /// not preempted either. (Left in, a disturbed recording predicts the
+    /// disturbance as if it were the rest of the run.)
+    fn interrupts_removed(&self, i: usize, plan: &Plan) -> bool {
+        let removed = |p: Option<&Piece>| {
+            p.is_some_and(|p| {
+                p.thread.is_none_or(|t| t == self.feeder)
+                    && plan.removes(p.cause)
+                    && self.call_at(p.start).is_none()
+            })
+        };
+        let working = |p: &&Piece| p.cause != Cause::CpuContention;
+        let a = &self.account;
+        removed(a[..i].iter().rev().take(64).find(working))
+            && removed(a[i + 1..].iter().take(64).find(working))
+    }
+
     /// Recorded GPU idle time inside `[a, b)`.
     fn idle_within(&self, a: u64, b: u64) -> u64 {
         (b.saturating_sub(a)).saturating_sub(crate::intervals::total(&crate::intervals::clip(
@@ -413,7 +434,11 @@ impl Run<'_> {
         let (mine, others) = (&self.work.mine, &self.work.others);
         let (mut mi, mut oi) = (0, 0);
         let mut gpu = Gpu::default();
-        let mut h = t0;
+        // Before the feeder began and after it ended (the process starting
+        // and exiting, the recorder's last flush) nothing is replayed: those
+        // stretches keep their recorded length.
+        let mut h = self.account.first().map_or(t0, |p| p.start.max(t0));
+        let tail = t1.saturating_sub(self.account.last().map_or(t1, |p| p.end).max(last));
         // The replayed account: (start, end, cause), in order.
         let mut log: Vec<(u64, u64, Cause)> = Vec::new();
         let note = |log: &mut Vec<(u64, u64, Cause)>, a: u64, b: u64, c: Cause| {
@@ -422,9 +447,10 @@ impl Run<'_> {
             }
         };
         let mut after_sync = false;
+        let mut ended = false;
         let mut skip_until = 0;
         // Where the last step began, recorded and replayed.
-        let mut step = (t0, t0);
+        let mut step = (h, h);
         let mut i = 0;
         while i < self.account.len() {
             let p = self.account[i];
@@ -446,6 +472,14 @@ impl Run<'_> {
                 oi += 1;
             }
             step = (re, he);
+            // What came after the GPU's last work (saving the model, the
+            // exit: a context's teardown waits for its work) comes after
+            // the replayed GPU's last work too, as long after it as it was
+            // — unless the fix is to stop waiting for the GPU.
+            if p.end > last && !ended && !plan.removes(Cause::Sync) {
+                ended = true;
+                h = h.max(gpu.done.saturating_sub(last.saturating_sub(p.start)));
+            }
             if p.end <= skip_until {
                 i += 1;
                 continue;
@@ -584,7 +618,11 @@ impl Run<'_> {
                         h = w;
                     }
                 }
-                c if inside && plan.removes(c) => {}
+                // Host work before the first GPU work or after the last
+                // (loading a model, saving it) is not what a fix changes;
+                // waiting for the CPUs the loaders held is.
+                c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
+                Cause::CpuContention if inside && self.interrupts_removed(i, plan) => {}
                 c => {
                     let c = if after_sync && c == Cause::CpuHost {
                         Cause::Sync
@@ -600,7 +638,7 @@ impl Run<'_> {
         for it in mine[mi..].iter().chain(&others[oi..]) {
             gpu.run(h, it);
         }
-        let end = h.max(gpu.done);
+        let end = h.max(gpu.done) + tail;
         outcome(t0, end, gpu.spans, &log)
     }
 }
@@ -965,5 +1003,67 @@ mod tests {
         assert!(!pool.paced());
         let fixed = j.replay(pool, &Plan::fix(Cause::InputIo));
         assert_eq!(fixed.wall_ns, j.at - 10 * MS);
+    }
+
+    /// Host work preempted by a stranger: with the host work gone, its
+    /// preemption goes too; a wait for a CPU before the work starts (a
+    /// wake-up) is not the work's and stays.
+    #[test]
+    fn a_preemption_inside_removed_host_work_goes_with_it() {
+        let mut j = Recorded::default();
+        for _ in 0..10 {
+            j.launch(MS);
+            j.sync();
+            j.piece(MS, Cause::CpuContention, FEEDER);
+            j.piece(4 * MS, Cause::CpuHost, FEEDER);
+            j.piece(3 * MS, Cause::CpuContention, FEEDER);
+            j.piece(4 * MS, Cause::CpuHost, FEEDER);
+        }
+        let fixed = j.replay(Pool::default(), &Plan::fix(Cause::CpuHost));
+        let contention = fixed.idle.get(&Cause::CpuContention).copied();
+        // The wake-ups' 1 ms a step stay (the last one's behind the GPU's
+        // tail); the 3 ms preemptions go.
+        assert!(
+            contention.is_some_and(|ns| (9 * MS..=10 * MS).contains(&ns)),
+            "{:?}",
+            fixed.idle
+        );
+    }
+
+    /// A program's last work after its GPU's (saving, exiting) waits for
+    /// the replayed GPU's too: without its host work the host gets ahead of
+    /// the GPU, and the exit still comes after the GPU's last work.
+    #[test]
+    fn work_after_the_gpus_last_waits_for_it() {
+        let mut j = Recorded::default();
+        for _ in 0..10 {
+            j.launch(MS);
+            j.piece(2 * MS, Cause::CpuHost, FEEDER);
+        }
+        j.piece(20 * MS, Cause::Startup, FEEDER);
+        let fixed = j.replay(Pool::default(), &Plan::fix(Cause::CpuHost));
+        // Ten 1 ms kernels back to back after the first launch, the last
+        // step's end 1 ms before the GPU's as recorded, then the 20 ms exit
+        // (beside the GPU's work it would end at 20.01 ms).
+        assert_eq!(fixed.wall_ns, 10_000 + 10 * MS - MS + 20 * MS);
+    }
+
+    /// Two workers that computed and waited for the two CPUs: their waits
+    /// for a CPU are the CPUs' limit, not work more workers share.
+    #[test]
+    fn more_workers_do_not_share_waits_for_a_cpu() {
+        let pool = Pool {
+            cpu: 180 * MS,
+            runnable: 60 * MS,
+            busiest: 120 * MS,
+            busiest_life: 120 * MS,
+            ..Pool::default()
+        };
+        let k = pool.workers();
+        let (before, after) = (
+            pool.service(None, k, k, 1.9),
+            pool.service(None, k + 2.0, k, 1.9),
+        );
+        assert!((after / before - 1.0).abs() < 1e-9, "{after} vs {before}");
     }
 }

@@ -411,7 +411,13 @@ impl GpuSide {
         use crate::intervals::{holes, union};
         let mut gaps = Vec::new();
         for d in &self.devices {
-            gaps.extend(holes(&union(d.work.iter().map(Work::span).collect())));
+            let busy = union(d.work.iter().map(Work::span).collect());
+            // Start-up too: whether the job's loaders held the CPUs the
+            // feeder waited for before its first work (`attribute::account`).
+            if let Some(&(first, _)) = busy.first() {
+                gaps.push((0, first));
+            }
+            gaps.extend(holes(&busy));
         }
         let merged = union(gaps);
         let mut launches: HashMap<Tid, Vec<u64>> = HashMap::new();
