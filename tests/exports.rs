@@ -75,8 +75,10 @@ fn streamed_and_whole_analyses_agree() {
     let eager =
         gapscope::analyze::analyze_settling_every(path.clone(), &AnalyzeOptions::default(), 1)
             .unwrap();
-    // The lean analysis kept fewer thread states (only those around idle
-    // gaps, let go once attributed): otherwise this proves nothing.
+    // The lean analyses kept fewer thread states, otherwise this proves
+    // nothing: the streamed one only those in the GPU's idle time (start-up
+    // included: most of this short recording), the eager one let go of
+    // nearly all once attributed.
     let intervals = |a: &gapscope::analyze::Analysis| -> usize {
         a.timeline
             .all_threads()
@@ -84,7 +86,8 @@ fn streamed_and_whole_analyses_agree() {
             .map(|t| t.intervals.as_ref().map_or(0, Vec::len))
             .sum()
     };
-    assert!(intervals(&streamed) * 4 < intervals(&whole) * 3);
+    assert!(intervals(&streamed) * 10 < intervals(&whole) * 9);
+    assert!(intervals(&eager) * 20 < intervals(&whole));
     assert_eq!(json(&whole), json(&streamed));
     assert_eq!(json(&whole), json(&eager));
 }
