@@ -257,6 +257,18 @@ impl SimDevice {
         (a, b)
     }
 
+    /// An NVTX range of the calling thread (nvtxRangePush/Pop), sent with
+    /// the next records.
+    pub fn range(&mut self, name: String, start: u64, end: u64) {
+        self.pending.push(GpuRecord::Range {
+            start,
+            end,
+            tid: tid(),
+            name,
+            domain: String::new(),
+        });
+    }
+
     pub fn goodbye(&mut self) {
         self.flush();
         let mut bytes = Vec::new();

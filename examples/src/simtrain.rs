@@ -580,6 +580,7 @@ fn main() {
     for step in 0..o.steps {
         // Next batch from the loader (round robin, like DataLoader).
         let a = now();
+        let step_start = a;
         let mut msg = [0u8; BATCH_MSG];
         readers[(step % o.workers) as usize]
             .read_exact(&mut msg)
@@ -644,6 +645,9 @@ fn main() {
             }
             _ => {}
         }
+        // Marked as training loops mark theirs (nvtx.range_push("step N")):
+        // `gapscope diff` compares runs step by step.
+        dev.range(format!("step {step}"), step_start, now());
         if o.lose_gpu_step == Some(step) {
             dev.lose_pending();
         } else {

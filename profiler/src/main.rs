@@ -10,6 +10,7 @@ use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use gapscope::analyze::{analyze, AnalyzeOptions};
 use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
+use gapscope::export::diff::{DiffFormat, DiffOptions, Side};
 use gapscope::export::{self, FlameKind, Format, Labelled, Options, View};
 
 #[derive(Parser, Debug)]
@@ -18,7 +19,7 @@ use gapscope::export::{self, FlameKind, Format, Labelled, Options, View};
     version,
     about = "Why do your GPUs sit idle? Records a process tree with eBPF and tells where its time went.",
     long_about = None,
-    after_help = "Examples:\n  sudo gapscope run -- python3 train.py\n  sudo gapscope attach --pid 4242 --duration 30\n  gapscope report gapscope-4242-20261129-164012/ --format json\n  gapscope report gapscope-4242-20261129-164012/ --format html -o report.html\n  gapscope export gapscope-4242-20261129-164012/ --flamegraph idle -o idle.svg\n  gapscope export gapscope-4242-20261129-164012/ --timeline --window 10..12 -o trace.json"
+    after_help = "Examples:\n  sudo gapscope run -- python3 train.py\n  sudo gapscope attach --pid 4242 --duration 30\n  gapscope report gapscope-4242-20261129-164012/ --format json\n  gapscope report gapscope-4242-20261129-164012/ --format html -o report.html\n  gapscope export gapscope-4242-20261129-164012/ --flamegraph idle -o idle.svg\n  gapscope export gapscope-4242-20261129-164012/ --timeline --window 10..12 -o trace.json\n  gapscope diff before/ after/ --gate 5"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -73,6 +74,33 @@ enum Command {
         /// kernel_wait, other), computed with HTA's rules, to compare with it.
         #[arg(long)]
         hta: bool,
+        /// Write to FILE instead of stdout.
+        #[arg(long, short = 'o', value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Did the fix work? Two runs compared: idle by cause side by side,
+    /// steps matched, a verdict judged against the runs' own spread, and a
+    /// gate for CI (exit 3).
+    Diff {
+        /// The run before: a session file, run directory, PyTorch profiler
+        /// trace or directory of per-rank traces.
+        base: PathBuf,
+        /// The run after, of the same kinds.
+        new: PathBuf,
+        /// text, json (schema gapscope.diff/1), md (for pull requests), html
+        /// (self-contained), or the differential idle-gap flamegraph as SVG
+        /// (flamegraph) or folded stacks with both weights (folded).
+        #[arg(long, short = 'f', value_enum, default_value_t = DiffFormatArg::Text)]
+        format: DiffFormatArg,
+        /// Exit with code 3 when NEW's GPU idle share of allocated time is
+        /// worse than BASE's by more than PCT points.
+        #[arg(long, value_name = "PCT")]
+        gate: Option<f64>,
+        /// The smallest change of step time, in percent, the verdict calls
+        /// improved or regressed (runs of one job differ by a few percent
+        /// from the machine's load alone).
+        #[arg(long, value_name = "PCT", default_value_t = gapscope::export::diff::DEFAULT_MIN_CHANGE_PCT)]
+        min_change: f64,
         /// Write to FILE instead of stdout.
         #[arg(long, short = 'o', value_name = "FILE")]
         output: Option<PathBuf>,
@@ -187,6 +215,32 @@ enum FormatArg {
     Md,
     /// One self-contained page (use with -o).
     Html,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DiffFormatArg {
+    Text,
+    Json,
+    Md,
+    /// One self-contained page (use with -o).
+    Html,
+    /// The differential idle-gap flamegraph (SVG): red grew, blue shrank.
+    Flamegraph,
+    /// Its stacks, folded: `stack BASE_NS NEW_NS`.
+    Folded,
+}
+
+impl From<DiffFormatArg> for DiffFormat {
+    fn from(f: DiffFormatArg) -> DiffFormat {
+        match f {
+            DiffFormatArg::Text => DiffFormat::Text,
+            DiffFormatArg::Json => DiffFormat::Json,
+            DiffFormatArg::Md => DiffFormat::Markdown,
+            DiffFormatArg::Html => DiffFormat::Html,
+            DiffFormatArg::Flamegraph => DiffFormat::Flamegraph,
+            DiffFormatArg::Folded => DiffFormat::Folded,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -358,6 +412,82 @@ fn record(target: Target, opts: RecordOptions, args: &RecordArgs) -> ExitCode {
     }
 }
 
+/// Each path's analyses (one per trace of a directory of traces).
+fn analyzed(
+    paths: &[PathBuf],
+    opts: &AnalyzeOptions,
+) -> Result<Vec<Labelled>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for l in gapscope::inputs::load(paths)? {
+        out.push(Labelled {
+            label: l.label,
+            analysis: analyze(l.source, opts)?,
+        });
+    }
+    Ok(out)
+}
+
+/// `diff`: exit 3 when the gate fails (the comparison is still written).
+fn diff(
+    base: &std::path::Path,
+    new: &std::path::Path,
+    format: DiffFormat,
+    gate: Option<f64>,
+    min_change: f64,
+    output: Option<&std::path::Path>,
+) -> ExitCode {
+    if gate.is_some_and(|g| !g.is_finite() || g < 0.0)
+        || !min_change.is_finite()
+        || min_change < 0.0
+    {
+        eprintln!("gapscope: error: --gate and --min-change take a number of points or percent, 0 or more; hint: `gapscope diff --help` shows the usage");
+        return ExitCode::from(2);
+    }
+    // The idle-gap stacks are read from thread states: keep them all.
+    let opts = AnalyzeOptions {
+        pictures: true,
+        hta: false,
+    };
+    let side = |p: &std::path::Path| {
+        analyzed(std::slice::from_ref(&p.to_path_buf()), &opts)
+            .map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let (b, n) = match (side(base), side(new)) {
+        (Ok(b), Ok(n)) => (b, n),
+        (Err(e), _) | (_, Err(e)) => return fail(e),
+    };
+    let compared = gapscope::export::diff::build(
+        &Side {
+            name: base.display().to_string(),
+            inputs: &b,
+        },
+        &Side {
+            name: new.display().to_string(),
+            inputs: &n,
+        },
+        &DiffOptions {
+            gate_points: gate,
+            min_change_pct: min_change,
+        },
+    );
+    let code = write_out(output, |w| {
+        gapscope::export::diff::write(&compared, format, w)
+    });
+    match compared.diff.gate {
+        Some(g) if !g.passed && code == ExitCode::SUCCESS => {
+            eprintln!(
+                "gapscope: gate failed: GPU idle share {:.1}% → {:.1}% of allocated time ({:+.1} points, allowed +{:.1})",
+                compared.diff.idle_share.base_pct,
+                compared.diff.idle_share.new_pct,
+                compared.diff.idle_share.change_points,
+                g.points
+            );
+            ExitCode::from(3)
+        }
+        _ => code,
+    }
+}
+
 /// Parses the command line; a mistake is one line with a hint, exit 2
 /// (help and version print as usual).
 fn parse_cli() -> Result<Cli, ExitCode> {
@@ -434,31 +564,34 @@ fn main() -> ExitCode {
             format,
             hta,
             output,
-        } => match gapscope::inputs::load(&paths) {
-            Ok(loaded) => {
-                let format: Format = format.into();
-                let opts = AnalyzeOptions {
-                    pictures: format == Format::Html,
-                    hta,
-                };
-                let inputs: Result<Vec<Labelled>, gapscope::session::SessionError> = loaded
-                    .into_iter()
-                    .map(|l| {
-                        Ok(Labelled {
-                            label: l.label,
-                            analysis: analyze(l.source, &opts)?,
-                        })
-                    })
-                    .collect();
-                match inputs {
-                    Ok(inputs) => write_out(output.as_deref(), |w| {
-                        export::write_reports(&inputs, format, w)
-                    }),
-                    Err(e) => fail(e),
-                }
+        } => {
+            let format: Format = format.into();
+            let opts = AnalyzeOptions {
+                pictures: format == Format::Html,
+                hta,
+            };
+            match analyzed(&paths, &opts) {
+                Ok(inputs) => write_out(output.as_deref(), |w| {
+                    export::write_reports(&inputs, format, w)
+                }),
+                Err(e) => fail(e),
             }
-            Err(e) => fail(e),
-        },
+        }
+        Command::Diff {
+            base,
+            new,
+            format,
+            gate,
+            min_change,
+            output,
+        } => diff(
+            &base,
+            &new,
+            format.into(),
+            gate,
+            min_change,
+            output.as_deref(),
+        ),
         Command::Export {
             path,
             flamegraph,

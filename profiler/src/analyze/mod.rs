@@ -15,6 +15,8 @@ pub mod loss;
 pub mod nvml;
 pub mod recommend;
 pub mod replay;
+pub mod stats;
+pub mod steps;
 pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};

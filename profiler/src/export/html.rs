@@ -205,7 +205,7 @@ fn kpi(
 }
 
 /// The height an inferno SVG asks for, to size its frame.
-fn svg_height(svg: &[u8]) -> Option<u32> {
+pub(super) fn svg_height(svg: &[u8]) -> Option<u32> {
     let head = std::str::from_utf8(&svg[..svg.len().min(4096)]).ok()?;
     let tag = &head[head.find("<svg")?..];
     let h = &tag[tag.find(" height=\"")? + 9..];

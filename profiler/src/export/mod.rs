@@ -3,6 +3,7 @@
 //! a new format is a module here, a [`Format`] variant and an arm in
 //! [`write`].
 
+pub mod diff;
 pub mod flame;
 mod gpu_report;
 pub mod html;

@@ -20,7 +20,7 @@ const MAX_COMMAND: usize = 100;
 const MAX_DETAIL_THREADS: usize = 10;
 
 /// The command as one line: shell-quoted where needed, newlines folded, cut.
-fn command_line(argv: &[String]) -> String {
+pub(super) fn command_line(argv: &[String]) -> String {
     if argv.is_empty() {
         return "?".into();
     }
@@ -58,16 +58,16 @@ pub enum Style {
     Html,
 }
 
-struct Table {
-    header: Vec<&'static str>,
+pub(super) struct Table {
+    pub header: Vec<&'static str>,
     /// Right-aligned columns (numbers).
-    right: Vec<bool>,
-    rows: Vec<Vec<String>>,
+    pub right: Vec<bool>,
+    pub rows: Vec<Vec<String>>,
     /// A line under the table.
-    note: Option<String>,
+    pub note: Option<String>,
 }
 
-enum Block {
+pub(super) enum Block {
     Heading(String),
     Line(String),
     Table(Table),
@@ -89,13 +89,17 @@ pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
 
 pub fn write_summary(report: &Report, style: Style, mut out: impl Write) -> io::Result<()> {
     for block in blocks(report) {
-        match style {
-            Style::Text => write_text(&block, &mut out)?,
-            Style::Markdown => write_markdown(&block, &mut out)?,
-            Style::Html => write_html(&block, &mut out)?,
-        }
+        write_block(&block, style, &mut out)?;
     }
     Ok(())
+}
+
+pub(super) fn write_block(block: &Block, style: Style, mut out: impl Write) -> io::Result<()> {
+    match style {
+        Style::Text => write_text(block, &mut out),
+        Style::Markdown => write_markdown(block, &mut out),
+        Style::Html => write_html(block, &mut out),
+    }
 }
 
 fn blocks(r: &Report) -> Vec<Block> {

@@ -1,0 +1,754 @@
+//! Two runs of a job compared (`gapscope diff BASE NEW`): per GPU the
+//! allocated, busy and idle time and the idle by cause side by side, the
+//! training steps matched where they are marked, the idle-gap stacks that
+//! grew or shrank, and a verdict — improved, regressed or unchanged —
+//! judged against the run's own step-to-step (or second-to-second) spread
+//! so that noise does not read as a change.
+
+mod render;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::flame::{self, FlameKind};
+use super::gpu_report::{BusyByKindReport, GpuReport};
+use super::{Labelled, View};
+use crate::analyze::cause::{Cause, IdleByCause};
+use crate::analyze::stats::{self, Summary};
+use crate::analyze::steps;
+use crate::session::SourceKind;
+
+pub use render::{write, DiffFormat};
+
+pub const SCHEMA: &str = "gapscope.diff/1";
+
+/// A change smaller than this (step time, in percent of BASE's) is not
+/// called one however sure it is: runs of one job on one machine differ by
+/// a few percent from load alone.
+pub const DEFAULT_MIN_CHANGE_PCT: f64 = 5.0;
+/// The same for the idle share, in points of allocated time.
+const MIN_IDLE_POINTS: f64 = 3.0;
+/// Below this p-value a difference is more than the spread explains.
+const P_CHANGED: f64 = 0.01;
+/// Idle stacks listed as grown and as shrunk.
+const TOP_STACKS: usize = 10;
+/// Recommendations listed per side.
+const TOP_RECOMMENDATIONS: usize = 3;
+
+/// What a diff is asked for.
+#[derive(Clone, Copy, Debug)]
+pub struct DiffOptions {
+    /// Fail (exit 3) when NEW's idle share is worse by more than this many
+    /// points.
+    pub gate_points: Option<f64>,
+    /// See [`DEFAULT_MIN_CHANGE_PCT`].
+    pub min_change_pct: f64,
+}
+
+impl Default for DiffOptions {
+    fn default() -> DiffOptions {
+        DiffOptions {
+            gate_points: None,
+            min_change_pct: DEFAULT_MIN_CHANGE_PCT,
+        }
+    }
+}
+
+/// A diff with the idle-gap stacks of each side, for its flamegraph.
+pub struct Compared {
+    pub diff: Diff,
+    base_stacks: BTreeMap<String, u64>,
+    new_stacks: BTreeMap<String, u64>,
+}
+
+/// One side: what was given on the command line, and its analyses.
+pub struct Side<'a> {
+    pub name: String,
+    pub inputs: &'a [Labelled],
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Diff {
+    pub schema: &'static str,
+    pub base: SideInfo,
+    pub new: SideInfo,
+    /// Either side came from gapscope's simulated GPU.
+    pub simulated: bool,
+    pub verdict: Verdict,
+    /// Idle time as a share of allocated time, all GPUs together.
+    pub idle_share: Share,
+    pub gate: Option<Gate>,
+    pub gpus: Vec<GpuDiff>,
+    /// Idle by cause over all GPUs, the largest changes first.
+    pub causes: Vec<CauseChange>,
+    pub steps: Option<StepsDiff>,
+    /// Idle share per bucket of time, where steps are not marked.
+    pub rates: Option<RatesDiff>,
+    pub recommendations: Recommendations,
+    pub idle_stacks: StackChanges,
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SideInfo {
+    /// As given: a session, run directory, trace or directory of traces.
+    pub path: String,
+    /// Each input's label (one per rank for directories of traces).
+    pub inputs: Vec<String>,
+    pub command: Vec<String>,
+    pub allocated_ns: u64,
+    pub busy_ns: u64,
+    pub idle_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Improved,
+    Regressed,
+    Unchanged,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Improved => "improved",
+            Outcome::Regressed => "regressed",
+            Outcome::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// What the verdict was judged on.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// Step times of matched training steps.
+    Steps,
+    /// The GPUs' idle share, bucket by bucket of their busy span.
+    Buckets,
+    /// Totals only (too little to judge a spread by).
+    Totals,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Verdict {
+    pub outcome: Outcome,
+    pub basis: Basis,
+    /// "step_time_ns" or "idle_share_pct": lower is better for both.
+    pub metric: &'static str,
+    pub base: f64,
+    pub new: f64,
+    /// new − base, in percent of base (step time) or in points (idle share).
+    pub change: f64,
+    /// How often the spread alone would give a difference this large
+    /// (Welch's t-test); null on totals.
+    pub p_value: Option<f64>,
+    /// 1 − p_value: how sure the difference is not noise.
+    pub confidence: Option<f64>,
+    /// Half the 99% interval of the change, in its unit.
+    pub margin99: Option<f64>,
+    /// Samples each side contributed.
+    pub samples: [usize; 2],
+    /// The cause whose idle share moved most.
+    pub largest_change: Option<CauseChange>,
+    pub text: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Share {
+    pub base_pct: f64,
+    pub new_pct: f64,
+    pub change_points: f64,
+}
+
+impl Share {
+    fn of(base: (u64, u64), new: (u64, u64)) -> Share {
+        let (b, n) = (pct(base.0, base.1), pct(new.0, new.1));
+        Share {
+            base_pct: b,
+            new_pct: n,
+            change_points: n - b,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Gate {
+    pub points: f64,
+    pub passed: bool,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GpuFigures {
+    pub allocated_ns: u64,
+    pub busy_ns: u64,
+    pub busy_by_kind_ns: BusyByKindReport,
+    pub idle_ns: u64,
+    pub idle_pct: f64,
+    pub idle_by_cause_ns: IdleByCause,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GpuDiff {
+    /// "GPU 0", or "<rank label> · GPU 0" with several inputs a side.
+    pub key: String,
+    pub name: String,
+    pub base: Option<GpuFigures>,
+    pub new: Option<GpuFigures>,
+    pub causes: Vec<CauseChange>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct CauseChange {
+    pub cause: Cause,
+    pub base_ns: u64,
+    pub new_ns: u64,
+    /// Shares of each side's allocated time.
+    pub base_pct: f64,
+    pub new_pct: f64,
+    pub change_points: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct StepStats {
+    pub count: usize,
+    pub mean_ns: f64,
+    pub median_ns: f64,
+    pub p90_ns: f64,
+    pub sd_ns: f64,
+}
+
+impl From<Summary> for StepStats {
+    fn from(s: Summary) -> StepStats {
+        StepStats {
+            count: s.n,
+            mean_ns: s.mean,
+            median_ns: s.median,
+            p90_ns: s.p90,
+            sd_ns: s.sd,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StepsDiff {
+    /// What marked them on each side ("ProfilerStep#N", NVTX "step N").
+    pub source: [String; 2],
+    /// Steps whose number both sides have (0: the numbers do not overlap,
+    /// and all steps of each side are compared).
+    pub matched: usize,
+    pub base: StepStats,
+    pub new: StepStats,
+    /// Mean step time's change, percent.
+    pub change_pct: f64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct BucketStats {
+    pub count: usize,
+    pub mean_pct: f64,
+    pub sd_pct: f64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct RatesDiff {
+    /// Width of a bucket: a second, or a tenth of the shorter busy span
+    /// when that is under ten seconds.
+    pub bucket_ns: u64,
+    pub base: BucketStats,
+    pub new: BucketStats,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RecommendationBrief {
+    pub cause: String,
+    pub title: String,
+    /// The replay's speedup where there is one, else the upper bound.
+    pub speedup: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Recommendations {
+    pub base: Vec<RecommendationBrief>,
+    pub new: Vec<RecommendationBrief>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StackChange {
+    /// Root first: the cause, the thread, then its frames.
+    pub frames: Vec<String>,
+    pub base_ns: u64,
+    pub new_ns: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct StackChanges {
+    pub grew: Vec<StackChange>,
+    pub shrank: Vec<StackChange>,
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// One side's reports, its figures summed.
+struct Built<'a> {
+    side: &'a Side<'a>,
+    views: Vec<View<'a>>,
+}
+
+impl<'a> Built<'a> {
+    fn new(side: &'a Side<'a>) -> Built<'a> {
+        Built {
+            side,
+            views: side.inputs.iter().map(|l| View::new(&l.analysis)).collect(),
+        }
+    }
+
+    fn gpus(&self) -> impl Iterator<Item = (usize, &GpuReport)> {
+        self.views
+            .iter()
+            .enumerate()
+            .flat_map(|(i, v)| v.report.gpus.iter().map(move |g| (i, g)))
+    }
+
+    fn totals(&self) -> (u64, u64, u64) {
+        self.gpus().fold((0, 0, 0), |(a, b, i), (_, g)| {
+            (a + g.allocated_ns, b + g.busy_ns, i + g.idle_ns)
+        })
+    }
+
+    fn idle_by_cause(&self) -> IdleByCause {
+        IdleByCause::from_fn(|c| self.gpus().map(|(_, g)| g.idle_by_cause_ns.get(c)).sum())
+    }
+
+    fn info(&self) -> SideInfo {
+        let (allocated_ns, busy_ns, idle_ns) = self.totals();
+        SideInfo {
+            path: self.side.name.clone(),
+            inputs: self.side.inputs.iter().map(|l| l.label.clone()).collect(),
+            command: self
+                .views
+                .first()
+                .map(|v| v.report.target.command.clone())
+                .unwrap_or_default(),
+            allocated_ns,
+            busy_ns,
+            idle_ns,
+        }
+    }
+
+    /// The steps of the first input that marks any: what marked them, and
+    /// each one's time by number.
+    fn steps(&self) -> Option<(String, Vec<(u64, u64)>)> {
+        self.side.inputs.iter().find_map(|l| {
+            let tl = &l.analysis.timeline;
+            let s = steps::find(tl)?;
+            Some((s.source.clone(), steps::times(tl, &s)))
+        })
+    }
+
+    /// Each GPU's busy span, cut into `width` buckets: each bucket's idle
+    /// share, percent (a last bucket shorter than half is left out).
+    fn buckets(&self, width: u64) -> Vec<f64> {
+        let mut out = Vec::new();
+        for l in self.side.inputs {
+            for g in &l.analysis.diagnosis.gpus {
+                let busy = &g.gpu.busy;
+                let (Some(&(first, _)), Some(&(_, last))) = (busy.first(), busy.last()) else {
+                    continue;
+                };
+                let mut a = first;
+                while a < last {
+                    let b = (a + width).min(last);
+                    if (b - a) * 2 < width {
+                        break;
+                    }
+                    let on = crate::intervals::total(&crate::intervals::clip(busy, a, b));
+                    out.push(100.0 - pct(on, b - a));
+                    a = b;
+                }
+            }
+        }
+        out
+    }
+
+    fn busy_span(&self) -> u64 {
+        self.side
+            .inputs
+            .iter()
+            .flat_map(|l| &l.analysis.diagnosis.gpus)
+            .filter_map(|g| Some(g.gpu.busy.last()?.1 - g.gpu.busy.first()?.0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn recommendations(&self) -> Vec<RecommendationBrief> {
+        self.views
+            .iter()
+            .flat_map(|v| &v.report.recommendations)
+            .take(TOP_RECOMMENDATIONS)
+            .map(|r| RecommendationBrief {
+                cause: r.cause.name().to_string(),
+                title: r.title.clone(),
+                speedup: r.what_if.as_ref().map_or(r.est_speedup, |w| w.speedup),
+            })
+            .collect()
+    }
+
+    /// Idle-gap stacks over all inputs: stack → ns.
+    fn idle_stacks(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for l in self.side.inputs {
+            for (s, w) in flame::folded(&l.analysis, FlameKind::Idle) {
+                *out.entry(s).or_default() += w;
+            }
+        }
+        out
+    }
+
+    fn simulated(&self) -> bool {
+        self.gpus().any(|(_, g)| g.source == SourceKind::Simulated)
+    }
+}
+
+fn figures(g: &GpuReport) -> GpuFigures {
+    GpuFigures {
+        allocated_ns: g.allocated_ns,
+        busy_ns: g.busy_ns,
+        busy_by_kind_ns: g.busy_by_kind_ns,
+        idle_ns: g.idle_ns,
+        idle_pct: pct(g.idle_ns, g.allocated_ns),
+        idle_by_cause_ns: g.idle_by_cause_ns.clone(),
+    }
+}
+
+/// Causes with time on either side, the largest change first.
+fn cause_changes(
+    base: &IdleByCause,
+    b_alloc: u64,
+    new: &IdleByCause,
+    n_alloc: u64,
+) -> Vec<CauseChange> {
+    let mut v: Vec<CauseChange> = Cause::ALL
+        .iter()
+        .map(|&c| {
+            let (b, n) = (base.get(c), new.get(c));
+            let (bp, np) = (pct(b, b_alloc), pct(n, n_alloc));
+            CauseChange {
+                cause: c,
+                base_ns: b,
+                new_ns: n,
+                base_pct: bp,
+                new_pct: np,
+                change_points: np - bp,
+            }
+        })
+        .filter(|c| c.base_ns > 0 || c.new_ns > 0)
+        .collect();
+    v.sort_by(|a, b| b.change_points.abs().total_cmp(&a.change_points.abs()));
+    v
+}
+
+/// Per GPU, matched by input (rank) and device id.
+fn gpu_diffs(base: &Built, new: &Built) -> Vec<GpuDiff> {
+    let several = base.side.inputs.len() > 1 || new.side.inputs.len() > 1;
+    let key = |b: &Built, i: usize, id: u32| {
+        if several {
+            format!("{} · GPU {id}", b.side.inputs[i].label)
+        } else {
+            format!("GPU {id}")
+        }
+    };
+    let mut out: Vec<GpuDiff> = Vec::new();
+    for (i, g) in base.gpus() {
+        let other = new
+            .gpus()
+            .find(|&(j, h)| j == i && h.id == g.id)
+            .map(|x| x.1);
+        out.push(GpuDiff {
+            key: key(base, i, g.id),
+            name: g.name.clone(),
+            base: Some(figures(g)),
+            new: other.map(figures),
+            causes: cause_changes(
+                &g.idle_by_cause_ns,
+                g.allocated_ns,
+                &other
+                    .map(|h| h.idle_by_cause_ns.clone())
+                    .unwrap_or_default(),
+                other.map_or(0, |h| h.allocated_ns),
+            ),
+        });
+    }
+    for (j, h) in new.gpus() {
+        if base.gpus().any(|(i, g)| i == j && g.id == h.id) {
+            continue;
+        }
+        out.push(GpuDiff {
+            key: key(new, j, h.id),
+            name: h.name.clone(),
+            base: None,
+            new: Some(figures(h)),
+            causes: cause_changes(
+                &IdleByCause::default(),
+                0,
+                &h.idle_by_cause_ns,
+                h.allocated_ns,
+            ),
+        });
+    }
+    out
+}
+
+/// Matched steps' times (ns) on each side, and how many matched.
+fn step_samples(base: &[(u64, u64)], new: &[(u64, u64)]) -> (Vec<f64>, Vec<f64>, usize) {
+    let numbers: std::collections::HashSet<u64> = base.iter().map(|s| s.0).collect();
+    let common: std::collections::HashSet<u64> = new
+        .iter()
+        .map(|s| s.0)
+        .filter(|n| numbers.contains(n))
+        .collect();
+    let take = |s: &[(u64, u64)], all: bool| -> Vec<f64> {
+        s.iter()
+            .filter(|x| all || common.contains(&x.0))
+            .map(|x| x.1 as f64)
+            .collect()
+    };
+    if common.len() >= 2 {
+        (take(base, false), take(new, false), common.len())
+    } else {
+        (take(base, true), take(new, true), 0)
+    }
+}
+
+/// Two sides compared.
+pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
+    let (b, n) = (Built::new(base), Built::new(new));
+    let (bt, nt) = (b.totals(), n.totals());
+    let idle_share = Share::of((bt.2, bt.0), (nt.2, nt.0));
+    let causes = cause_changes(&b.idle_by_cause(), bt.0, &n.idle_by_cause(), nt.0);
+    let largest_change = causes.iter().copied().find(|c| c.change_points != 0.0);
+    let mut notes = Vec::new();
+
+    let steps = match (b.steps(), n.steps()) {
+        (Some(bs), Some(ns)) => {
+            let (x, y, matched) = step_samples(&bs.1, &ns.1);
+            let (sx, sy) = (Summary::of(&x), Summary::of(&y));
+            Some((
+                StepsDiff {
+                    source: [bs.0, ns.0],
+                    matched,
+                    base: sx.into(),
+                    new: sy.into(),
+                    change_pct: if sx.mean > 0.0 {
+                        (sy.mean / sx.mean - 1.0) * 100.0
+                    } else {
+                        0.0
+                    },
+                },
+                sx,
+                sy,
+            ))
+        }
+        (bs, ns) => {
+            if bs.is_some() != ns.is_some() {
+                notes.push(format!(
+                    "training steps are marked in {} only: the runs are compared second by second",
+                    if bs.is_some() { "BASE" } else { "NEW" }
+                ));
+            }
+            None
+        }
+    };
+
+    let (mut verdict, rates, min) = match &steps {
+        Some((_, sx, sy)) if sx.n >= 2 && sy.n >= 2 => {
+            let v = judge(
+                Basis::Steps,
+                "step_time_ns",
+                sx,
+                sy,
+                opts.min_change_pct,
+                true,
+                largest_change,
+            );
+            (v, None, opts.min_change_pct)
+        }
+        _ => {
+            let span = b.busy_span().min(n.busy_span());
+            let width = if span >= 10_000_000_000 {
+                1_000_000_000
+            } else {
+                (span / 10).max(1)
+            };
+            let (x, y) = (b.buckets(width), n.buckets(width));
+            let (sx, sy) = (Summary::of(&x), Summary::of(&y));
+            let rates = RatesDiff {
+                bucket_ns: width,
+                base: BucketStats {
+                    count: sx.n,
+                    mean_pct: sx.mean,
+                    sd_pct: sx.sd,
+                },
+                new: BucketStats {
+                    count: sy.n,
+                    mean_pct: sy.mean,
+                    sd_pct: sy.sd,
+                },
+            };
+            let v = if sx.n >= 2 && sy.n >= 2 {
+                judge(
+                    Basis::Buckets,
+                    "idle_share_pct",
+                    &sx,
+                    &sy,
+                    MIN_IDLE_POINTS,
+                    false,
+                    largest_change,
+                )
+            } else {
+                totals_verdict(&idle_share, largest_change)
+            };
+            (v, Some(rates), MIN_IDLE_POINTS)
+        }
+    };
+    verdict.text = render::verdict_text(&verdict, &idle_share, min);
+
+    let gate = opts.gate_points.map(|points| Gate {
+        points,
+        passed: idle_share.change_points <= points,
+    });
+
+    let (bs, ns) = (b.idle_stacks(), n.idle_stacks());
+    let mut changes: Vec<StackChange> = bs
+        .keys()
+        .chain(ns.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|s| StackChange {
+            frames: s.split(';').map(str::to_string).collect(),
+            base_ns: bs.get(s).copied().unwrap_or(0),
+            new_ns: ns.get(s).copied().unwrap_or(0),
+        })
+        .filter(|c| c.base_ns != c.new_ns)
+        .collect();
+    let delta = |c: &StackChange| c.new_ns as i128 - c.base_ns as i128;
+    changes.sort_by_key(|c| std::cmp::Reverse(delta(c)));
+    let grew = changes
+        .iter()
+        .filter(|c| delta(c) > 0)
+        .take(TOP_STACKS)
+        .cloned()
+        .collect();
+    let shrank = changes
+        .iter()
+        .rev()
+        .filter(|c| delta(c) < 0)
+        .take(TOP_STACKS)
+        .cloned()
+        .collect();
+
+    if b.simulated() || n.simulated() {
+        notes.push("SIMULATED GPU: gapscope's test and demo workload on one side or both".into());
+    }
+    let diff = Diff {
+        schema: SCHEMA,
+        base: b.info(),
+        new: n.info(),
+        simulated: b.simulated() || n.simulated(),
+        verdict,
+        idle_share,
+        gate,
+        gpus: gpu_diffs(&b, &n),
+        causes,
+        steps: steps.map(|s| s.0),
+        rates,
+        recommendations: Recommendations {
+            base: b.recommendations(),
+            new: n.recommendations(),
+        },
+        idle_stacks: StackChanges { grew, shrank },
+        notes,
+    };
+    Compared {
+        diff,
+        base_stacks: bs,
+        new_stacks: ns,
+    }
+}
+
+/// The verdict from two samples of a lower-is-better metric. `relative`:
+/// the change is judged in percent of BASE (step time), else in points
+/// (idle share); `min`: the smallest change called one.
+fn judge(
+    basis: Basis,
+    metric: &'static str,
+    base: &Summary,
+    new: &Summary,
+    min: f64,
+    relative: bool,
+    largest_change: Option<CauseChange>,
+) -> Verdict {
+    let c = stats::welch(base, new).expect("two or more samples a side");
+    let scale = if relative && base.mean > 0.0 {
+        100.0 / base.mean
+    } else {
+        1.0
+    };
+    let change = c.difference * scale;
+    let outcome = if c.p_value < P_CHANGED && change.abs() >= min {
+        if change < 0.0 {
+            Outcome::Improved
+        } else {
+            Outcome::Regressed
+        }
+    } else {
+        Outcome::Unchanged
+    };
+    Verdict {
+        outcome,
+        basis,
+        metric,
+        base: base.mean,
+        new: new.mean,
+        change,
+        p_value: Some(c.p_value),
+        confidence: Some(1.0 - c.p_value),
+        margin99: Some(c.margin99 * scale),
+        samples: [base.n, new.n],
+        largest_change,
+        text: String::new(),
+    }
+}
+
+fn totals_verdict(share: &Share, largest_change: Option<CauseChange>) -> Verdict {
+    let change = share.change_points;
+    let outcome = if change <= -MIN_IDLE_POINTS {
+        Outcome::Improved
+    } else if change >= MIN_IDLE_POINTS {
+        Outcome::Regressed
+    } else {
+        Outcome::Unchanged
+    };
+    Verdict {
+        outcome,
+        basis: Basis::Totals,
+        metric: "idle_share_pct",
+        base: share.base_pct,
+        new: share.new_pct,
+        change,
+        p_value: None,
+        confidence: None,
+        margin99: None,
+        samples: [1, 1],
+        largest_change,
+        text: String::new(),
+    }
+}

@@ -1,0 +1,609 @@
+//! A diff as text, markdown, JSON, HTML, or its differential idle-gap
+//! flamegraph (inferno's differential mode: red grew, blue shrank).
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use base64::Engine;
+
+use super::{Basis, Compared, Diff, GpuFigures, Outcome, Share, Verdict};
+use crate::export::summary::{self, html_escape as esc, Block, Style, Table};
+use crate::export::units;
+
+/// What `gapscope diff` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiffFormat {
+    Text,
+    Json,
+    Markdown,
+    Html,
+    /// The differential idle-gap flamegraph, SVG.
+    Flamegraph,
+    /// Its stacks folded: `stack BASE_ns NEW_ns` per line.
+    Folded,
+}
+
+pub fn write(c: &Compared, format: DiffFormat, out: &mut dyn Write) -> io::Result<()> {
+    match format {
+        DiffFormat::Text => write_blocks(&blocks(&c.diff), Style::Text, out),
+        DiffFormat::Markdown => {
+            writeln!(out, "## gapscope diff")?;
+            write_blocks(&blocks(&c.diff), Style::Markdown, out)
+        }
+        DiffFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &c.diff)?;
+            writeln!(out)
+        }
+        DiffFormat::Html => write_html(c, out),
+        DiffFormat::Flamegraph => {
+            let shape = if c.new_stacks.values().any(|&w| w > 0) {
+                Shape::New
+            } else {
+                Shape::Base
+            };
+            out.write_all(&flamegraph(c, shape)?)
+        }
+        DiffFormat::Folded => {
+            for (stack, b, n) in merged(&c.base_stacks, &c.new_stacks) {
+                writeln!(out, "{stack} {b} {n}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn write_blocks(blocks: &[Block], style: Style, out: &mut dyn Write) -> io::Result<()> {
+    for b in blocks {
+        summary::write_block(b, style, &mut *out)?;
+    }
+    Ok(())
+}
+
+fn p_text(p: f64) -> String {
+    if p < 0.001 {
+        "p < 0.001".into()
+    } else {
+        format!("p = {p:.3}")
+    }
+}
+
+fn signed_pct(x: f64) -> String {
+    format!("{}{:.1}%", if x >= 0.0 { "+" } else { "−" }, x.abs())
+}
+
+fn signed_points(x: f64) -> String {
+    format!("{}{:.1} points", if x >= 0.0 { "+" } else { "−" }, x.abs())
+}
+
+/// The verdict in one paragraph. `min`: the smallest change called one.
+pub(super) fn verdict_text(v: &Verdict, share: &Share, min: f64) -> String {
+    let head = match v.outcome {
+        Outcome::Improved => "Improved",
+        Outcome::Regressed => "Regressed",
+        Outcome::Unchanged => "Unchanged",
+    };
+    let margin = v.margin99.unwrap_or(0.0);
+    let mut s = match v.basis {
+        Basis::Steps => format!(
+            "{head}: step time {} → {} ({} ±{:.1}% at 99%; {} vs {} steps, {})",
+            units::duration(v.base.round() as u64),
+            units::duration(v.new.round() as u64),
+            signed_pct(v.change),
+            margin,
+            v.samples[0],
+            v.samples[1],
+            p_text(v.p_value.unwrap_or(1.0))
+        ),
+        Basis::Buckets => format!(
+            "{head}: the GPUs idled {:.1}% → {:.1}% of their busy span ({} ±{:.1} at 99%; {} vs {} stretches, {})",
+            v.base,
+            v.new,
+            signed_points(v.change),
+            margin,
+            v.samples[0],
+            v.samples[1],
+            p_text(v.p_value.unwrap_or(1.0))
+        ),
+        Basis::Totals => format!(
+            "{head}: GPU idle {:.1}% → {:.1}% of allocated time ({}; too short to judge the spread)",
+            v.base,
+            v.new,
+            signed_points(v.change)
+        ),
+    };
+    if v.outcome == Outcome::Unchanged && v.basis != Basis::Totals {
+        let p = v.p_value.unwrap_or(1.0);
+        s += &if p >= super::P_CHANGED {
+            ": within the run's own spread".to_string()
+        } else {
+            format!(
+                ": smaller than the {min:.0}{} called a change",
+                if v.basis == Basis::Steps {
+                    "%"
+                } else {
+                    " points"
+                }
+            )
+        };
+    }
+    s += ".";
+    if v.basis != Basis::Totals {
+        s += &format!(
+            " GPU idle {:.1}% → {:.1}% of allocated time ({})",
+            share.base_pct,
+            share.new_pct,
+            signed_points(share.change_points)
+        );
+        s += if v.largest_change.is_some() { ";" } else { "." };
+    }
+    if let Some(c) = v.largest_change {
+        s += &format!(
+            " the largest change: {} {} ({:.1}% → {:.1}%).",
+            c.cause.name(),
+            signed_points(c.change_points),
+            c.base_pct,
+            c.new_pct
+        );
+    }
+    s
+}
+
+fn side_line(name: &str, d: &super::SideInfo) -> String {
+    let cmd = if d.command.is_empty() {
+        String::new()
+    } else {
+        format!(" — {}", summary::command_line(&d.command))
+    };
+    format!("{name}: {}{cmd}", d.path)
+}
+
+fn figures_rows(b: Option<&GpuFigures>, n: Option<&GpuFigures>) -> Vec<Vec<String>> {
+    type Pick<'a> = &'a dyn Fn(&GpuFigures) -> u64;
+    let get = |f: Option<&GpuFigures>, pick: Pick| f.map(pick);
+    let rows: [(&str, Pick); 6] = [
+        ("allocated", &|f| f.allocated_ns),
+        ("busy", &|f| f.busy_ns),
+        ("  computing", &|f| f.busy_by_kind_ns.compute),
+        ("  communicating", &|f| f.busy_by_kind_ns.communication),
+        ("  copying", &|f| f.busy_by_kind_ns.memory),
+        ("idle", &|f| f.idle_ns),
+    ];
+    let share = |f: Option<&GpuFigures>, ns: Option<u64>| match (f, ns) {
+        (Some(f), Some(ns)) if f.allocated_ns > 0 => {
+            format!(
+                "{} ({})",
+                units::duration(ns),
+                units::percent(ns, f.allocated_ns)
+            )
+        }
+        (_, Some(ns)) => units::duration(ns),
+        _ => "-".into(),
+    };
+    rows.iter()
+        .map(|(label, pick)| {
+            let (x, y) = (get(b, pick), get(n, pick));
+            let change = match (x, y) {
+                (Some(x), Some(y)) => {
+                    let d = y as i128 - x as i128;
+                    let sign = if d < 0 { "−" } else { "+" };
+                    let points = match (b, n) {
+                        (Some(b), Some(n)) if *label != "allocated" => format!(
+                            " ({})",
+                            signed_points(
+                                super::pct(y, n.allocated_ns) - super::pct(x, b.allocated_ns)
+                            )
+                        ),
+                        _ => String::new(),
+                    };
+                    format!("{sign}{}{points}", units::duration(d.unsigned_abs() as u64))
+                }
+                _ => "-".into(),
+            };
+            vec![label.to_string(), share(b, x), share(n, y), change]
+        })
+        .collect()
+}
+
+fn blocks(d: &Diff) -> Vec<Block> {
+    let mut b = vec![
+        Block::Line(side_line("BASE", &d.base)),
+        Block::Line(side_line("NEW ", &d.new)),
+    ];
+    if d.simulated {
+        b.push(Block::Line(
+            "SIMULATED GPU: gapscope's test and demo workload on one side or both".into(),
+        ));
+    }
+    b.push(Block::Heading("Verdict".into()));
+    b.push(Block::Line(d.verdict.text.clone()));
+    if let Some(g) = d.gate {
+        b.push(Block::Line(format!(
+            "Gate: idle share {} (allowed: +{:.1} points): {}",
+            signed_points(d.idle_share.change_points),
+            g.points,
+            if g.passed { "passed" } else { "FAILED" }
+        )));
+    }
+    b.push(Block::Heading(
+        "Idle by cause (share of each run's allocated GPU time)".into(),
+    ));
+    b.push(Block::Table(Table {
+        header: vec!["CAUSE", "BASE", "NEW", "CHANGE"],
+        right: vec![false, true, true, true],
+        rows: d
+            .causes
+            .iter()
+            .map(|c| {
+                vec![
+                    c.cause.name().to_string(),
+                    format!("{:.1}% ({})", c.base_pct, units::duration(c.base_ns)),
+                    format!("{:.1}% ({})", c.new_pct, units::duration(c.new_ns)),
+                    signed_points(c.change_points),
+                ]
+            })
+            .collect(),
+        note: None,
+    }));
+    for g in &d.gpus {
+        b.push(Block::Heading(format!("{} · {}", g.key, g.name)));
+        b.push(Block::Table(Table {
+            header: vec!["", "BASE", "NEW", "CHANGE"],
+            right: vec![false, true, true, true],
+            rows: figures_rows(g.base.as_ref(), g.new.as_ref()),
+            note: None,
+        }));
+    }
+    if let Some(s) = &d.steps {
+        let source = if s.source[0] == s.source[1] {
+            s.source[0].clone()
+        } else {
+            format!("{} / {}", s.source[0], s.source[1])
+        };
+        let matched = if s.matched > 0 {
+            format!("{} matched by number", s.matched)
+        } else {
+            "numbers do not overlap: all steps of each".into()
+        };
+        b.push(Block::Heading(format!("Steps ({source}; {matched})")));
+        let ns = |x: f64| units::duration(x.round() as u64);
+        let row = |label: &str, x: f64, y: f64| {
+            vec![
+                label.to_string(),
+                ns(x),
+                ns(y),
+                if x > 0.0 {
+                    signed_pct((y / x - 1.0) * 100.0)
+                } else {
+                    "-".into()
+                },
+            ]
+        };
+        b.push(Block::Table(Table {
+            header: vec!["", "BASE", "NEW", "CHANGE"],
+            right: vec![false, true, true, true],
+            rows: vec![
+                vec![
+                    "steps".into(),
+                    s.base.count.to_string(),
+                    s.new.count.to_string(),
+                    String::new(),
+                ],
+                row("mean", s.base.mean_ns, s.new.mean_ns),
+                row("median", s.base.median_ns, s.new.median_ns),
+                row("p90", s.base.p90_ns, s.new.p90_ns),
+                row("spread (sd)", s.base.sd_ns, s.new.sd_ns),
+            ],
+            note: None,
+        }));
+    }
+    if let Some(r) = &d.rates {
+        b.push(Block::Heading(format!(
+            "Idle share per {} of the GPUs' busy span (no training steps marked)",
+            units::duration(r.bucket_ns)
+        )));
+        b.push(Block::Table(Table {
+            header: vec!["", "BASE", "NEW", "CHANGE"],
+            right: vec![false, true, true, true],
+            rows: vec![
+                vec![
+                    "stretches".into(),
+                    r.base.count.to_string(),
+                    r.new.count.to_string(),
+                    String::new(),
+                ],
+                vec![
+                    "idle, mean".into(),
+                    format!("{:.1}%", r.base.mean_pct),
+                    format!("{:.1}%", r.new.mean_pct),
+                    signed_points(r.new.mean_pct - r.base.mean_pct),
+                ],
+                vec![
+                    "spread (sd)".into(),
+                    format!("{:.1}", r.base.sd_pct),
+                    format!("{:.1}", r.new.sd_pct),
+                    String::new(),
+                ],
+            ],
+            note: None,
+        }));
+    }
+    b.push(Block::Heading("Top recommendations".into()));
+    for (name, recs) in [
+        ("BASE", &d.recommendations.base),
+        ("NEW", &d.recommendations.new),
+    ] {
+        if recs.is_empty() {
+            b.push(Block::Line(format!("{name}: none")));
+        }
+        for (i, r) in recs.iter().enumerate() {
+            let title = r.title.split(". ").next().unwrap_or(&r.title);
+            b.push(Block::Line(format!(
+                "{name} {}. [{}] {:.2}x — {title}",
+                i + 1,
+                r.cause,
+                r.speedup
+            )));
+        }
+    }
+    for (heading, list) in [
+        (
+            "Idle-gap stacks that grew (GPU idle, by what the host was doing)",
+            &d.idle_stacks.grew,
+        ),
+        ("Idle-gap stacks that shrank", &d.idle_stacks.shrank),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        b.push(Block::Heading(heading.into()));
+        b.push(Block::Bullets(
+            list.iter()
+                .map(|c| {
+                    let delta = c.new_ns as i128 - c.base_ns as i128;
+                    format!(
+                        "{}{} ({} → {})  {}",
+                        if delta < 0 { "−" } else { "+" },
+                        units::duration(delta.unsigned_abs() as u64),
+                        units::duration(c.base_ns),
+                        units::duration(c.new_ns),
+                        short_stack(&c.frames)
+                    )
+                })
+                .collect(),
+        ));
+    }
+    if !d.notes.is_empty() {
+        b.push(Block::Heading("Notes".into()));
+        for n in &d.notes {
+            b.push(Block::Line(n.clone()));
+        }
+    }
+    b
+}
+
+/// Root (cause, thread) and the innermost frames of a stack.
+fn short_stack(frames: &[String]) -> String {
+    const KEEP: usize = 4;
+    if frames.len() <= KEEP + 2 {
+        return frames.join(" ← ");
+    }
+    let mut v: Vec<&str> = frames[..2].iter().map(String::as_str).collect();
+    v.push("…");
+    v.extend(frames[frames.len() - KEEP..].iter().map(String::as_str));
+    v.join(" ← ")
+}
+
+/// Every stack with its BASE and NEW weights.
+fn merged<'a>(
+    base: &'a BTreeMap<String, u64>,
+    new: &'a BTreeMap<String, u64>,
+) -> Vec<(&'a str, u64, u64)> {
+    base.keys()
+        .chain(new.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|s| {
+            (
+                s.as_str(),
+                base.get(s).copied().unwrap_or(0),
+                new.get(s).copied().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Which side's idle time gives the frames their widths.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    New,
+    /// Stacks that went away still show.
+    Base,
+}
+
+fn flamegraph(c: &Compared, shape: Shape) -> io::Result<Vec<u8>> {
+    let lines = merged(&c.base_stacks, &c.new_stacks);
+    let mut svg = Vec::new();
+    if lines.is_empty() {
+        writeln!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="600" height="60"><text x="10" y="35" font-family="sans-serif" font-size="14">no idle time on either side</text></svg>"#
+        )?;
+        return Ok(svg);
+    }
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = match shape {
+        Shape::New => "GPU idle-gap stacks, NEW against BASE (sized by NEW)".into(),
+        Shape::Base => "GPU idle-gap stacks, NEW against BASE (sized by BASE)".into(),
+    };
+    opts.subtitle = Some(if c.diff.simulated {
+        "red: grew, blue: shrank · SIMULATED GPU: gapscope's test and demo workload".into()
+    } else {
+        "red: grew, blue: shrank".into()
+    });
+    opts.count_name = "ns".into();
+    opts.deterministic = true;
+    // Widths are the second count; the hue is second − first (negated for
+    // BASE's shape, whose counts come swapped).
+    opts.negate_differentials = shape == Shape::Base;
+    let text: Vec<String> = lines
+        .iter()
+        .map(|(s, b, n)| match shape {
+            Shape::New => format!("{s} {b} {n}"),
+            Shape::Base => format!("{s} {n} {b}"),
+        })
+        .collect();
+    inferno::flamegraph::from_lines(&mut opts, text.iter().map(String::as_str), &mut svg)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(svg)
+}
+
+const STYLE: &str = r#"
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;margin:0;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
+h1{font-size:22px;margin:0 0 4px}h3{font-size:15px;margin:18px 0 6px}
+.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:14px 18px;margin:14px 0}
+.verdict{font-size:16px;font-weight:600;border-radius:6px;padding:10px 14px}
+.improved{background:#dff3e4;border:1px solid #8fd19e}.regressed{background:#fde2e1;border:1px solid #e6a19d}.unchanged{background:#eceff3;border:1px solid #c9ced6}
+.sim{background:#fff3cd;border:1px solid #e0c36a;border-radius:6px;padding:8px 12px;font-weight:600}
+.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
+.num{text-align:right;font-variant-numeric:tabular-nums}
+.bars div.row{display:flex;align-items:center;margin:4px 0}.bars .who{width:60px;font-weight:600}
+.bars svg{flex:1;height:24px;border-radius:4px}
+iframe.flame{width:100%;border:1px solid #ddd;border-radius:6px;background:#fff}
+"#;
+
+/// A bar of one run's allocated time: busy, then idle by cause.
+fn share_bar(
+    out: &mut dyn Write,
+    who: &str,
+    busy_ns: u64,
+    causes: &[(crate::analyze::cause::Cause, u64)],
+    allocated: u64,
+) -> io::Result<()> {
+    let total = allocated.max(1) as f64;
+    write!(
+        out,
+        r#"<div class="row"><span class="who">{who}</span><svg class="bar" id="bar-{}" viewBox="0 0 1000 24" preserveAspectRatio="none">"#,
+        who.to_lowercase()
+    )?;
+    let mut x = 0.0;
+    let mut rect = |out: &mut dyn Write, ns: u64, color: &str, title: &str| -> io::Result<()> {
+        let w = ns as f64 / total * 1000.0;
+        if w > 0.0 {
+            write!(
+                out,
+                r#"<rect x="{x:.2}" width="{w:.2}" height="24" fill="{color}"><title>{}</title></rect>"#,
+                esc(title)
+            )?;
+        }
+        x += w;
+        Ok(())
+    };
+    rect(
+        out,
+        busy_ns,
+        "#2e9e44",
+        &format!("busy {}", units::percent(busy_ns, allocated)),
+    )?;
+    for &(c, ns) in causes {
+        rect(
+            out,
+            ns,
+            c.color(),
+            &format!("{} {}", c.name(), units::percent(ns, allocated)),
+        )?;
+    }
+    writeln!(out, "</svg></div>")
+}
+
+fn write_html(c: &Compared, out: &mut dyn Write) -> io::Result<()> {
+    let d = &c.diff;
+    writeln!(
+        out,
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width,initial-scale=1">
+<title>gapscope diff — {}</title>
+<style>{STYLE}</style></head>
+<body><main>
+<h1>gapscope diff</h1>"#,
+        esc(d.verdict.outcome.name())
+    )?;
+    writeln!(
+        out,
+        r#"<div class="mono">{}<br>{}</div>"#,
+        esc(&side_line("BASE", &d.base)),
+        esc(&side_line("NEW", &d.new))
+    )?;
+    if d.simulated {
+        writeln!(
+            out,
+            r#"<p class="sim" id="simulated">SIMULATED GPU: gapscope's test and demo workload on one side or both. The host side is real; the GPU and its timings are simulated.</p>"#
+        )?;
+    }
+    writeln!(
+        out,
+        r#"<p class="verdict {0}" id="verdict" data-outcome="{0}">{1}</p>"#,
+        d.verdict.outcome.name(),
+        esc(&d.verdict.text)
+    )?;
+    if let Some(g) = d.gate {
+        writeln!(
+            out,
+            r#"<p id="gate" data-passed="{}">Gate: idle share {} (allowed: +{:.1} points): {}</p>"#,
+            g.passed,
+            esc(&signed_points(d.idle_share.change_points)),
+            g.points,
+            if g.passed { "passed" } else { "FAILED" }
+        )?;
+    }
+    writeln!(
+        out,
+        r#"<section class="card bars"><h3>Allocated GPU time: busy, then idle by cause</h3>"#
+    )?;
+    for (who, info, new) in [("BASE", &d.base, false), ("NEW", &d.new, true)] {
+        let causes: Vec<_> = d
+            .causes
+            .iter()
+            .map(|x| (x.cause, if new { x.new_ns } else { x.base_ns }))
+            .collect();
+        share_bar(out, who, info.busy_ns, &causes, info.allocated_ns)?;
+    }
+    writeln!(out, "</section>")?;
+    writeln!(out, r#"<section class="card">"#)?;
+    let all = blocks(d);
+    // The sides and the verdict are above already.
+    let skip = all
+        .iter()
+        .position(|b| matches!(b, Block::Heading(h) if h.starts_with("Idle by cause")))
+        .unwrap_or(0);
+    write_blocks(&all[skip..], Style::Html, out)?;
+    writeln!(out, "</section>")?;
+    for (id, shape, what) in [
+        (
+            "flame-new",
+            Shape::New,
+            "sized by NEW: where the idle time is now",
+        ),
+        (
+            "flame-base",
+            Shape::Base,
+            "sized by BASE: what went away shows too",
+        ),
+    ] {
+        let svg = flamegraph(c, shape)?;
+        let height = crate::export::html::svg_height(&svg).unwrap_or(400) + 20;
+        writeln!(
+            out,
+            r#"<section class="card"><h3>Idle-gap stacks, differential ({what})</h3>
+<iframe class="flame" id="{id}" title="differential idle-gap flamegraph" style="height:{height}px" src="data:image/svg+xml;base64,{}"></iframe></section>"#,
+            base64::engine::general_purpose::STANDARD.encode(&svg)
+        )?;
+    }
+    writeln!(
+        out,
+        r#"<footer class="mono">schema {}</footer></main></body></html>"#,
+        d.schema
+    )
+}
