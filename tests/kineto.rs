@@ -234,13 +234,6 @@ fn nccl(kernel: &str) -> bool {
     kernel.to_ascii_lowercase().contains("nccl")
 }
 
-/// A gzipped trace's text.
-fn gunzip(path: &std::path::Path) -> Vec<u8> {
-    let out = Command::new("gzip").arg("-dc").arg(path).output().unwrap();
-    assert!(out.status.success(), "gzip -dc {}", path.display());
-    out.stdout
-}
-
 /// Total length of the union of spans, µs.
 fn union_us(mut spans: Vec<(f64, f64)>) -> f64 {
     spans.sort_by(|a, b| a.0.total_cmp(&b.0));

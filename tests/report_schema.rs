@@ -3,7 +3,7 @@
 //! A validator for exactly the JSON Schema (draft 2020-12) keywords that
 //! schema uses: `type` (a name or a list of names), `const`, `enum`,
 //! `properties`, `required`, `additionalProperties` (false or a schema),
-//! `items`, `minimum` and `$ref` to a place in the same document
+//! `items`, `minimum`, `anyOf` and `$ref` to a place in the same document
 //! (`#/$defs/...`). Annotations (`$schema`, `title`, `description`,
 //! `$defs`) are skipped; any other keyword is a panic, so the schema cannot
 //! use one that would silently go unchecked.
@@ -22,6 +22,7 @@ const KEYWORDS: &[&str] = &[
     "additionalProperties",
     "items",
     "minimum",
+    "anyOf",
 ];
 const ANNOTATIONS: &[&str] = &["$schema", "title", "description", "$defs"];
 
@@ -32,6 +33,24 @@ pub fn report_schema() -> &'static Value {
         serde_json::from_str(include_str!("../docs/report.schema.json"))
             .expect("docs/report.schema.json is JSON")
     })
+}
+
+/// docs/diff.schema.json, parsed.
+pub fn diff_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        serde_json::from_str(include_str!("../docs/diff.schema.json"))
+            .expect("docs/diff.schema.json is JSON")
+    })
+}
+
+/// Panics, naming the JSON path of the first violation, unless `diff`
+/// follows docs/diff.schema.json.
+#[track_caller]
+pub fn assert_diff_schema(diff: &Value) {
+    if let Err(e) = schema_violation(diff_schema(), diff) {
+        panic!("the diff does not follow docs/diff.schema.json: {e}");
+    }
 }
 
 /// Panics, naming the JSON path of the first violation, unless `report`
@@ -93,6 +112,16 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str) -> Result<(), Stri
             .and_then(|pointer| root.pointer(pointer))
             .unwrap_or_else(|| panic!("$ref {r} does not resolve in this document"));
         check(root, target, v, path)?;
+    }
+    if let Some(any) = schema.get("anyOf") {
+        let options = any.as_array().expect("anyOf is an array");
+        let errors: Vec<String> = options
+            .iter()
+            .filter_map(|s| check(root, s, v, path).err())
+            .collect();
+        if errors.len() == options.len() {
+            return Err(errors.join("; and "));
+        }
     }
     if let Some(t) = schema.get("type") {
         let names: Vec<&str> = match t {

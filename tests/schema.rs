@@ -1,6 +1,8 @@
 //! docs/report.schema.json is the `gapscope.report/1` contract: the reports
 //! kept with the tests follow it, and it keeps its own rules (closed
 //! objects, every field written and described) and the report code's names.
+//! docs/diff.schema.json, `gapscope.diff/1`, keeps the same rules and the
+//! report's own definitions of what they share.
 
 use std::path::Path;
 
@@ -90,15 +92,13 @@ fn the_report_of_each_pytorch_trace_follows_the_schema() {
 /// Every object schema in `schema` is closed, requires its fields (but the
 /// few serde leaves out when empty) and describes each of them; every `$ref`
 /// resolves; an enum that may be null lists null.
-fn check_rules(schema: &Value, at: &str, optional: &[&str]) {
+fn check_rules(root: &Value, schema: &Value, at: &str, optional: &[&str]) {
     match schema {
         Value::Object(m) => {
             if let Some(r) = m.get("$ref") {
                 let r = r.as_str().unwrap();
                 assert!(
-                    r.strip_prefix('#')
-                        .and_then(|p| report_schema().pointer(p))
-                        .is_some(),
+                    r.strip_prefix('#').and_then(|p| root.pointer(p)).is_some(),
                     "{at}: $ref {r} does not resolve"
                 );
             }
@@ -135,13 +135,13 @@ fn check_rules(schema: &Value, at: &str, optional: &[&str]) {
                 );
             }
             for (k, v) in m {
-                check_rules(v, &format!("{at}.{k}"), optional);
+                check_rules(root, v, &format!("{at}.{k}"), optional);
             }
         }
         Value::Array(a) => a
             .iter()
             .enumerate()
-            .for_each(|(i, v)| check_rules(v, &format!("{at}[{i}]"), optional)),
+            .for_each(|(i, v)| check_rules(root, v, &format!("{at}[{i}]"), optional)),
         _ => {}
     }
 }
@@ -154,6 +154,7 @@ fn the_schema_keeps_its_own_rules() {
         "https://json-schema.org/draft/2020-12/schema"
     );
     check_rules(
+        schema,
         schema,
         "$",
         &[
@@ -191,5 +192,29 @@ fn the_schema_uses_the_report_codes_names() {
     assert_eq!(
         strings(&def("OffCpuStack")["properties"]["kind"]["enum"]),
         kinds
+    );
+}
+
+#[test]
+fn the_diff_schema_keeps_the_same_rules_and_the_reports_definitions() {
+    let schema = diff_schema();
+    assert_eq!(
+        schema["$schema"],
+        "https://json-schema.org/draft/2020-12/schema"
+    );
+    check_rules(schema, schema, "$", &[]);
+    assert_eq!(
+        schema["properties"]["schema"]["const"],
+        gapscope::export::diff::SCHEMA
+    );
+    for shared in ["IdleByCause", "BusyByKind"] {
+        assert_eq!(schema["$defs"][shared], *def(shared), "{shared}");
+    }
+    let causes = sorted(Cause::ALL.iter().map(|c| c.name()));
+    assert_eq!(
+        sorted(strings(
+            &schema["$defs"]["CauseChange"]["properties"]["cause"]["enum"]
+        )),
+        causes
     );
 }

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 mod report_schema;
 pub use report_schema::{
-    assert_report_schema, assert_reports_schema, report_schema, schema_violation,
+    assert_diff_schema, assert_report_schema, assert_reports_schema, diff_schema, report_schema,
+    schema_violation,
 };
 
 /// target/<profile>/ of this build (tests live in target/<profile>/deps/).
@@ -404,6 +405,13 @@ pub fn with_more_workers(rec: &Value, add: u64) -> Value {
 /// from HTA's test data, MIT), with the reference numbers they reproduce.
 pub fn kineto_traces() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/kineto")
+}
+
+/// A gzipped trace's text.
+pub fn gunzip(path: &Path) -> Vec<u8> {
+    let out = Command::new("gzip").arg("-dc").arg(path).output().unwrap();
+    assert!(out.status.success(), "gzip -dc {}", path.display());
+    out.stdout
 }
 
 /// Runs `gapscope ARGS`, requires success, returns its stdout.

@@ -138,9 +138,12 @@ pub struct Verdict {
     pub basis: Basis,
     /// "step_time_ns" or "idle_share_pct": lower is better for both.
     pub metric: &'static str,
+    #[serde(serialize_with = "r3")]
     pub base: f64,
+    #[serde(serialize_with = "r3")]
     pub new: f64,
     /// new − base, in percent of base (step time) or in points (idle share).
+    #[serde(serialize_with = "r3")]
     pub change: f64,
     /// How often the spread alone would give a difference this large
     /// (Welch's t-test); null on totals.
@@ -148,6 +151,7 @@ pub struct Verdict {
     /// 1 − p_value: how sure the difference is not noise.
     pub confidence: Option<f64>,
     /// Half the 99% interval of the change, in its unit.
+    #[serde(serialize_with = "r3_opt")]
     pub margin99: Option<f64>,
     /// Samples each side contributed.
     pub samples: [usize; 2],
@@ -158,8 +162,11 @@ pub struct Verdict {
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
 pub struct Share {
+    #[serde(serialize_with = "r3")]
     pub base_pct: f64,
+    #[serde(serialize_with = "r3")]
     pub new_pct: f64,
+    #[serde(serialize_with = "r3")]
     pub change_points: f64,
 }
 
@@ -186,6 +193,7 @@ pub struct GpuFigures {
     pub busy_ns: u64,
     pub busy_by_kind_ns: BusyByKindReport,
     pub idle_ns: u64,
+    #[serde(serialize_with = "r3")]
     pub idle_pct: f64,
     pub idle_by_cause_ns: IdleByCause,
 }
@@ -206,28 +214,31 @@ pub struct CauseChange {
     pub base_ns: u64,
     pub new_ns: u64,
     /// Shares of each side's allocated time.
+    #[serde(serialize_with = "r3")]
     pub base_pct: f64,
+    #[serde(serialize_with = "r3")]
     pub new_pct: f64,
+    #[serde(serialize_with = "r3")]
     pub change_points: f64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
 pub struct StepStats {
     pub count: usize,
-    pub mean_ns: f64,
-    pub median_ns: f64,
-    pub p90_ns: f64,
-    pub sd_ns: f64,
+    pub mean_ns: u64,
+    pub median_ns: u64,
+    pub p90_ns: u64,
+    pub sd_ns: u64,
 }
 
 impl From<Summary> for StepStats {
     fn from(s: Summary) -> StepStats {
         StepStats {
             count: s.n,
-            mean_ns: s.mean,
-            median_ns: s.median,
-            p90_ns: s.p90,
-            sd_ns: s.sd,
+            mean_ns: s.mean.round() as u64,
+            median_ns: s.median.round() as u64,
+            p90_ns: s.p90.round() as u64,
+            sd_ns: s.sd.round() as u64,
         }
     }
 }
@@ -242,13 +253,16 @@ pub struct StepsDiff {
     pub base: StepStats,
     pub new: StepStats,
     /// Mean step time's change, percent.
+    #[serde(serialize_with = "r3")]
     pub change_pct: f64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
 pub struct BucketStats {
     pub count: usize,
+    #[serde(serialize_with = "r3")]
     pub mean_pct: f64,
+    #[serde(serialize_with = "r3")]
     pub sd_pct: f64,
 }
 
@@ -266,6 +280,7 @@ pub struct RecommendationBrief {
     pub cause: String,
     pub title: String,
     /// The replay's speedup where there is one, else the upper bound.
+    #[serde(serialize_with = "r3")]
     pub speedup: f64,
 }
 
@@ -287,6 +302,18 @@ pub struct StackChange {
 pub struct StackChanges {
     pub grew: Vec<StackChange>,
     pub shrank: Vec<StackChange>,
+}
+
+/// Shares and changes to 3 decimals: their noise is in the first.
+fn r3<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((x * 1000.0).round() / 1000.0)
+}
+
+fn r3_opt<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match x {
+        Some(v) => r3(v, s),
+        None => s.serialize_none(),
+    }
 }
 
 fn pct(part: u64, whole: u64) -> f64 {
@@ -553,8 +580,8 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
                         0.0
                     },
                 },
-                sx,
-                sy,
+                x,
+                y,
             ))
         }
         (bs, ns) => {
@@ -569,12 +596,12 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
     };
 
     let (mut verdict, rates, min) = match &steps {
-        Some((_, sx, sy)) if sx.n >= 2 && sy.n >= 2 => {
+        Some((_, x, y)) if x.len() >= 2 && y.len() >= 2 => {
             let v = judge(
                 Basis::Steps,
                 "step_time_ns",
-                sx,
-                sy,
+                (&Summary::of(x), &Summary::of(y)),
+                (&Summary::of(&blocks(x)), &Summary::of(&blocks(y))),
                 opts.min_change_pct,
                 true,
                 largest_change,
@@ -607,8 +634,8 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
                 judge(
                     Basis::Buckets,
                     "idle_share_pct",
-                    &sx,
-                    &sy,
+                    (&sx, &sy),
+                    (&sx, &sy),
                     MIN_IDLE_POINTS,
                     false,
                     largest_change,
@@ -684,25 +711,42 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
     }
 }
 
-/// The verdict from two samples of a lower-is-better metric. `relative`:
-/// the change is judged in percent of BASE (step time), else in points
-/// (idle share); `min`: the smallest change called one.
+/// Consecutive steps averaged in blocks, a tenth of the run each (where
+/// there are 20 or more): a pipeline's steps alternate long and short (a
+/// batch waited for, then one ready), and such steps taken one by one make
+/// a spread that hides any change; their blocks' means do not.
+fn blocks(steps: &[f64]) -> Vec<f64> {
+    if steps.len() < 20 {
+        return steps.to_vec();
+    }
+    let size = steps.len() / 10;
+    steps
+        .chunks_exact(size)
+        .map(|c| c.iter().sum::<f64>() / size as f64)
+        .collect()
+}
+
+/// The verdict on a lower-is-better metric: `shown`, each side's samples'
+/// summary (what the verdict says); `tested`, what Welch's test reads.
+/// `relative`: the change is judged in percent of BASE (step time), else
+/// in points (idle share); `min`: the smallest change called one.
 fn judge(
     basis: Basis,
     metric: &'static str,
-    base: &Summary,
-    new: &Summary,
+    shown: (&Summary, &Summary),
+    tested: (&Summary, &Summary),
     min: f64,
     relative: bool,
     largest_change: Option<CauseChange>,
 ) -> Verdict {
-    let c = stats::welch(base, new).expect("two or more samples a side");
+    let (base, new) = shown;
+    let c = stats::welch(tested.0, tested.1).expect("two or more samples a side");
     let scale = if relative && base.mean > 0.0 {
         100.0 / base.mean
     } else {
         1.0
     };
-    let change = c.difference * scale;
+    let change = (new.mean - base.mean) * scale;
     let outcome = if c.p_value < P_CHANGED && change.abs() >= min {
         if change < 0.0 {
             Outcome::Improved

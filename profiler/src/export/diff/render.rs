@@ -265,14 +265,13 @@ fn blocks(d: &Diff) -> Vec<Block> {
             "numbers do not overlap: all steps of each".into()
         };
         b.push(Block::Heading(format!("Steps ({source}; {matched})")));
-        let ns = |x: f64| units::duration(x.round() as u64);
-        let row = |label: &str, x: f64, y: f64| {
+        let row = |label: &str, x: u64, y: u64| {
             vec![
                 label.to_string(),
-                ns(x),
-                ns(y),
-                if x > 0.0 {
-                    signed_pct((y / x - 1.0) * 100.0)
+                units::duration(x),
+                units::duration(y),
+                if x > 0 {
+                    signed_pct((y as f64 / x as f64 - 1.0) * 100.0)
                 } else {
                     "-".into()
                 },
