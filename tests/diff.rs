@@ -186,6 +186,20 @@ fn a_fixed_bottleneck_is_named_with_its_size() {
     for attr in ["src=\"http", "href=\"http", "<link", "<script src"] {
         assert!(!html.contains(attr), "not self-contained: {attr}");
     }
+    if let Some(browser) = browser("a_fixed_bottleneck_is_named_with_its_size") {
+        let (dom, console) = chromium(&browser, &page, &["--dump-dom".into()]);
+        assert!(console.is_empty(), "console output: {console:#?}");
+        assert!(dom.contains(&*esc(d["verdict"]["text"].as_str().unwrap())));
+    }
+}
+
+/// Text as HTML writes it.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
 }
 
 #[test]

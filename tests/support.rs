@@ -344,6 +344,57 @@ pub fn browser(test: &str) -> Option<PathBuf> {
     found
 }
 
+/// Runs Chromium headless on `page` with `extra` flags, no network, and
+/// returns (stdout, console lines). Killed after a minute.
+pub fn chromium(browser: &Path, page: &Path, extra: &[String]) -> (String, Vec<String>) {
+    let profile = scratch("chromium-profile");
+    let mut child = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-background-networking",
+            "--disable-extensions",
+            "--disable-sync",
+            "--mute-audio",
+            "--hide-scrollbars",
+            // Anything the page tried to fetch would fail and be logged.
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(format!("file://{}", page.display()))
+        .stdin(Stdio::null())
+        // Files, not pipes: a page's DOM is larger than a pipe holds.
+        .stdout(std::fs::File::create(profile.path().join("stdout")).unwrap())
+        .stderr(std::fs::File::create(profile.path().join("stderr")).unwrap())
+        .spawn()
+        .expect("starting chromium");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium did not finish in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let read = |f: &str| {
+        String::from_utf8_lossy(&std::fs::read(profile.path().join(f)).unwrap()).into_owned()
+    };
+    let stderr = read("stderr");
+    let console = stderr
+        .lines()
+        .filter(|l| l.contains(":CONSOLE") || l.contains("net::ERR_"))
+        .map(str::to_string)
+        .collect();
+    (read("stdout"), console)
+}
+
 /// `gapscope run -o DIR/rec ARGS -- simtrain SIMTRAIN_ARGS` on the shared
 /// dataset, writing its ground truth to DIR/truth.json; checks that it
 /// exited 0 and returns the run and that ground truth.

@@ -3,7 +3,8 @@
 //!   setup     install what building and testing need (clang, libbpf headers,
 //!             chromium for the HTML report test) with apt
 //!   build     build everything (release)
-//!   demo      record an example workload end to end and print its report
+//!   demo      record an example workload end to end and print its report,
+//!             then the same job with its first fix applied, and the diff
 //!   test      formatting, lints, then every test (BPF tests need root)
 //!   vmlinux   regenerate ebpf/vmlinux.h from this kernel's BTF
 //!   gpu-bundle  one folder to check the CUPTI path on a machine with a GPU
@@ -306,9 +307,33 @@ fn demo() -> Result<()> {
         .arg(&data)
         .arg("--ground-truth")
         .arg(out.join("ground-truth.json")))?;
+    // Then the fix the report puts first, applied (`--fix input.io`: the
+    // same job with its reads taken out), and the two runs compared: what
+    // the fix bought, and what leads now.
+    let fixed = root().join("target/demo-fixed");
+    let _ = std::fs::remove_dir_all(&fixed);
+    run(Command::new(release.join("gapscope"))
+        .arg("run")
+        .arg("-q")
+        .arg("-o")
+        .arg(&fixed)
+        .arg("--")
+        .arg(release.join("simtrain"))
+        .args(["--bottleneck", "mixed", "--fix", "input.io", "--data"])
+        .arg(&data)
+        .arg("--ground-truth")
+        .arg(fixed.join("ground-truth.json")))?;
+    eprintln!("\nxtask: the same job with input.io fixed, against the first run:\n");
+    run(Command::new(release.join("gapscope"))
+        .arg("diff")
+        .arg(&out)
+        .arg(&fixed))?;
     eprintln!(
-        "\nxtask: demo done; re-read it any time with: target/release/gapscope report {}",
-        out.display()
+        "\nxtask: demo done; re-read it any time with: target/release/gapscope report {}\n\
+         and compare the runs with: target/release/gapscope diff {} {}",
+        out.display(),
+        out.display(),
+        fixed.display()
     );
     Ok(())
 }

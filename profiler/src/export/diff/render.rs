@@ -10,6 +10,9 @@ use super::{Basis, Compared, Diff, GpuFigures, Outcome, Share, Verdict};
 use crate::export::summary::{self, html_escape as esc, Block, Style, Table};
 use crate::export::units;
 
+/// Idle stacks the text shows of each list (the JSON has more).
+const STACKS_SHOWN: usize = 5;
+
 /// What `gapscope diff` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DiffFormat {
@@ -357,6 +360,7 @@ fn blocks(d: &Diff) -> Vec<Block> {
         b.push(Block::Heading(heading.into()));
         b.push(Block::Bullets(
             list.iter()
+                .take(STACKS_SHOWN)
                 .map(|c| {
                     let delta = c.new_ns as i128 - c.base_ns as i128;
                     format!(
@@ -380,16 +384,20 @@ fn blocks(d: &Diff) -> Vec<Block> {
     b
 }
 
-/// Root (cause, thread) and the innermost frames of a stack.
+/// A stack as the report writes one: its cause and thread, then its
+/// innermost frames, leaf first.
 fn short_stack(frames: &[String]) -> String {
     const KEEP: usize = 4;
-    if frames.len() <= KEEP + 2 {
-        return frames.join(" ← ");
+    let (root, rest) = frames.split_at(frames.len().min(2));
+    let mut inner: Vec<&str> = rest.iter().rev().take(KEEP).map(String::as_str).collect();
+    if rest.len() > KEEP {
+        inner.push("…");
     }
-    let mut v: Vec<&str> = frames[..2].iter().map(String::as_str).collect();
-    v.push("…");
-    v.extend(frames[frames.len() - KEEP..].iter().map(String::as_str));
-    v.join(" ← ")
+    if inner.is_empty() {
+        root.join(" · ")
+    } else {
+        format!("{}: {}", root.join(" · "), inner.join(" ← "))
+    }
 }
 
 /// Every stack with its BASE and NEW weights.
