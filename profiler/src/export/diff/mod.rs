@@ -171,6 +171,7 @@ pub struct Share {
 }
 
 impl Share {
+    /// (part, whole) of each side.
     fn of(base: (u64, u64), new: (u64, u64)) -> Share {
         let (b, n) = (pct(base.0, base.1), pct(new.0, new.1));
         Share {
@@ -214,12 +215,8 @@ pub struct CauseChange {
     pub base_ns: u64,
     pub new_ns: u64,
     /// Shares of each side's allocated time.
-    #[serde(serialize_with = "r3")]
-    pub base_pct: f64,
-    #[serde(serialize_with = "r3")]
-    pub new_pct: f64,
-    #[serde(serialize_with = "r3")]
-    pub change_points: f64,
+    #[serde(flatten)]
+    pub share: Share,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
@@ -467,19 +464,21 @@ fn cause_changes(
         .iter()
         .map(|&c| {
             let (b, n) = (base.get(c), new.get(c));
-            let (bp, np) = (pct(b, b_alloc), pct(n, n_alloc));
             CauseChange {
                 cause: c,
                 base_ns: b,
                 new_ns: n,
-                base_pct: bp,
-                new_pct: np,
-                change_points: np - bp,
+                share: Share::of((b, b_alloc), (n, n_alloc)),
             }
         })
         .filter(|c| c.base_ns > 0 || c.new_ns > 0)
         .collect();
-    v.sort_by(|a, b| b.change_points.abs().total_cmp(&a.change_points.abs()));
+    v.sort_by(|a, b| {
+        b.share
+            .change_points
+            .abs()
+            .total_cmp(&a.share.change_points.abs())
+    });
     v
 }
 
@@ -561,7 +560,10 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
     let (bt, nt) = (b.totals(), n.totals());
     let idle_share = Share::of((bt.2, bt.0), (nt.2, nt.0));
     let causes = cause_changes(&b.idle_by_cause(), bt.0, &n.idle_by_cause(), nt.0);
-    let largest_change = causes.iter().copied().find(|c| c.change_points != 0.0);
+    let largest_change = causes
+        .iter()
+        .copied()
+        .find(|c| c.share.change_points != 0.0);
     let mut notes = Vec::new();
 
     let steps = match (b.steps(), n.steps()) {

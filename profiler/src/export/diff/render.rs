@@ -85,27 +85,28 @@ pub(super) fn verdict_text(v: &Verdict, share: &Share, min: f64) -> String {
         Outcome::Regressed => "Regressed",
         Outcome::Unchanged => "Unchanged",
     };
-    let margin = v.margin99.unwrap_or(0.0);
+    // The change, its 99% margin, and what it was judged on.
+    let spread = |change: String, unit: &str, what: &str| {
+        format!(
+            "{change} ±{:.1}{unit} at 99%; {} vs {} {what}, {}",
+            v.margin99.unwrap_or(0.0),
+            v.samples[0],
+            v.samples[1],
+            p_text(v.p_value.unwrap_or(1.0))
+        )
+    };
     let mut s = match v.basis {
         Basis::Steps => format!(
-            "{head}: step time {} → {} ({} ±{:.1}% at 99%; {} vs {} steps, {})",
+            "{head}: step time {} → {} ({})",
             units::duration(v.base.round() as u64),
             units::duration(v.new.round() as u64),
-            signed_pct(v.change),
-            margin,
-            v.samples[0],
-            v.samples[1],
-            p_text(v.p_value.unwrap_or(1.0))
+            spread(signed_pct(v.change), "%", "steps")
         ),
         Basis::Buckets => format!(
-            "{head}: the GPUs idled {:.1}% → {:.1}% of their busy span ({} ±{:.1} at 99%; {} vs {} stretches, {})",
+            "{head}: the GPUs idled {:.1}% → {:.1}% of their busy span ({})",
             v.base,
             v.new,
-            signed_points(v.change),
-            margin,
-            v.samples[0],
-            v.samples[1],
-            p_text(v.p_value.unwrap_or(1.0))
+            spread(signed_points(v.change), "", "stretches")
         ),
         Basis::Totals => format!(
             "{head}: GPU idle {:.1}% → {:.1}% of allocated time ({}; too short to judge the spread)",
@@ -143,9 +144,9 @@ pub(super) fn verdict_text(v: &Verdict, share: &Share, min: f64) -> String {
         s += &format!(
             " the largest change: {} {} ({:.1}% → {:.1}%).",
             c.cause.name(),
-            signed_points(c.change_points),
-            c.base_pct,
-            c.new_pct
+            signed_points(c.share.change_points),
+            c.share.base_pct,
+            c.share.new_pct
         );
     }
     s
@@ -239,9 +240,9 @@ fn blocks(d: &Diff) -> Vec<Block> {
             .map(|c| {
                 vec![
                     c.cause.name().to_string(),
-                    format!("{:.1}% ({})", c.base_pct, units::duration(c.base_ns)),
-                    format!("{:.1}% ({})", c.new_pct, units::duration(c.new_ns)),
-                    signed_points(c.change_points),
+                    format!("{:.1}% ({})", c.share.base_pct, units::duration(c.base_ns)),
+                    format!("{:.1}% ({})", c.share.new_pct, units::duration(c.new_ns)),
+                    signed_points(c.share.change_points),
                 ]
             })
             .collect(),
@@ -249,10 +250,23 @@ fn blocks(d: &Diff) -> Vec<Block> {
     }));
     for g in &d.gpus {
         b.push(Block::Heading(format!("{} · {}", g.key, g.name)));
+        let mut rows = figures_rows(g.base.as_ref(), g.new.as_ref());
+        // With several GPUs, each one's causes too (the table above has
+        // them all together).
+        if d.gpus.len() > 1 {
+            rows.extend(g.causes.iter().map(|c| {
+                vec![
+                    format!("  {}", c.cause.name()),
+                    format!("{:.1}%", c.share.base_pct),
+                    format!("{:.1}%", c.share.new_pct),
+                    signed_points(c.share.change_points),
+                ]
+            }));
+        }
         b.push(Block::Table(Table {
             header: vec!["", "BASE", "NEW", "CHANGE"],
             right: vec![false, true, true, true],
-            rows: figures_rows(g.base.as_ref(), g.new.as_ref()),
+            rows,
             note: None,
         }));
     }
