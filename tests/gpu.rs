@@ -162,3 +162,61 @@ fn libcuda_uprobes_time_driver_calls_within_10_percent() {
         );
     }
 }
+
+/// simtrain started on its own keeps its simulated GPU dormant on the
+/// control socket a CUPTI shim would listen on; `gapscope attach` finds it
+/// there as it finds a dormant shim, and gets its records from then on.
+#[test]
+fn a_running_simulated_gpu_is_attached_to_like_a_dormant_shim() {
+    if !bpf_ready("a_running_simulated_gpu_is_attached_to_like_a_dormant_shim") {
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let data = simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("dormant-sim");
+    let truth = dir.path().join("truth.json");
+    let mut sim = Command::new(bin("simtrain"))
+        .args(["--bottleneck", "sync", "--steps", "300", "--data"])
+        .arg(&data)
+        .arg("--ground-truth")
+        .arg(&truth)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(sim.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("dormant"), "{line}");
+    let rec = dir.path().join("rec");
+    let out = Command::new(gapscope())
+        .args(["attach", "--duration", "1.5", "-q", "--no-exports", "-o"])
+        .arg(&rec)
+        .arg("--pid")
+        .arg(sim.id().to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(sim.wait().unwrap().success());
+    let report = report_json(&rec);
+    let g = &report["gpus"][0];
+    assert_eq!(g["source"], "simulated", "{report:#}");
+    assert_eq!(report["gpu_sources"][0]["loaded_by"], "simulated");
+    // The kernels seen are whole and exact: 1.5 ms each, 4 a step, ~400 of
+    // them in 1.5 s of steps of 6 ms of work and 9 ms of host time.
+    let k = &g["kernels"];
+    let n = u64_of(k, "count");
+    assert!((200..=500).contains(&n), "{k}");
+    assert_eq!(u64_of(k, "total_ns"), n * 1_500_000);
+    assert_gpu_partitions(g);
+    // Seen from its first work after the attach: what ran before is not
+    // counted as idle.
+    assert!(u64_of(g, "unseen_ns") < 100_000_000, "{g:#}");
+    assert!(u64_of(&g["idle_by_cause_ns"], "sync") > 0, "{g:#}");
+}

@@ -8,9 +8,9 @@
 //! libgs_simgpu.so through its C ABI (below), so that real host code — a
 //! PyTorch DataLoader, say — can feed a simulated device.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gapscope_cupti::clock::monotonic_ns as now;
@@ -38,10 +38,15 @@ fn tid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
+/// Where the device's records go: gapscope's socket under `gapscope run`;
+/// otherwise, as a dormant shim does, the profiler that connects to its
+/// control socket (`gapscope attach`), while it stays.
+type Link = Arc<Mutex<Option<UnixStream>>>;
+
 /// A single-stream simulated GPU. Work runs back to back in issue order, on
 /// CLOCK_MONOTONIC; its records go to gapscope as they would from CUPTI.
 pub struct SimDevice {
-    conn: Option<UnixStream>,
+    link: Link,
     pid: u32,
     /// When the queue empties.
     pub free_at: u64,
@@ -56,25 +61,11 @@ pub struct SimDevice {
 
 impl SimDevice {
     /// Connects to gapscope through GAPSCOPE_SOCKET (if set) and says who
-    /// it is: `who` goes into the handshake and the device's name.
+    /// it is: `who` goes into the handshake and the device's name. Without
+    /// it, the device waits dormant on its control socket, like the shim.
     pub fn connect(who: &str) -> SimDevice {
         let pid = std::process::id();
-        let conn = std::env::var("GAPSCOPE_SOCKET")
-            .ok()
-            .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
-        if conn.is_none() {
-            eprintln!("{who}: not under gapscope (no GAPSCOPE_SOCKET): the simulated GPU reports to no one");
-        }
-        let mut dev = SimDevice {
-            conn,
-            pid,
-            free_at: 0,
-            correlation: 0,
-            pending: Vec::new(),
-            busy: Vec::new(),
-            lost: None,
-        };
-        let mut bytes = Vec::new();
+        let mut greeting = Vec::new();
         encode(
             &Frame::Hello(Hello {
                 version: VERSION,
@@ -84,29 +75,55 @@ impl SimDevice {
                 clock: ClockMethod::Native,
                 source: format!("simulated device ({who})"),
             }),
-            &mut bytes,
+            &mut greeting,
         );
         encode(
             &Frame::Records(vec![GpuRecord::Device {
                 id: 0,
                 name: format!("Simulated GPU 0 ({who})"),
             }]),
-            &mut bytes,
+            &mut greeting,
         );
-        dev.send(&bytes);
+        let link: Link = Arc::default();
+        let conn = std::env::var("GAPSCOPE_SOCKET")
+            .ok()
+            .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
+        match conn {
+            Some(c) => *lock(&link) = Some(c),
+            None => {
+                eprintln!("{who}: not under gapscope run: the simulated GPU waits, dormant, for gapscope attach");
+                wait_dormant(link.clone(), greeting.clone());
+            }
+        }
+        let mut dev = SimDevice {
+            link,
+            pid,
+            free_at: 0,
+            correlation: 0,
+            pending: Vec::new(),
+            busy: Vec::new(),
+            lost: None,
+        };
+        dev.send(&greeting);
         dev
     }
 
     fn send(&mut self, bytes: &[u8]) {
-        if let Some(c) = &mut self.conn {
+        let mut link = lock(&self.link);
+        if let Some(c) = link.as_mut() {
             if c.write_all(bytes).is_err() {
-                self.conn = None;
+                *link = None;
             }
         }
     }
 
     pub fn flush(&mut self) {
         if self.pending.is_empty() {
+            return;
+        }
+        if lock(&self.link).is_none() {
+            // Dormant: nobody to tell, and nothing kept for later.
+            self.pending.clear();
             return;
         }
         let mut bytes = Vec::new();
@@ -283,6 +300,48 @@ impl SimDevice {
         encode(&Frame::Goodbye, &mut bytes);
         self.send(&bytes);
     }
+}
+
+fn lock(link: &Link) -> std::sync::MutexGuard<'_, Option<UnixStream>> {
+    link.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Listens on the control socket a dormant CUPTI shim would (`gapscope
+/// attach` and the agent look for it), one profiler at a time: each gets the
+/// greeting, then the device's records from that moment until it leaves.
+fn wait_dormant(link: Link, greeting: Vec<u8>) {
+    use gapscope_cupti::transport;
+    let name = transport::local_control_socket_name(std::process::id());
+    let Ok(listener) = transport::listen(&name) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("simgpu-listen".into())
+        .spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                // Only our own user (or root) may switch recording on.
+                // SAFETY: getuid has no preconditions.
+                let me = unsafe { libc::getuid() };
+                if !transport::peer_uid(&stream).is_some_and(|u| u == me || u == 0) {
+                    continue;
+                }
+                let Ok(mut reader) = stream.try_clone() else {
+                    continue;
+                };
+                let mut hello = greeting.clone();
+                encode(&Frame::Sighted { at: now() }, &mut hello);
+                if stream.write_all(&hello).is_err() {
+                    continue;
+                }
+                *lock(&link) = Some(stream);
+                // The profiler never writes: end of input means it is done.
+                let mut byte = [0u8; 1];
+                while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
+                if let Some(s) = lock(&link).take() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        });
 }
 
 // ------------------------------------------------------------ the C ABI
