@@ -395,6 +395,55 @@ pub fn chromium(browser: &Path, page: &Path, extra: &[String]) -> (String, Vec<S
     (read("stdout"), console)
 }
 
+/// Prometheus and promtool (Debian's `prometheus`, which `cargo xtask
+/// setup` installs), or None to skip — a panic under
+/// GAPSCOPE_REQUIRE_PROMETHEUS=1.
+pub fn prometheus(test: &str) -> Option<(PathBuf, PathBuf)> {
+    let find = |name: &str| {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|f| f.is_file())
+        })
+    };
+    match (find("prometheus"), find("promtool")) {
+        (Some(p), Some(t)) => Some((p, t)),
+        _ if std::env::var("GAPSCOPE_REQUIRE_PROMETHEUS").as_deref() == Ok("1") => {
+            panic!("{test}: Prometheus is required (GAPSCOPE_REQUIRE_PROMETHEUS=1) but not installed; cargo xtask setup installs it")
+        }
+        _ => {
+            eprintln!(
+                "skipping {test}: no prometheus/promtool on PATH (cargo xtask setup installs them)"
+            );
+            None
+        }
+    }
+}
+
+/// `GET path` from a local HTTP server: (status line, body).
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(String, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+/// A local TCP port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// `gapscope run -o DIR/rec ARGS -- simtrain SIMTRAIN_ARGS` on the shared
 /// dataset, writing its ground truth to DIR/truth.json; checks that it
 /// exited 0 and returns the run and that ground truth.

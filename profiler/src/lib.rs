@@ -13,8 +13,10 @@
 //! 4. `export` renders an `Analysis`: reports, pictures and the timeline.
 //!
 //! Each stage imports only the ones before it (the `layers` test below
-//! keeps it so).
+//! keeps it so). `agent`, the node daemon, drives them all and no stage
+//! names it.
 
+pub mod agent;
 pub mod analyze;
 pub mod clock;
 pub mod collect;
@@ -67,23 +69,28 @@ mod layers {
             (
                 "session",
                 &[
-                    "collect", "timeline", "analyze", "export", "kineto", "inputs",
+                    "collect", "timeline", "analyze", "export", "kineto", "inputs", "agent",
                 ],
             ),
             (
                 "collect",
-                &["timeline", "analyze", "export", "kineto", "inputs"],
+                &["timeline", "analyze", "export", "kineto", "inputs", "agent"],
             ),
             (
                 "kineto",
-                &["collect", "timeline", "analyze", "export", "inputs"],
+                &[
+                    "collect", "timeline", "analyze", "export", "inputs", "agent",
+                ],
             ),
             (
                 "timeline",
-                &["collect", "analyze", "export", "kineto", "inputs"],
+                &["collect", "analyze", "export", "kineto", "inputs", "agent"],
             ),
-            ("analyze", &["collect", "export", "kineto", "inputs"]),
-            ("export", &["collect", "kineto", "inputs"]),
+            (
+                "analyze",
+                &["collect", "export", "kineto", "inputs", "agent"],
+            ),
+            ("export", &["collect", "kineto", "inputs", "agent"]),
         ];
         let mut wrong = Vec::new();
         for (folder, banned) in rules {

@@ -105,6 +105,40 @@ enum Command {
         #[arg(long, short = 'o', value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Watch the node: follow its GPU jobs continuously in the cheap
+    /// recording mode and serve GPU idle time by cause to Prometheus.
+    Agent {
+        /// Follow this process (and its descendants) instead of finding the
+        /// node's GPU jobs; repeat for several.
+        #[arg(long, short = 'p', value_name = "PID")]
+        pid: Vec<u32>,
+        /// Follow the processes of this cgroup (a cgroup v2 path, relative
+        /// to /sys/fs/cgroup or absolute); repeat for several.
+        #[arg(long, value_name = "PATH")]
+        cgroup: Vec<PathBuf>,
+        /// Serve Prometheus metrics on http://ADDR/metrics.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9445")]
+        listen: std::net::SocketAddr,
+        /// Length of each recording window, seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+        window: f64,
+        /// Keep each window's session on disk this many minutes (the flight
+        /// recorder), then delete it.
+        #[arg(long, value_name = "MINUTES", default_value_t = 10.0)]
+        keep: f64,
+        /// Where the windows' sessions go.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/gapscope")]
+        dir: PathBuf,
+        /// Bring the CUPTI shim into GPU processes that run without it
+        /// (ptrace, as attach does); without, they are watched with libcuda
+        /// uprobes, and shims already there are used.
+        #[arg(long)]
+        inject: bool,
+        /// Stop after this many rounds of windows (default: until SIGINT or
+        /// SIGTERM).
+        #[arg(long, value_name = "N", hide = true)]
+        rounds: Option<u64>,
+    },
     /// Flamegraphs (SVG or folded stacks) and the timeline (Chrome trace JSON,
     /// for Perfetto UI and chrome://tracing) of a recorded session or trace.
     #[command(group(ArgGroup::new("what").required(true).args(["flamegraph", "timeline"])))]
@@ -574,6 +608,36 @@ fn main() -> ExitCode {
                 Ok(inputs) => write_out(output.as_deref(), |w| {
                     export::write_reports(&inputs, format, w)
                 }),
+                Err(e) => fail(e),
+            }
+        }
+        Command::Agent {
+            pid,
+            cgroup,
+            listen,
+            window,
+            keep,
+            dir,
+            inject,
+            rounds,
+        } => {
+            let positive = |x: f64| x.is_finite() && x > 0.0;
+            if !positive(window) || !positive(keep) {
+                eprintln!("gapscope: error: --window and --keep take a positive number; hint: `gapscope agent --help` shows the usage");
+                return ExitCode::from(2);
+            }
+            let opts = gapscope::agent::AgentOptions {
+                pids: pid,
+                cgroups: cgroup,
+                listen: Some(listen),
+                window: Duration::from_secs_f64(window),
+                keep: Duration::from_secs_f64(keep * 60.0),
+                dir,
+                inject,
+                rounds,
+            };
+            match gapscope::agent::run(&opts) {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             }
         }

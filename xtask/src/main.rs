@@ -103,12 +103,22 @@ fn missing_for_tests() -> Vec<&'static str> {
             std::env::var_os("PATH")
                 .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(b).is_file()))
         });
-    if found {
+    let mut v = if found {
         vec![]
     } else {
         // Fonts too: without any, pages render as boxes.
         vec!["chromium", "fonts-liberation"]
+    };
+    // The agent's metrics are scraped by a real Prometheus, and checked with
+    // its promtool.
+    let on_path = |b: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(b).is_file()))
+    };
+    if !on_path("prometheus") || !on_path("promtool") {
+        v.push("prometheus");
     }
+    v
 }
 
 /// What building the BPF programs needs and is not installed.
@@ -230,7 +240,11 @@ fn setup(for_tests: bool) -> Result<()> {
     if missing.is_empty() {
         eprintln!(
             "xtask: setup: clang, libbpf headers{} are present",
-            if for_tests { " and chromium" } else { "" }
+            if for_tests {
+                ", chromium and prometheus"
+            } else {
+                ""
+            }
         );
         return Ok(());
     }
@@ -240,10 +254,10 @@ fn setup(for_tests: bool) -> Result<()> {
             missing.join(" ")
         );
         if building == 0 {
-            // Only the browser: its test skips (or fails under
+            // Only test tools: their tests skip (or fail under
             // GAPSCOPE_REQUIRE_BROWSER=1); building goes on.
             eprintln!(
-                "xtask: setup: missing {}; the HTML report test will skip; {hint}",
+                "xtask: setup: missing {}; the tests that need them will skip; {hint}",
                 missing.join(", ")
             );
             return Ok(());

@@ -18,11 +18,21 @@ pub struct Signal {
 
 pub struct SignalSource {
     rx: mpsc::UnboundedReceiver<Signal>,
+    /// Ends the listening thread when the recording is over (the agent
+    /// records window after window in one process).
+    handle: signal_hook::iterator::Handle,
+}
+
+impl Drop for SignalSource {
+    fn drop(&mut self) {
+        self.handle.close();
+    }
 }
 
 impl SignalSource {
     pub fn install() -> std::io::Result<SignalSource> {
         let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
+        let handle = signals.handle();
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new()
             .name("gapscope-signals".into())
@@ -37,7 +47,7 @@ impl SignalSource {
                     }
                 }
             })?;
-        Ok(SignalSource { rx })
+        Ok(SignalSource { rx, handle })
     }
 
     pub async fn recv(&mut self) -> Option<Signal> {

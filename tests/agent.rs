@@ -1,0 +1,207 @@
+//! `gapscope agent` watched by a real Prometheus server (Debian's): a
+//! simtrain job started on its own — its simulated GPU dormant, as a shim
+//! would be — is found, recorded window after window, and the idle time by
+//! cause Prometheus scraped matches the job's own ground truth.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+/// Kills and reaps a child when dropped (a failed assertion must not leave
+/// a daemon behind).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < until, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Prometheus's instant query API: each series' labels and value.
+fn query(prom: SocketAddr, metric: &str) -> Vec<(Value, f64)> {
+    let (status, body) = http_get(prom, &format!("/api/v1/query?query={metric}")).unwrap();
+    assert!(status.contains("200"), "{status}: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["metric"].clone(),
+                r["value"][1].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn start_prometheus(bin: &Path, dir: &Path, agent: SocketAddr) -> (Reaped, SocketAddr) {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gapscope\n    static_configs:\n      - targets: ['{agent}']\n"
+        ),
+    )
+    .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address={addr}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("starting prometheus");
+    let p = Reaped(child);
+    wait_until("prometheus ready", Duration::from_secs(60), || {
+        http_get(addr, "/-/ready").is_ok_and(|(s, _)| s.contains("200"))
+    });
+    (p, addr)
+}
+
+#[test]
+fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
+    let test = "prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth";
+    if !bpf_ready(test) {
+        return;
+    }
+    let Some((prometheus, promtool)) = prometheus(test) else {
+        return;
+    };
+    let data = simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("agent");
+    let truth_path = dir.path().join("truth.json");
+    // A job on its own: its simulated GPU waits dormant for a profiler.
+    let sim = Command::new(bin("simtrain"))
+        .args(["--bottleneck", "sync", "--steps", "300", "--data"])
+        .arg(&data)
+        .arg("--ground-truth")
+        .arg(&truth_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut sim = Reaped(sim);
+    let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    // Found as the node's GPU job (no --pid): by its dormant control socket.
+    let agent = Command::new(gapscope())
+        .args(["agent", "--window", "2", "--listen"])
+        .arg(agent_addr.to_string())
+        .arg("--dir")
+        .arg(dir.path().join("windows"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Reaped(agent);
+    let (_prom, prom) = start_prometheus(&prometheus, dir.path(), agent_addr);
+
+    assert!(sim.0.wait().unwrap().success());
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    // The job's last window ends with it; then two more scrapes.
+    let job_windows = || {
+        query(prom, "gapscope_recording_windows_total")
+            .iter()
+            .filter(|(m, _)| m["command"] == "simtrain")
+            .map(|x| x.1)
+            .sum::<f64>()
+    };
+    wait_until(
+        "a window of the job scraped",
+        Duration::from_secs(30),
+        || job_windows() >= 1.0,
+    );
+    let seen = job_windows();
+    wait_until("the last window scraped", Duration::from_secs(30), || {
+        let before = job_windows();
+        std::thread::sleep(Duration::from_millis(2500));
+        before == job_windows()
+    });
+    assert!(job_windows() >= seen);
+
+    // What Prometheus has: the job's GPU, allocated and idle by cause.
+    let ours = |m: &Value| m["command"] == "simtrain" && m["gpu"] == "0";
+    let allocated: f64 = query(prom, "gapscope_gpu_allocated_seconds_total")
+        .iter()
+        .filter(|(m, _)| ours(m))
+        .map(|x| x.1)
+        .sum();
+    let run_s = u64_of(&truth, "allocated_ns") as f64 / 1e9;
+    assert!(
+        allocated > 0.5 * run_s && allocated <= run_s,
+        "recorded {allocated:.2}s of the job's {run_s:.2}s"
+    );
+    let by_cause: Vec<(String, f64)> = query(prom, "gapscope_gpu_idle_by_cause_seconds_total")
+        .into_iter()
+        .filter(|(m, _)| ours(m))
+        .map(|(m, v)| (m["cause"].as_str().unwrap().to_string(), v))
+        .collect();
+    assert_eq!(by_cause.len(), 12, "{by_cause:?}");
+    let truth_causes = &truth["idle_by_cause_ns"];
+    let truth_alloc = u64_of(&truth, "allocated_ns") as f64;
+    for (cause, secs) in &by_cause {
+        let scraped = secs * 100.0 / allocated;
+        let own = truth_causes[cause.as_str()].as_u64().unwrap_or(0) as f64 * 100.0 / truth_alloc;
+        eprintln!("{cause}: scraped {scraped:.1}%, the job's truth {own:.1}%");
+        assert!(
+            (scraped - own).abs() <= 5.0,
+            "{cause}: Prometheus has {scraped:.1}% of allocated time, the job's ground truth {own:.1}%"
+        );
+    }
+    let sync = by_cause.iter().find(|c| c.0 == "sync").unwrap().1;
+    assert!(sync * 100.0 / allocated > 40.0, "{by_cause:?}");
+
+    // The exposition passes Prometheus's own linter.
+    let (_, text) = http_get(agent_addr, "/metrics").unwrap();
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("gapscope_agent_cpu_seconds_total "));
+
+    // The flight recorder: every window is a session `report` reads.
+    let windows = dir.path().join("windows");
+    let job_dir = std::fs::read_dir(&windows)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("simtrain-"))
+        .expect("the job's windows");
+    let first = std::fs::read_dir(job_dir.path())
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap();
+    let r = report_json(&first.path());
+    assert_eq!(r["gpus"][0]["source"], "simulated");
+}
