@@ -44,10 +44,14 @@ fn pod_uid(cgroup: &str) -> Option<String> {
     if !cgroup.contains("kubepods") {
         return None;
     }
-    cgroup.split(['/', '-']).find_map(|part| {
-        let rest = part.strip_prefix("pod")?;
+    cgroup.split('/').find_map(|part| {
+        let rest = &part[part.rfind("pod")? + 3..];
         let uid = rest.strip_suffix(".slice").unwrap_or(rest);
-        (uid.len() >= 32).then(|| uid.replace('_', "-"))
+        let uid_like = uid.len() >= 32
+            && uid
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == '-' || c == '_');
+        uid_like.then(|| uid.replace('_', "-"))
     })
 }
 
