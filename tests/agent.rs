@@ -1,7 +1,8 @@
 //! `gapscope agent` watched by a real Prometheus server (Debian's): a
 //! simtrain job started on its own — its simulated GPU dormant, as a shim
 //! would be — is found, recorded window after window, and the idle time by
-//! cause Prometheus scraped matches the job's own ground truth.
+//! cause Prometheus scraped matches the job's own ground truth; the Grafana
+//! dashboard shipped in deploy/ runs its queries against it.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -190,6 +191,45 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     );
     assert!(text.contains("gapscope_agent_cpu_seconds_total "));
 
+    // The Grafana dashboard's queries, run by this Prometheus: each one
+    // parses and has data for the job.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/gapscope-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "30s")
+                .replace("$workload", ".*");
+            let (status, body) =
+                http_get(prom, &format!("/api/v1/query?query={}", percent(&expr))).unwrap();
+            assert!(
+                status.contains("200"),
+                "{}: {status} {body}",
+                panel["title"]
+            );
+            let v: Value = serde_json::from_str(&body).unwrap();
+            let results = v["data"]["result"].as_array().unwrap();
+            // Lost events are 0, and so is their rate: no series is fine.
+            if target["refId"] == "A" {
+                assert!(
+                    !results.is_empty(),
+                    "{}: no data for {expr}",
+                    panel["title"]
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 5);
+
     // The flight recorder: every window is a session `report` reads.
     let windows = dir.path().join("windows");
     let job_dir = std::fs::read_dir(&windows)
@@ -204,4 +244,16 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
         .unwrap();
     let r = report_json(&first.path());
     assert_eq!(r["gpus"][0]["source"], "simulated");
+}
+
+/// A query string value, percent-encoded.
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! What a followed process is, in the words of the system that started it:
 //! its Slurm job and rank (from its environment), its Kubernetes pod and
 //! namespace (from its cgroup and its service-account mount), else its
-//! command.
+//! command. The job's name is the `workload` label: Prometheus gives every
+//! scraped series its own `job` (the scrape job's), and would rename ours.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -87,7 +88,7 @@ fn from_parts(
     } else {
         format!("{comm}-{pid}")
     };
-    l.insert("job", job);
+    l.insert("workload", job);
     l
 }
 
@@ -110,7 +111,7 @@ mod tests {
             "0::/system.slice/slurmstepd.scope/job_4242/step_0",
             None,
         );
-        assert_eq!(l["job"], "slurm-4242");
+        assert_eq!(l["workload"], "slurm-4242");
         assert_eq!(l["rank"], "3");
         assert_eq!(l["slurm_job_id"], "4242");
     }
@@ -125,7 +126,7 @@ mod tests {
             cgroup,
             Some("ml".into()),
         );
-        assert_eq!(l["job"], "ml/trainer-0");
+        assert_eq!(l["workload"], "ml/trainer-0");
         assert_eq!(l["pod_uid"], "1b4f9c2e-7d6a-4c3b-9a8e-0f1e2d3c4b5a");
         assert_eq!(l["rank"], "1");
         let plain = "0::/kubepods/besteffort/pod0f1e2d3c-4b5a-4c3b-9a8e-1b4f9c2e7d6a/abc";
@@ -138,7 +139,7 @@ mod tests {
     #[test]
     fn anything_else_is_its_command() {
         let l = from_parts(12, "simtrain", &env(&[]), "0::/user.slice", None);
-        assert_eq!(l["job"], "simtrain-12");
+        assert_eq!(l["workload"], "simtrain-12");
         assert!(!l.contains_key("rank"));
     }
 }

@@ -133,7 +133,7 @@ fn jobs(opts: &AgentOptions) -> Vec<Job> {
     pids.into_iter()
         .map(|pid| {
             let labels = labels::of(pid);
-            let key = labels["job"].clone() + "-" + &pid.to_string();
+            let key = labels["workload"].clone() + "-" + &pid.to_string();
             Job { pid, key, labels }
         })
         .collect()
