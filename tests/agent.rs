@@ -113,7 +113,7 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
         .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
         .spawn()
         .unwrap();
-    let _agent = Reaped(agent);
+    let agent = Reaped(agent);
     let (_prom, prom) = start_prometheus(&prometheus, dir.path(), agent_addr);
 
     assert!(sim.0.wait().unwrap().success());
@@ -244,6 +244,30 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
         .unwrap();
     let r = report_json(&first.path());
     assert_eq!(r["gpus"][0]["source"], "simulated");
+    let on_disk = std::fs::read_dir(job_dir.path()).unwrap().count();
+    // Kept on request: SIGUSR1 to the running agent, and `agent dump`.
+    signal(agent.0.id(), libc::SIGUSR1);
+    let dumps = windows.join("dumps");
+    wait_until("the agent's dump", Duration::from_secs(30), || {
+        std::fs::read_dir(&dumps).is_ok_and(|mut d| d.next().is_some())
+    });
+    let out = dir.path().join("kept");
+    let dump = Command::new(gapscope())
+        .args(["agent", "dump", "--dir"])
+        .arg(&windows)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let kept = out.join(job_dir.file_name());
+    assert_eq!(std::fs::read_dir(&kept).unwrap().count(), on_disk);
+    let again = std::fs::read_dir(&kept).unwrap().flatten().next().unwrap();
+    assert_eq!(report_json(&again.path())["gpus"][0]["source"], "simulated");
 }
 
 /// A query string value, percent-encoded.

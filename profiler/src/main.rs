@@ -107,7 +107,10 @@ enum Command {
     },
     /// Watch the node: follow its GPU jobs continuously in the cheap
     /// recording mode and serve GPU idle time by cause to Prometheus.
+    #[command(args_conflicts_with_subcommands = true)]
     Agent {
+        #[command(subcommand)]
+        action: Option<AgentAction>,
         /// Follow this process (and its descendants) instead of finding the
         /// node's GPU jobs; repeat for several.
         #[arg(long, short = 'p', value_name = "PID")]
@@ -174,6 +177,21 @@ enum Command {
     Import {
         #[command(subcommand)]
         what: ImportCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AgentAction {
+    /// Keep the flight recorder's windows now (the running agent does the
+    /// same on SIGUSR1): hard links under DIR/dumps/<time>/, or in -o OUT,
+    /// one run directory per window that `gapscope report` reads.
+    Dump {
+        /// The agent's folder.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/gapscope")]
+        dir: PathBuf,
+        /// Where to put them.
+        #[arg(long, short = 'o', value_name = "OUT")]
+        output: Option<PathBuf>,
     },
 }
 
@@ -612,6 +630,17 @@ fn main() -> ExitCode {
             }
         }
         Command::Agent {
+            action: Some(AgentAction::Dump { dir, output }),
+            ..
+        } => match gapscope::agent::dump(&dir, output.as_deref()) {
+            Ok((out, n)) => {
+                eprintln!("gapscope: kept {n} window(s) in {}", out.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        Command::Agent {
+            action: None,
             pid,
             cgroup,
             listen,

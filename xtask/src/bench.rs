@@ -5,10 +5,12 @@
 //! syscalls in a process nobody records, bare and while another process is
 //! recorded; throughput finds the highest event rate recorded without drops;
 //! offline times `report` on synthetic sessions (1 M, 10 M and, where memory
-//! and disk allow, 100 M events) and a synthetic PyTorch trace. One table at
+//! and disk allow, 100 M events) and a synthetic PyTorch trace; agent times a
+//! job alone and watched by `gapscope agent`, with the agent's own CPU and
+//! memory. One table at
 //! the end, each target marked met or not, with what bounds it when not.
 //! `cargo xtask bench offline` (any of overhead, bystander, throughput,
-//! offline, kineto) runs only those.
+//! offline, kineto, agent) runs only those.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1262,9 +1264,143 @@ fn generate_kineto(path: &Path, mib: u64) -> Result<u64> {
     Ok(std::fs::metadata(path)?.len())
 }
 
+/// The agent's metrics page, when it answers.
+fn agent_metrics(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_string())
+}
+
+/// An unlabelled sample's value in a metrics page.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A process's peak resident memory, from /proc (VmHWM).
+fn peak_rss(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+/// What `gapscope agent` costs: a fixed-work job (simtrain, sync-bound,
+/// its simulated GPU dormant until the agent finds it) timed alone and
+/// while the agent watches it, alternating; the agent's own CPU while
+/// watching, from its /metrics; its peak memory.
+fn agent(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
+    let data = b.dir.join("simtrain-data");
+    quiet(
+        Command::new(b.bin("simtrain"))
+            .arg("--prepare")
+            .arg("--data")
+            .arg(&data),
+    )?;
+    let job = || {
+        let mut c = Command::new(b.bin("simtrain"));
+        // ~19 s: two of the agent's 10-second windows.
+        c.args(["--bottleneck", "sync", "--steps", "1200", "--data"])
+            .arg(&data)
+            .arg("--ground-truth")
+            .arg(b.dir.join("agent-truth.json"))
+            .stderr(Stdio::null());
+        c
+    };
+    eprintln!("xtask: bench: agent ({} rounds)", b.rounds);
+    let (mut ratios, mut cpus, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..b.rounds {
+        let bare = measure(&mut job())?.0;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut agent = Running::spawn(
+            Command::new(b.bin("gapscope"))
+                .args(["agent", "--listen", &addr, "--dir"])
+                .arg(b.dir.join(format!("agent-{round}")))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            libc::SIGTERM,
+        )?;
+        wait_until(&mut agent, "gapscope agent", || {
+            agent_metrics(&addr).is_some()
+        })?;
+        let cpu_at = |text: &str| sample(text, "gapscope_agent_cpu_seconds_total").unwrap_or(0.0);
+        let before = cpu_at(&agent_metrics(&addr).context("the agent's metrics")?);
+        let started = Instant::now();
+        let watched = measure(&mut job())?.0;
+        let after = cpu_at(&agent_metrics(&addr).context("the agent's metrics")?);
+        let secs = started.elapsed().as_secs_f64();
+        peaks.push(peak_rss(agent.pid()).unwrap_or(0) as f64);
+        agent.stop()?;
+        ratios.push(watched / bare);
+        cpus.push((after - before) / secs);
+    }
+    let ratio = median(ratios.clone());
+    rows.push(Row {
+        case: "agent: a watched job's wall time".into(),
+        measured: format!(
+            "{ratio:.3}x its time alone (median of {}, spread {:.3})",
+            ratios.len(),
+            spread(&ratios)
+        ),
+        target: "≤ 1.03x".into(),
+        verdict: if ratio <= 1.03 {
+            Verdict::Met
+        } else {
+            Verdict::Missed(
+                "each window loads the BPF programs and analyses the last one while the job runs"
+                    .into(),
+            )
+        },
+    });
+    let cpu = median(cpus);
+    rows.push(Row {
+        case: "agent: its own CPU while watching one job".into(),
+        measured: format!(
+            "{:.1}% of one CPU (10-second windows, the default)",
+            cpu * 100.0
+        ),
+        target: "≤ 5% of one CPU".into(),
+        verdict: if cpu <= 0.05 {
+            Verdict::Met
+        } else {
+            Verdict::Missed(
+                "each window loads the BPF programs anew (BTF parsing, relocation, verification: \
+                 about half of the agent's CPU); one long-lived recording rotating its sessions \
+                 would not"
+                    .into(),
+            )
+        },
+    });
+    rows.push(Row {
+        case: "agent: peak memory".into(),
+        measured: format!("{:.0} MiB", median(peaks) / (1 << 20) as f64),
+        target: "flat: counters only".into(),
+        verdict: Verdict::Info,
+    });
+    Ok(())
+}
+
 /// The cases, in the order they run; `cargo xtask bench CASE…` runs only
 /// those named.
-const CASES: [&str; 5] = ["overhead", "bystander", "throughput", "offline", "kineto"];
+const CASES: [&str; 6] = [
+    "overhead",
+    "bystander",
+    "throughput",
+    "offline",
+    "kineto",
+    "agent",
+];
 
 pub fn bench(args: &[String]) -> Result<()> {
     if let Some(bad) = args.iter().find(|a| !CASES.contains(&a.as_str())) {
@@ -1274,9 +1410,9 @@ pub fn bench(args: &[String]) -> Result<()> {
         );
     }
     let run = |case: &str| args.is_empty() || args.iter().any(|a| a == case);
-    if (run("overhead") || run("bystander") || run("throughput")) && !is_root() {
+    if (run("overhead") || run("bystander") || run("throughput") || run("agent")) && !is_root() {
         bail!(
-            "the overhead, bystander and throughput cases record with eBPF: sudo -E cargo xtask bench \
+            "the overhead, bystander, throughput and agent cases record with eBPF: sudo -E cargo xtask bench \
              (`cargo xtask bench offline kineto` needs no root)"
         );
     }
@@ -1295,7 +1431,7 @@ pub fn bench(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let mut rows = Vec::new();
     type Case = fn(&Bench, &mut Vec<Row>) -> Result<()>;
-    let cases: [Case; 5] = [overhead, bystander, throughput, offline, kineto];
+    let cases: [Case; 6] = [overhead, bystander, throughput, offline, kineto, agent];
     for (name, case) in CASES.iter().zip(cases) {
         if run(name) {
             case(&b, &mut rows)?;

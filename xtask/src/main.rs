@@ -9,7 +9,7 @@
 //!   vmlinux   regenerate ebpf/vmlinux.h from this kernel's BTF
 //!   gpu-bundle  one folder to check the CUPTI path on a machine with a GPU
 //!   bench     speed and memory, each against a baseline measured in the same run:
-//!             `bench [overhead|bystander|throughput|offline|kineto]…` runs only those cases
+//!             `bench [overhead|bystander|throughput|offline|kineto|agent]…` runs only those cases
 //!   fuzz      run the fuzz targets (cargo-fuzz): `fuzz [TARGET] [SECS]`
 
 use std::path::{Path, PathBuf};

@@ -4,7 +4,8 @@
 //! hooks), analyses every window as `report` would, adds it to per-job
 //! counters, and serves them to Prometheus on `/metrics`. Each window stays
 //! on disk as a normal session for `--keep` (the flight recorder: a slow
-//! hour can be read after the fact with `gapscope report`), then goes.
+//! hour can be read after the fact with `gapscope report`), then goes,
+//! unless `gapscope agent dump` or SIGUSR1 kept it ([`dump`]).
 //!
 //! Memory stays bounded: a window is analysed from its file, streamed, and
 //! only the counters are kept. The price of windows is their seams: a
@@ -86,8 +87,20 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
         );
         http::serve(listener, metrics.clone());
     }
+    // SIGUSR1: keep the flight recorder's windows (between two rounds).
+    let dump_now = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, dump_now.clone())
+        .map_err(io("installing signal handlers"))?;
     let mut round = 0u64;
     while !stop.load(Ordering::SeqCst) && opts.rounds.is_none_or(|n| round < n) {
+        if dump_now.swap(false, Ordering::SeqCst) {
+            match dump(&opts.dir, None) {
+                Ok((out, n)) => {
+                    eprintln!("gapscope agent: kept {n} window(s) in {}", out.display())
+                }
+                Err(e) => eprintln!("gapscope agent: {e}"),
+            }
+        }
         let jobs = jobs(opts);
         if jobs.is_empty() {
             std::thread::sleep(Duration::from_millis(500));
@@ -133,7 +146,14 @@ fn jobs(opts: &AgentOptions) -> Vec<Job> {
     pids.into_iter()
         .map(|pid| {
             let labels = labels::of(pid);
-            let key = labels["workload"].clone() + "-" + &pid.to_string();
+            // One folder per process: the workload's name, and its pid
+            // where the name does not end with it already (ranks of a job).
+            let name = &labels["workload"];
+            let key = if name.ends_with(&format!("-{pid}")) {
+                name.clone()
+            } else {
+                format!("{name}-{pid}")
+            };
             Job { pid, key, labels }
         })
         .collect()
@@ -196,12 +216,51 @@ fn file_name(key: &str) -> String {
         .collect()
 }
 
+/// Where kept windows go, inside the agent's folder (never pruned).
+const DUMPS: &str = "dumps";
+
+/// The flight recorder written out: every window now in `dir`, hard-linked
+/// (so nothing is copied and pruning leaves them) into `out`, by default
+/// `dir/dumps/<UTC time>/`, as `<workload>/<window>/` run directories that
+/// `gapscope report` reads. Returns where, and how many windows.
+pub fn dump(dir: &Path, out: Option<&Path>) -> Result<(PathBuf, usize), AgentError> {
+    let out = out.map(Path::to_path_buf).unwrap_or_else(|| {
+        dir.join(DUMPS)
+            .join(crate::clock::utc(crate::clock::realtime_ns()).replace([' ', ':'], "-"))
+    });
+    let mut kept = 0;
+    let jobs = std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
+    for job in jobs.flatten() {
+        if job.file_name() == DUMPS || !job.path().is_dir() {
+            continue;
+        }
+        for w in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let to = out.join(job.file_name()).join(w.file_name());
+            crate::output::create_dir(&to).map_err(io(format!("creating {}", to.display())))?;
+            for f in std::fs::read_dir(w.path()).into_iter().flatten().flatten() {
+                let target = to.join(f.file_name());
+                if std::fs::hard_link(f.path(), &target).is_err() {
+                    std::fs::copy(f.path(), &target)
+                        .map_err(io(format!("keeping {}", f.path().display())))?;
+                }
+            }
+            kept += 1;
+        }
+    }
+    Ok((out, kept))
+}
+
 /// Removes windows older than `keep` (and jobs' folders left empty).
 fn prune(dir: &Path, keep: Duration) {
     let Ok(jobs) = std::fs::read_dir(dir) else {
         return;
     };
-    for job in jobs.flatten().filter(|e| e.path().is_dir()) {
+    let jobs = jobs.flatten().filter(|e| e.file_name() != DUMPS);
+    for job in jobs.filter(|e| e.path().is_dir()) {
         let Ok(windows) = std::fs::read_dir(job.path()) else {
             continue;
         };
