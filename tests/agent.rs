@@ -87,21 +87,15 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     let Some((prometheus, promtool)) = prometheus(test) else {
         return;
     };
-    let data = simtrain_data();
+    simtrain_data();
     let _lock = recording_lock();
     let dir = scratch("agent");
     let truth_path = dir.path().join("truth.json");
     // A job on its own: its simulated GPU waits dormant for a profiler.
-    let sim = Command::new(bin("simtrain"))
-        .args(["--bottleneck", "sync", "--steps", "300", "--data"])
-        .arg(&data)
-        .arg("--ground-truth")
-        .arg(&truth_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut sim = Reaped(sim);
+    let mut sim = Reaped(dormant_simtrain(
+        &["--bottleneck", "sync", "--steps", "300"],
+        &truth_path,
+    ));
     let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     // Found as the node's GPU job (no --pid): by its dormant control socket.
     let agent = Command::new(gapscope())

@@ -171,25 +171,14 @@ fn a_running_simulated_gpu_is_attached_to_like_a_dormant_shim() {
     if !bpf_ready("a_running_simulated_gpu_is_attached_to_like_a_dormant_shim") {
         return;
     }
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    let data = simtrain_data();
+    use std::process::Command;
+    simtrain_data();
     let _lock = recording_lock();
     let dir = scratch("dormant-sim");
-    let truth = dir.path().join("truth.json");
-    let mut sim = Command::new(bin("simtrain"))
-        .args(["--bottleneck", "sync", "--steps", "300", "--data"])
-        .arg(&data)
-        .arg("--ground-truth")
-        .arg(&truth)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(sim.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("dormant"), "{line}");
+    let mut sim = dormant_simtrain(
+        &["--bottleneck", "sync", "--steps", "300"],
+        &dir.path().join("truth.json"),
+    );
     let rec = dir.path().join("rec");
     let out = Command::new(gapscope())
         .args(["attach", "--duration", "1.5", "-q", "--no-exports", "-o"])

@@ -477,6 +477,31 @@ pub fn succeed(cmd: &mut Command) -> Output {
     out
 }
 
+/// simtrain started on its own, not under gapscope (`ARGS` and the shared
+/// dataset, its ground truth to `truth`): returned once it says its
+/// simulated GPU waits dormant on its control socket.
+pub fn dormant_simtrain(args: &[&str], truth: &Path) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let data = simtrain_data();
+    let mut sim = Command::new(bin("simtrain"))
+        .args(args)
+        .arg("--data")
+        .arg(&data)
+        .arg("--ground-truth")
+        .arg(truth)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(sim.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("dormant"), "{line}");
+    // The rest of its stderr read as it comes (a closed pipe would fail it).
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    sim
+}
+
 /// simtrain's dataset, made once (outside any recording).
 pub fn simtrain_data() -> PathBuf {
     let d = target_dir().join("simtrain-data");

@@ -40,7 +40,7 @@ fn answer(mut stream: TcpStream, metrics: &Mutex<Metrics>) -> std::io::Result<()
             let text = metrics
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .exposition(super::own_cpu_ns(), env!("CARGO_PKG_VERSION"));
+                .exposition(crate::collect::own_cost().cpu_ns, env!("CARGO_PKG_VERSION"));
             ("200 OK", text)
         }
         ("GET", "/") => (

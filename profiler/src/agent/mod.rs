@@ -283,12 +283,3 @@ fn prune(dir: &Path, keep: Duration) {
         }
     }
 }
-
-/// This process's CPU time so far.
-pub fn own_cpu_ns() -> u64 {
-    // SAFETY: getrusage fills a struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    ns(ru.ru_utime) + ns(ru.ru_stime)
-}

@@ -371,7 +371,7 @@ fn libcuda_in_use(sink: &Sink) -> Vec<PathBuf> {
 
 /// This process's CPU time and peak RSS so far (children excluded: the
 /// target is not counted).
-fn own_cost() -> crate::session::CollectorCost {
+pub fn own_cost() -> crate::session::CollectorCost {
     // SAFETY: getrusage fills a struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
