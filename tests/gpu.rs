@@ -171,7 +171,6 @@ fn a_running_simulated_gpu_is_attached_to_like_a_dormant_shim() {
     if !bpf_ready("a_running_simulated_gpu_is_attached_to_like_a_dormant_shim") {
         return;
     }
-    use std::process::Command;
     simtrain_data();
     let _lock = recording_lock();
     let dir = scratch("dormant-sim");
@@ -180,13 +179,7 @@ fn a_running_simulated_gpu_is_attached_to_like_a_dormant_shim() {
         &dir.path().join("truth.json"),
     );
     let rec = dir.path().join("rec");
-    let out = Command::new(gapscope())
-        .args(["attach", "--duration", "1.5", "-q", "--no-exports", "-o"])
-        .arg(&rec)
-        .arg("--pid")
-        .arg(sim.id().to_string())
-        .output()
-        .unwrap();
+    let out = attach(&rec, sim.id(), "1.5", &["--no-exports"]);
     assert!(
         out.status.success(),
         "{}",

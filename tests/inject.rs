@@ -207,13 +207,7 @@ fn attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on() {
     let pid = host.id();
     std::thread::sleep(Duration::from_millis(400));
     let rec = dir.path().join("rec");
-    let out = Command::new(gapscope())
-        .args(["attach", "-q", "--no-exports", "--duration", "1", "--pid"])
-        .arg(pid.to_string())
-        .arg("-o")
-        .arg(&rec)
-        .output()
-        .unwrap();
+    let out = attach(&rec, pid, "1", &["--no-exports"]);
     assert!(
         out.status.success(),
         "{}",

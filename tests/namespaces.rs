@@ -276,13 +276,7 @@ fn gapscope_attach_reaches_a_shim_in_a_container() {
     let host = c.hosts[0];
     let dir = scratch("attach-container");
     let rec = dir.path().join("rec");
-    let out = Command::new(gapscope())
-        .args(["attach", "-q", "--duration", "1", "--pid"])
-        .arg(host.to_string())
-        .arg("-o")
-        .arg(&rec)
-        .output()
-        .unwrap();
+    let out = attach(&rec, host, "1", &[]);
     assert!(
         out.status.success(),
         "attach failed: {}",

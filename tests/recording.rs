@@ -223,13 +223,7 @@ fn attach_follows_a_running_process_and_its_existing_child() {
     }
     std::thread::sleep(Duration::from_millis(300)); // mid-flight
     let rec = dir.path().join("rec");
-    let out = Command::new(gapscope())
-        .args(["attach", "-q", "--duration", "1.5", "--pid"])
-        .arg(target.id().to_string())
-        .arg("-o")
-        .arg(&rec)
-        .output()
-        .unwrap();
+    let out = attach(&rec, target.id(), "1.5", &[]);
     let status = target.wait().unwrap();
     assert!(
         out.status.success(),

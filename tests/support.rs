@@ -532,6 +532,19 @@ pub fn kineto_traces() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/kineto")
 }
 
+/// `gapscope attach -q --duration SECS --pid PID -o REC EXTRA…`, to its end.
+pub fn attach(rec: &Path, pid: u32, secs: &str, extra: &[&str]) -> Output {
+    Command::new(gapscope())
+        .args(["attach", "-q", "--duration", secs, "--pid"])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(rec)
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running gapscope attach")
+}
+
 /// A gzipped trace's text.
 pub fn gunzip(path: &Path) -> Vec<u8> {
     let out = Command::new("gzip").arg("-dc").arg(path).output().unwrap();
