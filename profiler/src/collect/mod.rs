@@ -142,6 +142,7 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 
 fn header(mode: Mode, pid: u32, command: Vec<String>, sample_hz: u64) -> SessionHeader {
     let uname = nix_uname();
+    let (start_ns, start_unix_ns) = clock::pair();
     SessionHeader {
         gapscope_version: env!("CARGO_PKG_VERSION").to_string(),
         mode,
@@ -152,8 +153,8 @@ fn header(mode: Mode, pid: u32, command: Vec<String>, sample_hz: u64) -> Session
         nr_cpus: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),
-        start_ns: clock::monotonic_ns(),
-        start_unix_ns: clock::realtime_ns(),
+        start_ns,
+        start_unix_ns,
         sample_hz,
     }
 }
