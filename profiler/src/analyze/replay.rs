@@ -75,7 +75,8 @@ impl Plan {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
     /// From the window's start to the end of the feeder's last moment or
-    /// the GPU's last work, whichever is later.
+    /// the GPU's last work, whichever is later, and the recorded stretch
+    /// after both (the process exiting).
     pub wall_ns: u64,
     pub busy_ns: u64,
     /// The replayed GPU's idle time by the cause the feeder's replayed
