@@ -140,12 +140,14 @@ fn dataloader_workers_are_the_input_pipeline() {
             "{report:#}"
         );
     }
-    // What more workers would give, as each recording says: one worker on
-    // two CPUs leaves a CPU to a second (the loop at least a fifth faster);
-    // two already hold both, and more cannot compute faster. (How close
-    // the first comes to a measured two-worker run moves with whatever
-    // else this 2-CPU machine runs; simtrain's `whatif` tests hold that to
-    // 10%.)
+    // What more workers would give, as each recording says: two workers
+    // already hold both CPUs, and more cannot compute faster. One worker
+    // on two CPUs leaves the other to a second — as far as whatever else
+    // this machine ran left it idle, by the loop's own reading of
+    // /proc/stat: a worker more cannot run on CPUs that were busy, and
+    // with half a CPU or more idle the loop gets at least a fifth faster.
+    // (How close the first comes to a measured two-worker run moves with
+    // that load; simtrain's `whatif` tests hold it to 10%.)
     let speedup = |r: &Value, add: u64| {
         let m = with_more_workers(&r["recommendations"][0], add);
         let c = &r["gpus"][0]["idle_by_cause_ns"];
@@ -155,7 +157,19 @@ fn dataloader_workers_are_the_input_pipeline() {
     };
     let (one, two) = (&runs[0].1, &runs[1].1);
     let (a, b) = (speedup(one, 1), speedup(two, 2));
-    eprintln!("one worker + 1: {a:.2}x; two workers + 2: {b:.2}x");
-    assert!(a >= 1.25, "{a:.2}x: {:#}", one["recommendations"][0]);
+    let idle = runs[0].2["idle_cpus"].as_f64().unwrap();
+    eprintln!("one worker + 1: {a:.2}x ({idle:.2} CPUs idle); two workers + 2: {b:.2}x");
+    assert!(
+        a <= 1.15 + idle,
+        "{a:.2}x, {idle:.2} CPUs idle: {:#}",
+        one["recommendations"][0]
+    );
+    if idle >= 0.5 {
+        assert!(
+            a >= 1.25,
+            "{a:.2}x, {idle:.2} CPUs idle: {:#}",
+            one["recommendations"][0]
+        );
+    }
     assert!(b <= 1.05, "{b:.2}x: {:#}", two["recommendations"][0]);
 }

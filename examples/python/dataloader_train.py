@@ -12,7 +12,9 @@ total and, of its idle time between its first and last work, how much was
 the input pipeline's: the trainer inside `next(DataLoader)`, and outside it
 waiting for a CPU (the kernel's schedstat run delay; nothing else of note
 runs here, so the CPUs were held by the loaders) — spread evenly over the
-span it was measured in, as simtrain's ground truth does.
+span it was measured in, as simtrain's ground truth does. And how many of
+the machine's CPUs sat idle during the loop (/proc/stat): what more
+workers could have had.
 
     python dataloader_train.py --prepare DIR          # the PNG dataset, once
     python dataloader_train.py --data DIR --lib libgs_simgpu.so --truth T.json
@@ -101,10 +103,18 @@ def main():
         with open("/proc/thread-self/schedstat") as f:
             return int(f.read().split()[1])
 
+    def machine_idle_ns():
+        # idle + iowait of every CPU, in clock ticks: CPUs a worker more
+        # could have had (whatever else runs on the machine takes its share).
+        with open("/proc/stat") as f:
+            ticks = f.readline().split()[1:6]
+        return (int(ticks[3]) + int(ticks[4])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
     waits = []  # the trainer inside next(DataLoader)
     delays = []  # (start, end, ns waiting for a CPU) outside it
     kernels = []  # the simulated GPU's work
     it = iter(loader)
+    loop = (now(), machine_idle_ns())
     for _ in range(a.steps):
         t0 = now()
         try:
@@ -122,6 +132,7 @@ def main():
         t1, d1 = now(), run_delay()
         gpu.gs_simgpu_synchronize()
         delays.append((t1, now(), run_delay() - d1))
+    idle_cpus = (machine_idle_ns() - loop[1]) / max(now() - loop[0], 1)
     gpu.gs_simgpu_close()
 
     # The GPU's idle between its first and last work, and the part of it
@@ -151,6 +162,7 @@ def main():
         "idle_in_next_ns": in_next,
         "idle_waiting_for_cpu_ns": held,
         "workers": a.workers,
+        "idle_cpus": idle_cpus,
         "torch": torch.__version__,
     }
     with open(a.truth, "w") as f:

@@ -196,6 +196,9 @@ pub struct Run<'a> {
     pub pool: Pool,
     /// CPUs the loaders could have: the machine's, less the feeder's share.
     pub spare_cpus: f64,
+    /// CPUs that sat idle while they worked, on average (infinite when not
+    /// recorded): the most more workers can add to what they used.
+    pub idle_cpus: f64,
 }
 
 /// A piece of GPU work as the replay schedules it.
@@ -373,12 +376,10 @@ impl Run<'_> {
             return 1.0;
         }
         let before = self.pool.service(None, k, k, self.spare_cpus);
-        let after = self.pool.service(
-            plan.removed,
-            k + plan.add_workers as f64,
-            k,
-            self.spare_cpus,
-        );
+        let cpus = (k.min(self.spare_cpus) + self.idle_cpus).min(self.spare_cpus);
+        let after = self
+            .pool
+            .service(plan.removed, k + plan.add_workers as f64, k, cpus);
         if before <= 0.0 {
             1.0
         } else {
@@ -739,6 +740,9 @@ impl<'a> Job<'a> {
                 } else {
                     (nr_cpus as f64 - taken).max(1.0)
                 };
+                // Unrecorded processes take CPUs too: what sat idle is all
+                // a new worker could have (not what it might win from them).
+                let idle_cpus = tl.idle_cpus(life.0, life.1).unwrap_or(f64::INFINITY);
                 Some(Run {
                     window,
                     busy: &g.gpu.busy,
@@ -748,6 +752,7 @@ impl<'a> Job<'a> {
                     work: Issued::of(device, f.tid),
                     pool,
                     spare_cpus,
+                    idle_cpus,
                 })
             })
             .collect();
@@ -823,6 +828,8 @@ mod tests {
         account: Vec<Piece>,
         /// When the GPU's queue empties, as recorded.
         free: u64,
+        /// CPUs that sat idle while the loaders worked (None: not read).
+        idle_cpus: Option<f64>,
     }
 
     impl Recorded {
@@ -900,6 +907,7 @@ mod tests {
                 work: Issued::of(&device, FEEDER),
                 pool,
                 spare_cpus: 2.0,
+                idle_cpus: self.idle_cpus.unwrap_or(f64::INFINITY),
             }
             .replay(plan)
         }
@@ -980,6 +988,42 @@ mod tests {
             (more.wall_ns as f64 - expected).abs() < 0.02 * expected,
             "{} vs {expected}",
             more.wall_ns
+        );
+    }
+
+    /// One worker decoding 10 ms a batch for a 2 ms GPU step, on two CPUs:
+    /// a second worker halves the pace, unless what else ran on the
+    /// machine left it only a quarter of a CPU idle.
+    #[test]
+    fn more_workers_get_only_the_cpus_that_sat_idle() {
+        let mut j = Recorded::default();
+        for _ in 0..20 {
+            j.piece(10 * MS, Cause::InputCpu, LOADER);
+            j.launch(2 * MS);
+        }
+        j.sync();
+        let pool = Pool {
+            cpu: 20 * 10 * MS,
+            busiest: 20 * 10 * MS,
+            busiest_life: j.at,
+            ..Pool::default()
+        };
+        let plan = Plan {
+            removed: None,
+            add_workers: 1,
+        };
+        let recorded = j.replay(pool, &Plan::default()).wall_ns;
+        let free = j.replay(pool, &plan).wall_ns;
+        assert!(
+            (free as f64 / (recorded as f64 / 2.0) - 1.0).abs() < 0.05,
+            "{free} vs {recorded}"
+        );
+        j.idle_cpus = Some(0.25);
+        let crowded = j.replay(pool, &plan).wall_ns;
+        let expected = recorded as f64 / 1.25;
+        assert!(
+            (crowded as f64 / expected - 1.0).abs() < 0.05,
+            "{crowded} vs {expected}"
         );
     }
 

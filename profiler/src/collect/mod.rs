@@ -575,6 +575,7 @@ async fn event_loop(
     // small ones and paces flushes, drop counters and the status line.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut status = status::StatusLine::new(opts.status_line);
+    read_cpu_idle(&mut sink);
     // The header and seeds go to disk now: a crash from here on still leaves
     // a readable session.
     sink.writer.flush()?;
@@ -604,6 +605,7 @@ async fn event_loop(
                     if let Ok(d) = tracer.drops() {
                         sink.drops_record(&d);
                     }
+                    read_cpu_idle(&mut sink);
                     sink.maintain();
                     if let Err(e) = sink.writer.flush() {
                         sink.error.get_or_insert(e);
@@ -647,6 +649,7 @@ async fn event_loop(
     status.clear();
     // The window ends now, not after the GPU streams have drained below.
     let end_ns = clock::monotonic_ns();
+    read_cpu_idle(&mut sink);
     sink.cpu_while_recording = own_cost().cpu_ns.saturating_sub(cpu_at_start);
 
     // GPU processes flush at exit; give their streams a moment to arrive.
@@ -669,6 +672,17 @@ async fn event_loop(
         }
     }
     finish(tracer, sink, end_ns, reason, exit_code, target_left_running)
+}
+
+/// The machine's idle CPU time now: how many CPUs the job could have had
+/// beyond what it used (the replay's bound on more loader workers).
+fn read_cpu_idle(sink: &mut Sink) {
+    if let Some(idle_ns) = procfs::machine_idle_ns() {
+        sink.push(Record::CpuIdle(crate::session::CpuIdle {
+            ts: clock::monotonic_ns(),
+            idle_ns,
+        }));
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

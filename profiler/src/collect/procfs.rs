@@ -192,6 +192,28 @@ pub fn parse_io(text: &str) -> Option<IoCounters> {
     (seen == 6).then_some(io)
 }
 
+/// The machine's idle CPU time since boot, summed over its CPUs, in ns.
+pub fn machine_idle_ns() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    parse_idle(
+        &fs::read_to_string("/proc/stat").ok()?,
+        u64::try_from(hz).ok()?,
+    )
+}
+
+/// `idle` + `iowait` of /proc/stat's `cpu` line (ticks of `hz`), in ns: a
+/// CPU waiting for I/O runs nothing and could run a thread.
+pub fn parse_idle(stat: &str, hz: u64) -> Option<u64> {
+    let mut f = stat.lines().next()?.split_whitespace();
+    if f.next()? != "cpu" || hz == 0 {
+        return None;
+    }
+    let ticks: Vec<u64> = f.take(5).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let idle = ticks.get(3)? + ticks.get(4).copied().unwrap_or(0);
+    Some(idle.saturating_mul(1_000_000_000 / hz))
+}
+
 /// Paths of a process's open fds.
 pub fn fd_paths(pid: u32) -> Vec<FdPath> {
     let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -253,6 +275,18 @@ mod tests {
         assert!(after.since(&before).rchar >= bytes, "{before:?} {after:?}");
         assert!(after.syscr > before.syscr);
         assert_eq!(parse_io("rchar: 1\nwchar: 2\n"), None);
+    }
+
+    #[test]
+    fn idle_is_idle_plus_iowait() {
+        let stat = "cpu  100 2 50 4000 30 0 5 0 0 0\ncpu0 50 1 25 2000 15 0 2 0 0 0\n";
+        assert_eq!(parse_idle(stat, 100), Some(4030 * 10_000_000));
+        assert_eq!(parse_idle("cpu0 1 2 3 4 5\n", 100), None);
+        assert_eq!(parse_idle("cpu  1 2 3\n", 100), None);
+        // The machine's own counter moves forward between two readings.
+        let a = machine_idle_ns().expect("/proc/stat readable");
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert!(machine_idle_ns().unwrap() >= a);
     }
 
     #[test]

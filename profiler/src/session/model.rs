@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 /// refuse newer versions at the header rather than at an unknown record.
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
-/// and ShimInjected.
-pub const FORMAT_VERSION: u16 = 3;
+/// and ShimInjected; 4 added CpuIdle.
+pub const FORMAT_VERSION: u16 = 4;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -62,6 +62,19 @@ pub enum Record {
     ThreadIo(ThreadIo),
     /// gapscope brought the CUPTI shim into a running process with ptrace.
     ShimInjected(ShimInjected),
+    /// How long the machine's CPUs had sat idle, read every second.
+    CpuIdle(CpuIdle),
+}
+
+/// The machine's idle CPU time, summed over its CPUs, since boot (the
+/// kernel's `idle` and `iowait` in /proc/stat), read at `ts`. Two readings
+/// say how many CPUs sat free between them — CPUs the recorded processes
+/// could have had, which their own threads cannot show: strangers' work
+/// is not recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuIdle {
+    pub ts: u64,
+    pub idle_ns: u64,
 }
 
 /// The CUPTI shim was loaded into process `pid` by `attach`, through its

@@ -221,6 +221,9 @@ pub struct Session {
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
     pub host_ops: Vec<HostOp>,
+    /// Readings of the machine's idle CPU time, in order (absent in
+    /// imported traces and sessions before format 4).
+    pub cpu_idle: Vec<super::CpuIdle>,
     /// gapscope's own cost while recording (absent in imported traces).
     pub collector: Option<super::CollectorCost>,
     /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
@@ -457,6 +460,7 @@ fn read_records(
                 s.gpu_skipped.insert(pid, (incomplete, unknown));
             }
             Record::Rank(r) => s.rank = Some(r),
+            Record::CpuIdle(c) => s.cpu_idle.push(c),
         }
     }
     if first {

@@ -40,6 +40,9 @@ pub struct Timeline {
     pub retired: Vec<ThreadTimeline>,
     pub retired_processes: Vec<ProcessTimeline>,
     pub gpu: GpuSide,
+    /// The machine's idle CPU time since boot, `(ts, ns)`, as read while
+    /// recording (empty when not recorded).
+    pub cpu_idle: Vec<(u64, u64)>,
     /// What threads keep beyond their accounts.
     keep: Keep,
     /// Processes whose CUDA calls their shim reports: libcuda uprobes on
@@ -191,6 +194,7 @@ impl Timeline {
             retired: Vec::new(),
             retired_processes: Vec::new(),
             gpu,
+            cpu_idle: session.cpu_idle.iter().map(|c| (c.ts, c.idle_ns)).collect(),
             keep,
             shimmed: session
                 .gpu_sources
@@ -218,6 +222,26 @@ impl Timeline {
             );
         }
         tl
+    }
+
+    /// How many CPUs sat idle on average over `[a, b)` (clipped to the
+    /// readings' span), each reading's counter taken as rising evenly to
+    /// the next; None without two readings inside it.
+    pub fn idle_cpus(&self, a: u64, b: u64) -> Option<f64> {
+        let v = &self.cpu_idle;
+        let (a, b) = (a.max(v.first()?.0), b.min(v.last()?.0));
+        let at = |t: u64| -> Option<f64> {
+            let i = v.partition_point(|r| r.0 <= t);
+            let (&(t0, i0), &(t1, i1)) = (v.get(i.checked_sub(1)?)?, v.get(i).or(v.last())?);
+            if t1 <= t0 {
+                return (t == t0).then_some(i0 as f64);
+            }
+            Some(i0 as f64 + (i1.saturating_sub(i0)) as f64 * (t - t0) as f64 / (t1 - t0) as f64)
+        };
+        if b <= a {
+            return None;
+        }
+        Some((at(b)? - at(a)?).max(0.0) / (b - a) as f64)
     }
 
     /// Closes every account at the end of the recording. `last_event`: the
@@ -425,6 +449,56 @@ impl Timeline {
 mod tests {
     use super::*;
     use crate::session::{GpuSource, SessionHeader, SourceKind};
+
+    /// Idle CPUs between readings a second apart: 1.5 CPUs idle in the
+    /// first second, none in the second; outside the readings, unknown.
+    #[test]
+    fn idle_cpus_between_readings() {
+        const S: u64 = 1_000_000_000;
+        let mut s = Session {
+            header: Some(SessionHeader {
+                gapscope_version: String::new(),
+                mode: crate::session::Mode::Run,
+                target_pid: 1,
+                command: vec![],
+                hostname: String::new(),
+                kernel: String::new(),
+                nr_cpus: 2,
+                start_ns: 0,
+                start_unix_ns: 0,
+                sample_hz: 99,
+            }),
+            ..Session::default()
+        };
+        for (ts, idle_ns) in [
+            (S, 10 * S),
+            (2 * S, 10 * S + 3 * S / 2),
+            (3 * S, 10 * S + 3 * S / 2),
+        ] {
+            s.cpu_idle.push(crate::session::CpuIdle { ts, idle_ns });
+        }
+        let tl = Timeline::build(&mut s, BuildOptions::default());
+        let near = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 1e-9);
+        assert!(near(tl.idle_cpus(S, 2 * S), 1.5));
+        assert!(near(tl.idle_cpus(S + S / 2, 2 * S + S / 2), 0.75));
+        assert!(
+            near(tl.idle_cpus(0, 3 * S), 0.75),
+            "clipped to the readings"
+        );
+        assert!(near(tl.idle_cpus(2 * S, 5 * S), 0.0));
+        assert_eq!(tl.idle_cpus(3 * S, 4 * S), None);
+        assert_eq!(
+            Timeline::build(
+                &mut Session {
+                    cpu_idle: vec![],
+                    ..s
+                },
+                BuildOptions::default()
+            )
+            .idle_cpus(0, S),
+            None
+        );
+    }
 
     /// A process whose shim reports its CUDA calls is not counted a second
     /// time from libcuda uprobes; one without a shim is.
