@@ -234,6 +234,46 @@ impl SimDevice {
         (a, b)
     }
 
+    /// A collective (NCCL's all-reduce) and the synchronize after it, as
+    /// one rank of several sees them: the kernel starts when the stream
+    /// reaches it and ends `xfer_ns` after the last rank's has started —
+    /// `meet` is told this rank's start and blocks until it knows the last
+    /// one (the host waits inside cudaStreamSynchronize, as it would for
+    /// `loss.item()` behind the all-reduce). Returns the kernel's span.
+    pub fn all_reduce(&mut self, xfer_ns: u64, meet: impl FnOnce(u64) -> u64) -> (u64, u64) {
+        let a = now();
+        let corr = self.api(211, a, now());
+        let start = now().max(self.free_at);
+        let a2 = now();
+        let end = meet(start).max(start) + xfer_ns;
+        self.free_at = end;
+        self.busy.push((start, end));
+        self.pending.push(GpuRecord::Kernel {
+            start,
+            end,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            grid: [32, 1, 1],
+            block: [512, 1, 1],
+            name: "ncclDevKernel_AllReduce_Sum_f32_RING_LL".into(),
+        });
+        sleep_until(end);
+        let b2 = now();
+        let corr = self.api(131, a2, b2);
+        self.pending.push(GpuRecord::Sync {
+            start: a2,
+            end: b2,
+            context: 1,
+            stream: 7,
+            correlation: corr,
+            sync_type: sync_type::STREAM_SYNCHRONIZE,
+            event: 0,
+        });
+        (start, end)
+    }
+
     /// cudaMemcpy from pageable memory: synchronous, so it first waits for
     /// the stream to drain, then the host stages the data (a real copy) while
     /// the GPU has nothing to do, then the device copies it.

@@ -71,7 +71,19 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
                 return Err(LoadError::EmptyDir(p.clone()));
             }
         } else {
-            out.push(load_file(&session::resolve_path(p))?);
+            let mut l = load_file(&session::resolve_path(p))?;
+            // A run directory goes by its name (every session file is
+            // session.gsz): node1/, rank3/, gapscope-4242-…/.
+            if p.is_dir() {
+                if let Some(name) = p
+                    .canonicalize()
+                    .ok()
+                    .and_then(|c| c.file_name().map(|n| n.to_string_lossy().into_owned()))
+                {
+                    l.label = name;
+                }
+            }
+            out.push(l);
         }
     }
     Ok(out)

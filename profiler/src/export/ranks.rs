@@ -6,6 +6,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use super::{units, Labelled, View};
+use crate::analyze::align;
 use crate::analyze::cause::{Cause, IdleByCause};
 use crate::analyze::hta::{Bucket, StreamIdle};
 
@@ -20,17 +21,37 @@ pub struct RankRow {
     pub communication_ns: u64,
     pub idle_by_cause_ns: IdleByCause,
     pub top_cause: Option<Cause>,
-    /// The rank the others wait for at collectives: the one that spent
-    /// least time in them (it arrives last, whatever made it late), or,
-    /// without collectives, the one with most GPU work.
+    /// What the ends of collectives corrected of the session's wall clock
+    /// (its header's; 0 when nothing did), and how many of its collectives
+    /// were matched with the other ranks'.
+    pub clock_refined_ns: i64,
+    pub collectives_matched: usize,
+    /// On the aligned clocks: at collectives this rank started last, the
+    /// others' waits for it, summed; and how many it started last.
+    pub waited_for_ns: u64,
+    pub last_at: usize,
+    /// The rank the others wait for: the one they waited for longest at
+    /// matched collectives; else, where every rank ran collectives, the
+    /// one that spent least time in them (it arrives last, whatever made
+    /// it late); else the one with most GPU work.
     pub slowest: bool,
 }
 
 pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
+    let clocks: Vec<align::RankClock> = inputs
+        .iter()
+        .map(|l| align::RankClock {
+            start_ns: l.analysis.facts.header.start_ns,
+            start_unix_ns: l.analysis.facts.header.start_unix_ns,
+            collectives: align::collectives(&l.analysis.timeline.gpu),
+        })
+        .collect();
+    let placed = align::align(&clocks);
     let mut rows: Vec<RankRow> = inputs
         .iter()
         .zip(views)
-        .map(|(l, v)| {
+        .zip(&placed)
+        .map(|((l, v), at)| {
             let r = &v.report;
             let span = r.gpus.iter().map(|g| g.span_ns).max().unwrap_or(0);
             let busy = r.gpus.iter().map(|g| g.busy_ns).sum::<u64>();
@@ -65,13 +86,22 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
                 communication_ns: communication,
                 idle_by_cause_ns: idle,
                 top_cause: top,
+                clock_refined_ns: at.refined_ns,
+                collectives_matched: at.matched,
+                waited_for_ns: at.waited_for_ns,
+                last_at: at.last_at,
                 slowest: false,
             }
         })
         .collect();
     // Most busy is the wrong test where ranks meet in collectives: waiting
     // in one is busy time, so the ranks that wait most look busiest.
-    let slowest = if meet_in_collectives(&rows) {
+    let slowest = if rows.iter().any(|r| r.waited_for_ns > 0) {
+        rows.iter()
+            .enumerate()
+            .max_by_key(|(_, r)| r.waited_for_ns)
+            .map(|(i, _)| i)
+    } else if meet_in_collectives(&rows) {
         rows.iter()
             .enumerate()
             .min_by_key(|(_, r)| r.communication_ns)
@@ -97,7 +127,8 @@ pub fn write_table(inputs: &[Labelled], views: &[View], out: &mut impl Write) ->
     writeln!(out, "\nAcross ranks")?;
     let rows = rows(inputs, views);
     let collectives = meet_in_collectives(&rows);
-    for r in rows {
+    let waited = rows.iter().any(|r| r.waited_for_ns > 0);
+    for r in &rows {
         let comm = if collectives {
             format!(
                 " · collectives alone {:>9}",
@@ -106,17 +137,49 @@ pub fn write_table(inputs: &[Labelled], views: &[View], out: &mut impl Write) ->
         } else {
             String::new()
         };
+        let late = if waited {
+            format!(
+                " · others waited {:>9} for it ({} last)",
+                units::duration(r.waited_for_ns),
+                r.last_at
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "  {:<32} {:>10} span · busy {:>5.1}%{comm} · top idle cause {}{}",
+            "  {:<32} {:>10} span · busy {:>5.1}%{comm}{late} · top idle cause {}{}",
             r.label,
             units::duration(r.span_ns),
             r.busy_pct,
             r.top_cause.map_or("-", Cause::name),
-            match (r.slowest, collectives) {
-                (true, true) => "  ← the others wait for it (least time in collectives)",
-                (true, false) => "  ← slowest (most GPU work)",
+            match (r.slowest, waited, collectives) {
+                (true, true, _) => "  ← the others wait for it (it starts collectives last)",
+                (true, false, true) => "  ← the others wait for it (least time in collectives)",
+                (true, false, false) => "  ← slowest (most GPU work)",
                 _ => "",
+            }
+        )?;
+    }
+    let matched: Vec<&RankRow> = rows.iter().filter(|r| r.collectives_matched > 0).collect();
+    if matched.len() >= 2 {
+        let shifts = matched
+            .iter()
+            .filter(|r| r.clock_refined_ns.unsigned_abs() >= 1_000)
+            .map(|r| format!("{} {:+.3} ms", r.label, r.clock_refined_ns as f64 / 1e6))
+            .collect::<Vec<_>>();
+        writeln!(
+            out,
+            "  clocks: the sessions' wall clocks, aligned by the ends of {} collectives{}",
+            matched
+                .iter()
+                .map(|r| r.collectives_matched)
+                .min()
+                .unwrap_or(0),
+            if shifts.is_empty() {
+                " (no correction needed)".to_string()
+            } else {
+                format!(": {}", shifts.join(", "))
             }
         )?;
     }
