@@ -66,6 +66,8 @@ enum Command {
     Report {
         /// Session files or run directories, or PyTorch profiler (Kineto)
         /// traces (.json, .json.gz; several, or a directory = one per rank).
+        /// Several (one per node or rank) are read as one job: aligned on
+        /// one clock, with a cross-rank table.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         #[arg(long, short = 'f', value_enum, default_value_t = FormatArg::Text)]
