@@ -1,10 +1,10 @@
 //! One job across nodes: three `simranks` processes, each recorded by its
 //! own `gapscope run` (one session per node, as the agent or a Slurm
 //! prolog would leave them), meet in all-reduces on simulated GPUs; rank
-//! 2's host is 3 ms slower each step, so the others wait for it at every
-//! one. `gapscope report rank0/ rank1/ rank2/` must put the sessions on one
-//! clock by the all-reduces' ends and name rank 2 as the one the others
-//! wait for, with their waits as the ranks themselves counted them.
+//! 2's host is 3 ms slower each step, so the others wait for it most.
+//! `gapscope report rank0/ rank1/ rank2/` must put the sessions on one
+//! clock by the all-reduces' ends and name the rank the others waited for
+//! most, with their waits for each as the ranks themselves counted them.
 
 use std::process::{Command, Stdio};
 
@@ -77,6 +77,9 @@ fn sessions_of_several_nodes_name_the_rank_the_others_wait_for() {
         .map(|r| u64_of(&truth["ranks"][r], "waited_for_ns"))
         .collect();
     eprintln!("truth: the others waited {waits:?} ns for each rank");
+    // Rank 2 is late by design, but on a loaded machine a preempted rank
+    // is late too: the one named is the one the ranks waited for most.
+    let most = (0..3).max_by_key(|&r| waits[r]).unwrap();
     for (r, row) in rows.iter().enumerate() {
         eprintln!("{row}");
         assert_eq!(row["label"], format!("rank{r}"));
@@ -100,8 +103,6 @@ fn sessions_of_several_nodes_name_the_rank_the_others_wait_for() {
             "rank {r}: {got} ns waited for it, the ranks counted {}",
             waits[r]
         );
-        assert_eq!(row["slowest"], r == 2, "{row}");
+        assert_eq!(row["slowest"], r == most, "{row}");
     }
-    // 3 ms late at each of 40 steps, two ranks waiting: 240 ms at least.
-    assert!(waits[2] >= 2 * STEPS * 3_000_000 * 9 / 10, "{waits:?}");
 }

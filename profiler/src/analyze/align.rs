@@ -122,7 +122,9 @@ pub fn align(ranks: &[RankClock]) -> Vec<Placement> {
             }
         }
     }
-    if shift.iter().filter(|s| s.is_some()).count() < 2 {
+    if ranks.len() < 2 || shift.iter().any(Option::is_none) {
+        // A rank whose collectives could not be placed might be the one
+        // the others waited for: nobody is named rather than the wrong one.
         return out;
     }
     out[reference].matched = r_ends.len();
@@ -240,6 +242,23 @@ mod tests {
         assert_eq!(p[1].refined_ns, -4 * MS as i64);
         assert_eq!(p[1].matched, 15);
         assert_eq!(p[2].last_at, 15, "only collectives every rank ran");
+    }
+
+    /// A rank whose collectives cannot be placed (its ends agree with no
+    /// shift): the others keep their correction, nobody is named.
+    #[test]
+    fn an_unplaced_rank_names_nobody() {
+        let mut ranks = job([0, 3_500_000, 0], [0, 0, 0]);
+        for (n, c) in ranks[1].collectives.iter_mut().enumerate() {
+            c.1 += (n as u64 % 4) * 3 * MS;
+        }
+        let p = align(&ranks);
+        assert_eq!(p[1].matched, 0);
+        assert_eq!(p[2].matched, 20);
+        assert!(
+            p.iter().all(|x| x.waited_for_ns == 0 && x.last_at == 0),
+            "{p:?}"
+        );
     }
 
     /// Ranks that never meet keep their header clocks and nobody waited.
