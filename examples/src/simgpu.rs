@@ -199,26 +199,34 @@ impl SimDevice {
         let b = now();
         let corr = self.api(cbid, a, b);
         for _ in 0..n {
-            let (start, end) = self.schedule(b, kernel_ns);
-            self.pending.push(GpuRecord::Kernel {
-                start,
-                end,
-                device: 0,
-                context: 1,
-                stream: 7,
-                correlation: corr,
-                grid: [1024, 1, 1],
-                block: [256, 1, 1],
-                name: "simulated_step_kernel".into(),
-            });
+            let span = self.schedule(b, kernel_ns);
+            self.kernel(span, corr, "simulated_step_kernel");
         }
         (a, b)
+    }
+
+    fn kernel(&mut self, (start, end): (u64, u64), correlation: u32, name: &str) {
+        self.pending.push(GpuRecord::Kernel {
+            start,
+            end,
+            device: 0,
+            context: 1,
+            stream: 7,
+            correlation,
+            grid: [1024, 1, 1],
+            block: [256, 1, 1],
+            name: name.into(),
+        });
     }
 
     /// cudaStreamSynchronize: blocks until the queue is empty. Returns the
     /// call's span, as every call here does.
     pub fn synchronize(&mut self) -> (u64, u64) {
-        let a = now();
+        self.synchronize_from(now())
+    }
+
+    /// A synchronize called at `a`.
+    fn synchronize_from(&mut self, a: u64) -> (u64, u64) {
         sleep_until(self.free_at);
         let b = now();
         let corr = self.api(131, a, b);
@@ -244,33 +252,16 @@ impl SimDevice {
         let a = now();
         let corr = self.api(211, a, now());
         let start = now().max(self.free_at);
-        let a2 = now();
+        let synchronizing = now();
         let end = meet(start).max(start) + xfer_ns;
         self.free_at = end;
         self.busy.push((start, end));
-        self.pending.push(GpuRecord::Kernel {
-            start,
-            end,
-            device: 0,
-            context: 1,
-            stream: 7,
-            correlation: corr,
-            grid: [32, 1, 1],
-            block: [512, 1, 1],
-            name: "ncclDevKernel_AllReduce_Sum_f32_RING_LL".into(),
-        });
-        sleep_until(end);
-        let b2 = now();
-        let corr = self.api(131, a2, b2);
-        self.pending.push(GpuRecord::Sync {
-            start: a2,
-            end: b2,
-            context: 1,
-            stream: 7,
-            correlation: corr,
-            sync_type: sync_type::STREAM_SYNCHRONIZE,
-            event: 0,
-        });
+        self.kernel(
+            (start, end),
+            corr,
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        );
+        self.synchronize_from(synchronizing);
         (start, end)
     }
 

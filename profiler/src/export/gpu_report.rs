@@ -182,18 +182,10 @@ mod tests {
                 },
             ));
         }
-        s.header = Some(crate::session::SessionHeader {
-            gapscope_version: String::new(),
-            mode: crate::session::Mode::Run,
-            target_pid: 1,
-            command: vec![],
-            hostname: String::new(),
-            kernel: String::new(),
-            nr_cpus: 1,
-            start_ns: 0,
-            start_unix_ns: 0,
-            sample_hz: 99,
-        });
+        s.header = Some(crate::session::SessionHeader::for_test(
+            crate::session::Mode::Run,
+            1,
+        ));
         s.footer = Some(crate::session::Footer {
             end_ns: 20_000,
             reason: crate::session::StopReason::TargetExited,

@@ -287,6 +287,25 @@ pub enum Mode {
     Kineto,
 }
 
+#[cfg(test)]
+impl SessionHeader {
+    /// A header for unit tests: process 1, started at 0 on both clocks.
+    pub fn for_test(mode: Mode, nr_cpus: u32) -> SessionHeader {
+        SessionHeader {
+            gapscope_version: String::new(),
+            mode,
+            target_pid: 1,
+            command: vec![],
+            hostname: String::new(),
+            kernel: String::new(),
+            nr_cpus,
+            start_ns: 0,
+            start_unix_ns: 0,
+            sample_hz: 99,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionHeader {
     pub gapscope_version: String,

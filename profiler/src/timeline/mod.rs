@@ -456,18 +456,7 @@ mod tests {
     fn idle_cpus_between_readings() {
         const S: u64 = 1_000_000_000;
         let mut s = Session {
-            header: Some(SessionHeader {
-                gapscope_version: String::new(),
-                mode: crate::session::Mode::Run,
-                target_pid: 1,
-                command: vec![],
-                hostname: String::new(),
-                kernel: String::new(),
-                nr_cpus: 2,
-                start_ns: 0,
-                start_unix_ns: 0,
-                sample_hz: 99,
-            }),
+            header: Some(SessionHeader::for_test(crate::session::Mode::Run, 2)),
             ..Session::default()
         };
         for (ts, idle_ns) in [
@@ -504,18 +493,7 @@ mod tests {
     /// time from libcuda uprobes; one without a shim is.
     #[test]
     fn uprobe_calls_of_a_shimmed_process_are_left_out() {
-        let header = Some(SessionHeader {
-            gapscope_version: String::new(),
-            mode: crate::session::Mode::Attach,
-            target_pid: 1,
-            command: vec![],
-            hostname: String::new(),
-            kernel: String::new(),
-            nr_cpus: 1,
-            start_ns: 0,
-            start_unix_ns: 0,
-            sample_hz: 99,
-        });
+        let header = Some(SessionHeader::for_test(crate::session::Mode::Attach, 1));
         let source = |pid, kind| GpuSource {
             pid,
             kind,
