@@ -1,7 +1,7 @@
-//! Which processes on the node use a GPU: those holding a `/dev/nvidia*`
-//! file open, those with the CUDA driver mapped, and those with a dormant
-//! gapscope shim (or gapscope's simulated GPU) listening on its control
-//! socket. Each is followed with its descendants, so a DataLoader's workers
+//! Which processes on the node use a GPU: those NVML lists on a GPU, those
+//! holding a `/dev/nvidia*` file open, those with the CUDA driver mapped,
+//! and those with a dormant gapscope shim (or gapscope's simulated GPU)
+//! listening on its control socket. Each is followed with its descendants, so a DataLoader's workers
 //! come with their trainer.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -18,12 +18,20 @@ pub fn gpu_jobs() -> Vec<u32> {
         .filter_map(|&p| Some((p, procfs::process_info(p)?.ppid)))
         .collect();
     let listening = listening_shims(&pids);
+    // NVML's lists see through what /proc may hide (another mount
+    // namespace's device files); the files and mappings work without it.
+    let on_gpu = crate::collect::nvml::gpu_pids().unwrap_or_default();
     let me = std::process::id();
     let chosen: HashSet<u32> = pids
         .iter()
         .copied()
         .filter(|&p| p != me)
-        .filter(|&p| listening.contains(&p) || holds_device_file(p) || inject::gpu_process(p))
+        .filter(|&p| {
+            on_gpu.contains(&p)
+                || listening.contains(&p)
+                || holds_device_file(p)
+                || inject::gpu_process(p)
+        })
         .collect();
     let mut jobs: Vec<u32> = chosen
         .iter()

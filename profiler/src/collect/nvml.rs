@@ -16,6 +16,28 @@ use crate::session::{NvmlDevice, NvmlSample, Record};
 
 pub const DEFAULT_HZ: u64 = 10;
 
+/// The processes NVML says run on any GPU of this machine (compute and
+/// graphics contexts), as pids of the host's pid namespace; None without
+/// NVML. NVML is opened once per process and kept: loading the library
+/// each time an agent looks would cost more than the look.
+pub fn gpu_pids() -> Option<HashSet<u32>> {
+    static NVML: std::sync::OnceLock<Option<Nvml>> = std::sync::OnceLock::new();
+    let nvml = NVML.get_or_init(|| Nvml::init().ok()).as_ref()?;
+    let mut pids = HashSet::new();
+    for index in 0..nvml.device_count().unwrap_or(0) {
+        let Ok(d) = nvml.device_by_index(index) else {
+            continue;
+        };
+        for list in [
+            d.running_compute_processes(),
+            d.running_graphics_processes(),
+        ] {
+            pids.extend(list.unwrap_or_default().into_iter().map(|p| p.pid));
+        }
+    }
+    Some(pids)
+}
+
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
