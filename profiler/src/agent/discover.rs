@@ -1,8 +1,8 @@
 //! Which processes on the node use a GPU: those NVML lists on a GPU, those
 //! holding a `/dev/nvidia*` file open, those with the CUDA driver mapped,
 //! and those with a dormant gapscope shim (or gapscope's simulated GPU)
-//! listening on its control socket. Each is followed with its descendants, so a DataLoader's workers
-//! come with their trainer.
+//! listening on its control socket. Each is followed with its descendants,
+//! so a DataLoader's workers come with their trainer.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs;

@@ -9,7 +9,6 @@
 //! came last: the rank the others waited for.
 
 use gapscope_cupti::GpuRecord;
-use serde::Serialize;
 
 use crate::analyze::gpu::is_communication_kernel;
 use crate::timeline::gpu::GpuSide;
@@ -33,7 +32,7 @@ pub struct RankClock {
 
 /// Where a rank's session sits on the job's clock, and what the others
 /// waited for it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Placement {
     /// Added to the session's monotonic times: wall-clock ns.
     pub offset_ns: i128,
@@ -122,20 +121,22 @@ pub fn align(ranks: &[RankClock]) -> Vec<Placement> {
             }
         }
     }
-    if ranks.len() < 2 || shift.iter().any(Option::is_none) {
-        // A rank whose collectives could not be placed might be the one
-        // the others waited for: nobody is named rather than the wrong one.
+    // A rank whose collectives could not be placed might be the one the
+    // others waited for: nobody is named rather than the wrong one.
+    let Some(shift) = shift.into_iter().collect::<Option<Vec<i64>>>() else {
+        return out;
+    };
+    if ranks.len() < 2 {
         return out;
     }
     out[reference].matched = r_ends.len();
-    // Each of the reference's collectives that every matched rank ran too:
-    // who started it last, and how long the others waited.
+    // Each of the reference's collectives that every rank ran too: who
+    // started it last, and how long the others waited.
     for n in 0..r_ends.len() as i64 {
         let starts: Option<Vec<(usize, i128)>> = shift
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.map(|s| (i, s)))
-            .map(|(i, s)| {
+            .map(|(i, &s)| {
                 let k = usize::try_from(n - s).ok()?;
                 Some((i, wall(i, ranks[i].collectives.get(k)?.0, &out)))
             })

@@ -40,9 +40,9 @@ pub struct Timeline {
     pub retired: Vec<ThreadTimeline>,
     pub retired_processes: Vec<ProcessTimeline>,
     pub gpu: GpuSide,
-    /// The machine's idle CPU time since boot, `(ts, ns)`, as read while
-    /// recording (empty when not recorded).
-    pub cpu_idle: Vec<(u64, u64)>,
+    /// The machine's idle CPU time, as read while recording, in order
+    /// (empty when not recorded).
+    pub cpu_idle: Vec<crate::session::CpuIdle>,
     /// What threads keep beyond their accounts.
     keep: Keep,
     /// Processes whose CUDA calls their shim reports: libcuda uprobes on
@@ -194,7 +194,7 @@ impl Timeline {
             retired: Vec::new(),
             retired_processes: Vec::new(),
             gpu,
-            cpu_idle: session.cpu_idle.iter().map(|c| (c.ts, c.idle_ns)).collect(),
+            cpu_idle: session.cpu_idle.clone(),
             keep,
             shimmed: session
                 .gpu_sources
@@ -229,19 +229,25 @@ impl Timeline {
     /// the next; None without two readings inside it.
     pub fn idle_cpus(&self, a: u64, b: u64) -> Option<f64> {
         let v = &self.cpu_idle;
-        let (a, b) = (a.max(v.first()?.0), b.min(v.last()?.0));
-        let at = |t: u64| -> Option<f64> {
-            let i = v.partition_point(|r| r.0 <= t);
-            let (&(t0, i0), &(t1, i1)) = (v.get(i.checked_sub(1)?)?, v.get(i).or(v.last())?);
-            if t1 <= t0 {
-                return (t == t0).then_some(i0 as f64);
-            }
-            Some(i0 as f64 + (i1.saturating_sub(i0)) as f64 * (t - t0) as f64 / (t1 - t0) as f64)
-        };
+        let (a, b) = (a.max(v.first()?.ts), b.min(v.last()?.ts));
         if b <= a {
             return None;
         }
-        Some((at(b)? - at(a)?).max(0.0) / (b - a) as f64)
+        // The counter at `t`, inside the readings' span: the first reading
+        // at or after it, and the one before when it is after.
+        let at = |t: u64| -> f64 {
+            let i = v.partition_point(|r| r.ts < t);
+            let next = v[i];
+            match i.checked_sub(1).map(|j| v[j]) {
+                Some(prev) if next.ts > t => {
+                    prev.idle_ns as f64
+                        + next.idle_ns.saturating_sub(prev.idle_ns) as f64 * (t - prev.ts) as f64
+                            / (next.ts - prev.ts) as f64
+                }
+                _ => next.idle_ns as f64,
+            }
+        };
+        Some((at(b) - at(a)).max(0.0) / (b - a) as f64)
     }
 
     /// Closes every account at the end of the recording. `last_event`: the
