@@ -239,6 +239,57 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     let r = report_json(&first.path());
     assert_eq!(r["gpus"][0]["source"], "simulated");
     let on_disk = std::fs::read_dir(job_dir.path()).unwrap().count();
+
+    // One recording cut into windows: each starts where the one before it
+    // ended, so what Prometheus was told was recorded is their sum; each
+    // stands alone (the GPU's source said again in every one); the idle at a
+    // cut is attributed like any gap, and only the window the job ended in
+    // has a tear-down.
+    let mut spans: Vec<(u64, u64, Value)> = std::fs::read_dir(job_dir.path())
+        .unwrap()
+        .flatten()
+        .map(|w| {
+            let r = report_json(&w.path());
+            assert_eq!(r["session"]["mode"], "window");
+            assert_eq!(r["gpus"][0]["source"], "simulated");
+            (
+                u64_of(&r["window_ns"], "start"),
+                u64_of(&r["window_ns"], "end"),
+                r["gpus"][0]["idle_by_cause_ns"].clone(),
+            )
+        })
+        .collect();
+    spans.sort_by_key(|s| s.0);
+    assert!(spans.len() >= 2, "{} windows", spans.len());
+    for w in spans.windows(2) {
+        assert_eq!(w[1].0, w[0].1, "a seam between two windows");
+    }
+    for (i, (_, _, idle)) in spans.iter().enumerate() {
+        assert_eq!(
+            idle["startup"].as_u64().unwrap_or(0),
+            0,
+            "window {i}: {idle}"
+        );
+        if i + 1 < spans.len() {
+            assert_eq!(
+                idle["teardown"].as_u64().unwrap_or(0),
+                0,
+                "window {i}: {idle}"
+            );
+        }
+    }
+    let recorded: f64 = query(prom, "gapscope_recorded_seconds_total")
+        .iter()
+        .filter(|(m, _)| m["command"] == "simtrain")
+        .map(|x| x.1)
+        .sum();
+    let on_windows = spans.iter().map(|s| s.1 - s.0).sum::<u64>() as f64 / 1e9;
+    assert!(
+        (recorded - on_windows).abs() < 1e-6,
+        "Prometheus has {recorded}s recorded, the windows on disk {on_windows}s"
+    );
+    let whole = (spans.last().unwrap().1 - spans[0].0) as f64 / 1e9;
+    assert!((whole - on_windows).abs() < 1e-6);
     // Kept on request: SIGUSR1 to the running agent, and `agent dump`.
     signal(agent.0.id(), libc::SIGUSR1);
     let dumps = windows.join("dumps");

@@ -139,10 +139,10 @@ enum Command {
         /// uprobes, and shims already there are used.
         #[arg(long)]
         inject: bool,
-        /// Stop after this many rounds of windows (default: until SIGINT or
-        /// SIGTERM).
+        /// Stop once this many windows have been analysed (default: until
+        /// SIGINT or SIGTERM).
         #[arg(long, value_name = "N", hide = true)]
-        rounds: Option<u64>,
+        stop_after: Option<u64>,
     },
     /// Flamegraphs (SVG or folded stacks) and the timeline (Chrome trace JSON,
     /// for Perfetto UI and chrome://tracing) of a recorded session or trace.
@@ -349,6 +349,7 @@ impl RecordArgs {
             libcuda: self.libcuda.clone(),
             any_user: false,
             inject: false,
+            windows: None,
         }
     }
 }
@@ -609,6 +610,7 @@ fn main() -> ExitCode {
             let opts = RecordOptions {
                 any_user,
                 inject: !no_inject,
+                windows: None,
                 ..rec.options(duration)
             };
             record(Target::Pid(pid), opts, &rec)
@@ -650,7 +652,7 @@ fn main() -> ExitCode {
             keep,
             dir,
             inject,
-            rounds,
+            stop_after,
         } => {
             let positive = |x: f64| x.is_finite() && x > 0.0;
             if !positive(window) || !positive(keep) {
@@ -665,7 +667,7 @@ fn main() -> ExitCode {
                 keep: Duration::from_secs_f64(keep * 60.0),
                 dir,
                 inject,
-                rounds,
+                stop_after,
             };
             match gapscope::agent::run(&opts) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -1,31 +1,33 @@
 //! `gapscope agent`: a node daemon. It finds the GPU jobs on the node (or
-//! follows the ones it is given), records each in back-to-back windows in
-//! the cheap mode (no cpu-clock samples, no off-CPU stacks, no syscall
-//! hooks), analyses every window as `report` would, adds it to per-job
-//! counters, and serves them to Prometheus on `/metrics`. Each window stays
-//! on disk as a normal session for `--keep` (the flight recorder: a slow
-//! hour can be read after the fact with `gapscope report`), then goes,
+//! follows the ones it is given) and records each for as long as it runs —
+//! one recording per job in the cheap mode (no cpu-clock samples, no
+//! off-CPU stacks, no syscall hooks), its BPF programs, GPU streams and NVML
+//! sampler loaded once — cut into back-to-back windows
+//! (`collect::windows`). Every window is analysed as `report` would, added
+//! to per-job counters, and served to Prometheus on `/metrics`. Each window
+//! stays on disk as a normal session for `--keep` (the flight recorder: a
+//! slow hour can be read after the fact with `gapscope report`), then goes,
 //! unless `gapscope agent dump` or SIGUSR1 kept it ([`dump`]).
 //!
 //! Memory stays bounded: a window is analysed from its file, streamed, and
-//! only the counters are kept. The price of windows is their seams: a
-//! fraction of a second between two windows is not recorded
-//! (`gapscope_recorded_seconds_total` says how much was).
+//! only the counters are kept.
 
 mod discover;
 mod http;
 pub mod labels;
 pub mod metrics;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::analyze::{analyze, AnalyzeOptions};
 use crate::collect::bpf::TracerConfig;
-use crate::collect::{self, procfs, RecordOptions, Target};
+use crate::collect::windows::Windows;
+use crate::collect::{self, procfs, RecordError, RecordOptions, Recording, Target};
 use crate::export::View;
 use metrics::Metrics;
 
@@ -44,8 +46,9 @@ pub struct AgentOptions {
     pub dir: PathBuf,
     /// Bring the CUPTI shim into GPU processes without it (ptrace).
     pub inject: bool,
-    /// Stop after this many rounds of windows (tests); None: until a signal.
-    pub rounds: Option<u64>,
+    /// Stop once this many windows have been analysed (tests); None: until
+    /// a signal.
+    pub stop_after: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +72,18 @@ struct Job {
     labels: labels::Labels,
 }
 
-/// Runs until SIGINT/SIGTERM (or `rounds`), serving metrics as it goes.
+/// A job being recorded: its recording's thread and the windows it hands
+/// over.
+struct Followed {
+    job: Job,
+    windows: Receiver<Result<Recording, RecordError>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// How often the node is looked at for new jobs.
+const DISCOVER_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs until SIGINT/SIGTERM (or `stop_after`), serving metrics as it goes.
 pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
     collect::preflight::check()?;
     crate::output::create_dir(&opts.dir).map_err(io(format!("creating {}", opts.dir.display())))?;
@@ -87,12 +101,20 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
         );
         http::serve(listener, metrics.clone());
     }
-    // SIGUSR1: keep the flight recorder's windows (between two rounds).
+    // SIGUSR1: keep the flight recorder's windows.
     let dump_now = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, dump_now.clone())
         .map_err(io("installing signal handlers"))?;
-    let mut round = 0u64;
-    while !stop.load(Ordering::SeqCst) && opts.rounds.is_none_or(|n| round < n) {
+    // Set when the agent stops: every recording closes its window short.
+    let stop_recording = Arc::new(AtomicBool::new(false));
+    let mut followed: HashMap<u32, Followed> = HashMap::new();
+    // Jobs whose recording could not start, and when: tried again a window
+    // later, not every second.
+    let mut refused: HashMap<u32, Instant> = HashMap::new();
+    let mut looked: Option<Instant> = None;
+    let mut pruned = Instant::now();
+    let mut analysed = 0u64;
+    while !stop.load(Ordering::SeqCst) && opts.stop_after.is_none_or(|n| analysed < n) {
         if dump_now.swap(false, Ordering::SeqCst) {
             match dump(&opts.dir, None) {
                 Ok((out, n)) => {
@@ -101,28 +123,133 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
                 Err(e) => eprintln!("gapscope agent: {e}"),
             }
         }
-        let jobs = jobs(opts);
-        if jobs.is_empty() {
-            std::thread::sleep(Duration::from_millis(500));
-            continue;
-        }
-        // One window of every job at once: each its own recording.
-        std::thread::scope(|s| {
-            for job in &jobs {
-                let metrics = metrics.clone();
-                s.spawn(move || window(opts, job, &metrics));
+        if looked.is_none_or(|t| t.elapsed() >= DISCOVER_EVERY) {
+            looked = Some(Instant::now());
+            refused.retain(|_, at| at.elapsed() < opts.window);
+            for job in jobs(opts) {
+                if !followed.contains_key(&job.pid) && !refused.contains_key(&job.pid) {
+                    followed.insert(job.pid, follow(opts, job, &stop_recording));
+                }
             }
-        });
-        if let Ok(mut m) = metrics.lock() {
-            m.forget_ended();
         }
-        prune(&opts.dir, opts.keep);
-        round += 1;
+        let mut ended = Vec::new();
+        for (&pid, f) in &followed {
+            // Finished before looking: its last window is in the channel.
+            let finished = f.thread.is_finished();
+            loop {
+                match f.windows.try_recv() {
+                    Ok(w) => {
+                        if !take_window(&f.job, w, &metrics) {
+                            refused.insert(pid, Instant::now());
+                        }
+                        analysed += 1;
+                    }
+                    Err(TryRecvError::Empty) if !finished => break,
+                    Err(_) => {
+                        ended.push(pid);
+                        break;
+                    }
+                }
+            }
+        }
+        for pid in ended {
+            if let Some(f) = followed.remove(&pid) {
+                let _ = f.thread.join();
+            }
+        }
+        if pruned.elapsed() >= DISCOVER_EVERY {
+            pruned = Instant::now();
+            if let Ok(mut m) = metrics.lock() {
+                m.forget_ended();
+            }
+            prune(&opts.dir, opts.keep);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Every recording closes its window now; what they hand over still
+    // counts.
+    stop_recording.store(true, Ordering::SeqCst);
+    for (_, f) in followed {
+        let _ = f.thread.join();
+        while let Ok(w) = f.windows.try_recv() {
+            take_window(&f.job, w, &metrics);
+        }
     }
     Ok(())
 }
 
-/// The jobs to record this round.
+/// Starts recording `job` in windows, on a thread of its own, until it
+/// exits or `stop` is set.
+fn follow(opts: &AgentOptions, job: Job, stop: &Arc<AtomicBool>) -> Followed {
+    let (done, windows) = std::sync::mpsc::channel();
+    let rec = RecordOptions {
+        out_dir: Some(opts.dir.join(file_name(&job.key))),
+        tracer: TracerConfig {
+            sample_hz: 0,
+            offcpu_stacks: false,
+            syscall_hooks: false,
+            ..TracerConfig::default()
+        },
+        duration: None,
+        status_line: false,
+        env: Vec::new(),
+        gpu: true,
+        nvml_hz: 1,
+        libcuda: None,
+        any_user: true,
+        inject: opts.inject,
+        windows: Some(Windows {
+            every: opts.window,
+            done: done.clone(),
+            stop: stop.clone(),
+        }),
+    };
+    let pid = job.pid;
+    let thread = std::thread::Builder::new()
+        .name(format!("gapscope-{pid}"))
+        .spawn(move || {
+            // The last window (or why the recording could not start).
+            let _ = done.send(collect::record(Target::Pid(pid), &rec));
+        })
+        .expect("starting a thread");
+    Followed {
+        job,
+        windows,
+        thread,
+    }
+}
+
+/// Analyses one window of `job` and adds it to the counters; false when
+/// there was none (the recording failed).
+fn take_window(
+    job: &Job,
+    window: Result<Recording, RecordError>,
+    metrics: &Mutex<Metrics>,
+) -> bool {
+    let done = window.map_err(|e| e.to_string()).and_then(|r| {
+        let a =
+            analyze(r.session.clone(), &AnalyzeOptions::default()).map_err(|e| e.to_string())?;
+        Ok((View::new(&a).report, r.drops))
+    });
+    let mut m = metrics.lock().unwrap_or_else(|e| e.into_inner());
+    match done {
+        Ok((report, drops)) => {
+            m.add_window(&job.key, &job.labels, &report, drops);
+            true
+        }
+        Err(e) => {
+            m.failed_windows += 1;
+            // A job that ended as its recording began is no failure worth a
+            // line.
+            if procfs::exists(job.pid) {
+                eprintln!("gapscope agent: {}: {e}", job.key);
+            }
+            false
+        }
+    }
+}
+
+/// The jobs on the node now (or the ones named).
 fn jobs(opts: &AgentOptions) -> Vec<Job> {
     let mut pids: BTreeSet<u32> = opts
         .pids
@@ -157,50 +284,6 @@ fn jobs(opts: &AgentOptions) -> Vec<Job> {
             Job { pid, key, labels }
         })
         .collect()
-}
-
-/// Records one window of `job`, adds it to the counters, keeps its session.
-fn window(opts: &AgentOptions, job: &Job, metrics: &Mutex<Metrics>) {
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let dir = opts.dir.join(file_name(&job.key)).join(stamp.to_string());
-    let rec = RecordOptions {
-        out_dir: Some(dir.clone()),
-        tracer: TracerConfig {
-            sample_hz: 0,
-            offcpu_stacks: false,
-            syscall_hooks: false,
-            ..TracerConfig::default()
-        },
-        duration: Some(opts.window),
-        status_line: false,
-        env: Vec::new(),
-        gpu: true,
-        nvml_hz: 1,
-        libcuda: None,
-        any_user: true,
-        inject: opts.inject,
-    };
-    let done = collect::record(Target::Pid(job.pid), &rec)
-        .map_err(|e| e.to_string())
-        .and_then(|r| {
-            let a = analyze(r.session.clone(), &AnalyzeOptions::default())
-                .map_err(|e| e.to_string())?;
-            Ok((View::new(&a).report, r.drops))
-        });
-    let mut m = metrics.lock().unwrap_or_else(|e| e.into_inner());
-    match done {
-        Ok((report, drops)) => m.add_window(&job.key, &job.labels, &report, drops),
-        Err(e) => {
-            m.failed_windows += 1;
-            // A job that ended between the discovery and its window is no
-            // failure worth a line.
-            if procfs::exists(job.pid) {
-                eprintln!("gapscope agent: {}: {e}", job.key);
-            }
-        }
-    }
 }
 
 /// A job key as a directory name.

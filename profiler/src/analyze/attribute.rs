@@ -16,7 +16,8 @@
 //!   meanwhile, followed up to [`MAX_HOPS`] threads: reading files →
 //!   `input.io`, receiving from the network → `input.network`, on-CPU →
 //!   `input.cpu`, runnable → `cpu.contention`;
-//! - before the first GPU work: `startup`; after the last: `teardown`;
+//! - before the first GPU work: `startup`; after the last: `teardown` —
+//!   unless the window was cut from a longer recording ([`Edges`]);
 //! - anything else: `unattributed`, shown, never hidden.
 
 use std::collections::{BTreeMap, HashMap};
@@ -207,8 +208,57 @@ pub fn attribute(inp: &Inputs) -> Attribution {
     out
 }
 
+/// Whether a window's edges are the job's own start-up and tear-down. A
+/// window cut from a longer recording (the agent's) starts in the middle of
+/// the job and, unless the job exited in it, stops there too: the idle
+/// before its first work and after its last is a gap like any other, with
+/// a feeder doing something meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Edges {
+    pub startup: bool,
+    pub teardown: bool,
+}
+
+impl Edges {
+    /// A whole job's recording: both edges are the job's.
+    pub const JOB: Edges = Edges {
+        startup: true,
+        teardown: true,
+    };
+
+    pub fn of(session: &crate::session::Session) -> Edges {
+        if session.header().mode != crate::session::Mode::Window {
+            return Edges::JOB;
+        }
+        Edges {
+            startup: false,
+            teardown: session
+                .footer
+                .as_ref()
+                .is_some_and(|f| f.reason == crate::session::StopReason::TargetExited),
+        }
+    }
+
+    /// The busy spans the rules walk: `busy` bounded by empty spans at the
+    /// edges that are not start-up or tear-down, which makes the idle there
+    /// a gap (ended by the window's first work, or by the window's end).
+    pub fn bound(self, window: (u64, u64), busy: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let (lo, hi) = window;
+        let mut out = Vec::with_capacity(busy.len() + 2);
+        if !self.startup && busy.first().is_none_or(|b| b.0 > lo) {
+            out.push((lo, lo));
+        }
+        out.extend_from_slice(busy);
+        if !self.teardown && busy.last().is_none_or(|b| b.1 < hi) {
+            out.push((hi, hi));
+        }
+        out
+    }
+}
+
 /// The idle before a GPU's first work and after its last: start-up and
-/// tear-down; a GPU that never worked is one unattributed span.
+/// tear-down; a GPU that never worked is one unattributed span. (`busy`
+/// bounded by [`Edges::bound`] makes these empty where they are not.)
 pub(crate) fn edges(window: (u64, u64), busy: &[(u64, u64)]) -> (Piece, Option<Piece>) {
     let (lo, hi) = window;
     let edge = |start: u64, end: u64, cause: Cause| Piece {

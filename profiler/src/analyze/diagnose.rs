@@ -101,14 +101,16 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
     let ops = op_causes(tl);
     let lossy_windows = super::loss::lossy_windows(session);
     let blind_windows = super::loss::blind_windows(session);
+    let edges = attribute::Edges::of(session);
     let gpus = gpu_timelines(&tl.gpu, tl.start, tl.end)
         .into_iter()
         .zip(&tl.gpu.devices)
         .map(|(gpu, device)| {
             let work = device.starts();
+            let spans = edges.bound((tl.start, tl.end), &gpu.busy);
             let inputs = Inputs {
                 window: (tl.start, tl.end),
-                busy: &gpu.busy,
+                busy: &spans,
                 work: &work,
                 threads: &tl.threads,
                 api: &tl.gpu.calls,

@@ -167,6 +167,7 @@ pub fn analyze_settling_every(
                     stream::Attributor::new(
                         &timeline,
                         (timeline.start, end),
+                        attribute::Edges::of(&session),
                         &loss::blind_windows(&session),
                         loss::lossy_windows(&session),
                     )

@@ -20,6 +20,8 @@ use crate::timeline::Timeline;
 /// One GPU's gaps, attributed in order.
 struct Device {
     gpu: GpuTimeline,
+    /// Its busy spans as the rules walk them ([`attribute::Edges::bound`]).
+    spans: Vec<(u64, u64)>,
     /// Start of each work item and who launched it.
     work: Vec<(u64, Option<Tid>)>,
     fallback: Option<Tid>,
@@ -83,10 +85,12 @@ pub struct Attributor {
 
 impl Attributor {
     /// `window`: the recording's, known before its events (from its end
-    /// record); `blind`, `lossy`: see [`Attribution`].
+    /// record), and whether its edges are the job's; `blind`, `lossy`: see
+    /// [`Attribution`].
     pub fn new(
         tl: &Timeline,
         window: (u64, u64),
+        edges: attribute::Edges,
         blind: &[(u64, u64)],
         lossy: Vec<(u64, u64)>,
     ) -> Attributor {
@@ -116,6 +120,7 @@ impl Attributor {
                 Device {
                     fallback,
                     work,
+                    spans: edges.bound(window, &gpu.busy),
                     gpu,
                     next: 0,
                     out: Attribution::new(blind.to_vec(), lossy.clone(), false),
@@ -141,14 +146,14 @@ impl Attributor {
     pub fn settle(&mut self, tl: &mut Timeline, now: u64) {
         let mut forget = u64::MAX;
         for d in &mut self.devices {
-            while d.next + 1 < d.gpu.busy.len() {
-                let (a, b) = (d.gpu.busy[d.next].1, d.gpu.busy[d.next + 1].0);
+            while d.next + 1 < d.spans.len() {
+                let (a, b) = (d.spans[d.next].1, d.spans[d.next + 1].0);
                 if b > now {
                     break;
                 }
                 let unsettled = Cell::new(false);
                 let inp = inputs(
-                    &d.gpu.busy,
+                    &d.spans,
                     &d.work,
                     tl,
                     &self.ops,
@@ -174,8 +179,8 @@ impl Attributor {
                 d.account_to = b;
                 d.next += 1;
             }
-            if d.next + 1 < d.gpu.busy.len() {
-                forget = forget.min(d.gpu.busy[d.next].1);
+            if d.next + 1 < d.spans.len() {
+                forget = forget.min(d.spans[d.next].1);
             }
             if d.fallback.is_some() {
                 forget = forget.min(d.account_to);
@@ -232,11 +237,11 @@ impl Attributor {
             .devices
             .into_iter()
             .map(|mut d| {
-                let inp = inputs(&d.gpu.busy, &d.work, tl, &self.ops, self.window, None);
-                let (head, tail) = attribute::edges(self.window, &d.gpu.busy);
+                let inp = inputs(&d.spans, &d.work, tl, &self.ops, self.window, None);
+                let (head, tail) = attribute::edges(self.window, &d.spans);
                 d.out.add(head);
-                while d.next + 1 < d.gpu.busy.len() {
-                    let (a, b) = (d.gpu.busy[d.next].1, d.gpu.busy[d.next + 1].0);
+                while d.next + 1 < d.spans.len() {
+                    let (a, b) = (d.spans[d.next].1, d.spans[d.next + 1].0);
                     attribute::attribute_gap(&inp, a, b, d.fallback, &mut d.out);
                     d.next += 1;
                 }

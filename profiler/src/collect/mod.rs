@@ -15,6 +15,7 @@ mod signals;
 mod sink;
 mod status;
 pub mod symbolize;
+pub mod windows;
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -65,6 +66,9 @@ pub struct RecordOptions {
     pub any_user: bool,
     /// `attach`: bring the CUPTI shim into GPU processes without it.
     pub inject: bool,
+    /// Cut the recording into windows (the agent); `out_dir` is then the
+    /// folder of windows. Attach only.
+    pub windows: Option<windows::Windows>,
 }
 
 /// How a recording ended.
@@ -283,14 +287,22 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         }
         Target::Pid(pid) => {
             let pidfd = pidfd_open(pid).map_err(|_| RecordError::NoSuchProcess(pid))?;
-            let writer = open_session(opts, pid)?;
+            let writer = match (&opts.windows, &opts.out_dir) {
+                (Some(_), Some(dir)) => windows::create(dir)?,
+                _ => open_session(opts, pid)?,
+            };
             tracer.attach()?;
             let mut sink = Sink::new(writer, pid);
             let command = procfs::process_info(pid)
                 .map(|p| p.argv)
                 .unwrap_or_default();
+            let mode = if opts.windows.is_some() {
+                Mode::Window
+            } else {
+                Mode::Attach
+            };
             sink.push(Record::Header(header(
-                Mode::Attach,
+                mode,
                 pid,
                 command,
                 opts.tracer.sample_hz,
@@ -582,6 +594,12 @@ async fn event_loop(
     let mut last_flush = Instant::now();
     let mut interrupts = 0;
     let mut target_left_running = false;
+    // Windows: when the next cut is due, and the window cut last while it
+    // still takes its late GPU records.
+    let windows = opts.windows.as_ref().filter(|_| child.is_none());
+    let mut next_cut = windows.map(|w| tokio::time::Instant::now() + w.every);
+    let mut closing: Option<windows::Closing> = None;
+    let mut window_cpu_from = cpu_at_start;
 
     let reason = loop {
         tokio::select! {
@@ -592,6 +610,9 @@ async fn event_loop(
                 tracer.drain(|b| sink.handle(b));
             }
             _ = tick.tick() => {
+                if windows.is_some_and(|w| w.stop.load(std::sync::atomic::Ordering::SeqCst)) {
+                    break StopReason::Interrupted;
+                }
                 tracer.drain(|b| sink.handle(b));
                 if last_flush.elapsed() >= Duration::from_secs(1) {
                     last_flush = Instant::now();
@@ -616,9 +637,30 @@ async fn event_loop(
                     status.update(started.elapsed(), sink.events, drops, sink.live.len());
                 }
             }
-            Some(record) = gpu_rx.recv() => sink.push(record),
+            Some(record) = gpu_rx.recv() => route(&mut sink, closing.as_mut(), record),
             _ = exited.readable() => break StopReason::TargetExited,
             _ = sleep_until(deadline) => break StopReason::Duration,
+            _ = sleep_until(next_cut) => {
+                let w = windows.expect("cuts only with windows");
+                if let Some(c) = closing.take() {
+                    c.close(&w.done);
+                }
+                let out = opts.out_dir.as_deref().unwrap_or(std::path::Path::new("."));
+                match cut(tracer, &mut sink, window_cpu_from, out) {
+                    Ok(c) => closing = Some(c),
+                    Err(e) => {
+                        let _ = w.done.send(Err(e));
+                        break StopReason::Interrupted;
+                    }
+                }
+                window_cpu_from = own_cost().cpu_ns;
+                next_cut = Some(tokio::time::Instant::now() + w.every);
+            }
+            _ = sleep_until(closing.as_ref().map(|c| c.until.into())) => {
+                if let (Some(c), Some(w)) = (closing.take(), windows) {
+                    c.close(&w.done);
+                }
+            }
             sig = signals.recv() => {
                 match (sig, child) {
                     // `run`: the child gets the signal; we finish when it exits.
@@ -650,7 +692,7 @@ async fn event_loop(
     // The window ends now, not after the GPU streams have drained below.
     let end_ns = clock::monotonic_ns();
     read_cpu_idle(&mut sink);
-    sink.cpu_while_recording = own_cost().cpu_ns.saturating_sub(cpu_at_start);
+    sink.cpu_while_recording = own_cost().cpu_ns.saturating_sub(window_cpu_from);
 
     // GPU processes flush at exit; give their streams a moment to arrive.
     streams.finish(Duration::from_secs(3)).await;
@@ -658,7 +700,10 @@ async fn event_loop(
         s.stop();
     }
     while let Ok(record) = gpu_rx.try_recv() {
-        sink.push(record);
+        route(&mut sink, closing.as_mut(), record);
+    }
+    if let (Some(c), Some(w)) = (closing.take(), windows) {
+        c.close(&w.done);
     }
 
     let mut exit_code = None;
@@ -672,6 +717,91 @@ async fn event_loop(
         }
     }
     finish(tracer, sink, end_ns, reason, exit_code, target_left_running)
+}
+
+/// A GPU-side record to the window it belongs in: while the window cut last
+/// still takes late records, by its time ([`windows::split_at`]).
+fn route(sink: &mut Sink, closing: Option<&mut windows::Closing>, record: Record) {
+    let Some(c) = closing else {
+        return sink.push(record);
+    };
+    let (before, after) = windows::split_at(record, c.end_ns);
+    if let Some(r) = before {
+        c.push(&r);
+    }
+    if let Some(r) = after {
+        sink.push(r);
+    }
+}
+
+/// Cuts the recording: the window being written is closed to the kernel's
+/// events (its stacks symbolized, its threads' I/O counters read, its cost
+/// and drops written) and a new one opened in `dir`, beginning as a
+/// session of its own would. Returns the old one, still open to late GPU
+/// records.
+fn cut(
+    tracer: &mut Tracer,
+    sink: &mut Sink,
+    cpu_from: u64,
+    dir: &std::path::Path,
+) -> Result<windows::Closing, RecordError> {
+    // The next window starts where this one ends: none of the job's time
+    // falls between two windows (the new one's seeds are read a fraction
+    // of a millisecond later).
+    let (end_ns, end_unix_ns) = clock::pair();
+    read_cpu_idle(sink);
+    tracer.drain(|b| sink.handle(b));
+    let drops = tracer
+        .drops()
+        .map(|d| sink.drops_record(&d))
+        .unwrap_or_default();
+    sink.finish_symbols();
+    let live = sorted(&sink.live);
+    for &pid in &live {
+        for tid in procfs::threads(pid) {
+            push_thread_io(sink, pid, tid, false);
+        }
+    }
+    sink.push(Record::Cost(crate::session::CollectorCost {
+        cpu_ns: own_cost().cpu_ns.saturating_sub(cpu_from),
+        peak_rss_bytes: own_cost().peak_rss_bytes,
+    }));
+    // Stacks the kernel side has sent are in the old window only: it sends
+    // them again when seen again.
+    tracer.forget_stacks();
+    let events = sink.events;
+    let writer = windows::create(dir)?;
+    let old = sink.next_window(writer);
+    let mut header = sink
+        .header
+        .clone()
+        .expect("a recording begins with its header");
+    (header.start_ns, header.start_unix_ns) = (end_ns, end_unix_ns);
+    header.mode = Mode::Window;
+    sink.push(Record::Header(header));
+    for &pid in &live {
+        seed_process(sink, pid);
+    }
+    let alive: std::collections::HashSet<u32> = live.iter().copied().collect();
+    for r in sink.sticky.replay(|pid| alive.contains(&pid)) {
+        sink.push(r);
+    }
+    read_cpu_idle(sink);
+    sink.writer.flush()?;
+    Ok(windows::Closing {
+        writer: old,
+        end_ns,
+        until: Instant::now() + windows::GRACE,
+        events,
+        drops: drops.cpu_events(),
+        error: None,
+    })
+}
+
+fn sorted(pids: &std::collections::HashSet<u32>) -> Vec<u32> {
+    let mut v: Vec<u32> = pids.iter().copied().collect();
+    v.sort_unstable();
+    v
 }
 
 /// The machine's idle CPU time now: how many CPUs the job could have had
@@ -713,9 +843,7 @@ fn finish(
     sink.finish_symbols();
     // Threads that exited had their counters read by the kernel as they
     // left; the living are read now.
-    let mut live: Vec<u32> = sink.live.iter().copied().collect();
-    live.sort_unstable();
-    for pid in live {
+    for pid in sorted(&sink.live) {
         for tid in procfs::threads(pid) {
             push_thread_io(&mut sink, pid, tid, false);
         }

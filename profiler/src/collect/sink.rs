@@ -89,6 +89,19 @@ pub struct Sink {
     uprobed: HashSet<u32>,
     /// gapscope's own CPU time between attaching and stopping.
     pub cpu_while_recording: u64,
+    /// The header written last (a new window's is made from it).
+    pub header: Option<crate::session::SessionHeader>,
+    /// What a new window of a continuous recording begins with again.
+    pub sticky: super::windows::Sticky,
+    /// The kernel's drop counters, cumulative, as last read; and as read
+    /// when this window began (a window's Drops record counts its own).
+    drops_seen: Vec<u64>,
+    drops_base: Vec<u64>,
+    malformed_base: u64,
+    /// Each process's GPU record losses as its shim last counted them
+    /// (cumulative), and as counted when this window began.
+    gpu_drops_seen: HashMap<u32, (u64, u64)>,
+    gpu_drops_base: HashMap<u32, (u64, u64)>,
 }
 
 impl Sink {
@@ -107,19 +120,47 @@ impl Sink {
             error: None,
             uprobed: HashSet::new(),
             cpu_while_recording: 0,
+            header: None,
+            sticky: Default::default(),
+            drops_seen: Vec::new(),
+            drops_base: Vec::new(),
+            malformed_base: 0,
+            gpu_drops_seen: HashMap::new(),
+            gpu_drops_base: HashMap::new(),
         }
     }
 
-    pub fn push(&mut self, record: Record) {
-        if let Record::Header(h) = &record {
-            self.window_start = h.start_ns;
+    pub fn push(&mut self, mut record: Record) {
+        match &mut record {
+            Record::Header(h) => {
+                self.window_start = h.start_ns;
+                self.header = Some(h.clone());
+            }
+            Record::GpuDrops { pid, cupti, shim } => {
+                self.gpu_drops_seen.insert(*pid, (*cupti, *shim));
+                let (c, s) = self.gpu_drops_base.get(pid).copied().unwrap_or_default();
+                *cupti = cupti.saturating_sub(c);
+                *shim = shim.saturating_sub(s);
+            }
+            _ => {}
         }
+        self.sticky.remember(&record);
         if self.error.is_some() {
             return;
         }
         if let Err(e) = self.writer.push(&record) {
             self.error = Some(e);
         }
+    }
+
+    /// Goes on in `writer`, a new window of the same recording: its counts
+    /// start from zero. Returns the window that was being written.
+    pub fn next_window(&mut self, writer: SessionWriter) -> SessionWriter {
+        self.events = 0;
+        self.drops_base.clone_from(&self.drops_seen);
+        self.malformed_base = self.malformed;
+        self.gpu_drops_base.clone_from(&self.gpu_drops_seen);
+        std::mem::replace(&mut self.writer, writer)
     }
 
     /// Every executable mapping of the snapshots held now.
@@ -418,17 +459,25 @@ impl Sink {
         self.write_symbols(true);
     }
 
-    /// Records the kernel's drop counters (cumulative; the last one wins).
+    /// Records the kernel's drop counters (cumulative over the window; the
+    /// last one wins).
     pub fn drops_record(&mut self, by_kind: &[u64]) -> Drops {
+        self.drops_seen = by_kind.to_vec();
         let drops = Drops {
             ts: crate::clock::monotonic_ns(),
             cpu_by_kind: by_kind
                 .iter()
                 .enumerate()
-                .filter(|(_, &n)| n > 0)
-                .map(|(k, &n)| (abi::kind::name(k).to_string(), n))
+                .map(|(k, &n)| {
+                    (
+                        k,
+                        n.saturating_sub(self.drops_base.get(k).copied().unwrap_or(0)),
+                    )
+                })
+                .filter(|&(_, n)| n > 0)
+                .map(|(k, n)| (abi::kind::name(k).to_string(), n))
                 .collect(),
-            cpu_malformed: self.malformed,
+            cpu_malformed: self.malformed - self.malformed_base,
             gpu_records: 0,
         };
         self.push(Record::Drops(drops.clone()));

@@ -298,10 +298,11 @@ fn write_html(
     } else {
         format!(
             "{} {} · {} · pid {} · {} · {} (Linux {}, {} CPUs) · {} events",
-            if s.mode == Mode::Run {
-                "ran"
-            } else {
-                "attached"
+            match s.mode {
+                Mode::Run => "ran",
+                // One window of the agent's continuous recording.
+                Mode::Window => "watched",
+                _ => "attached",
             },
             units::utc(s.start_unix_ns),
             units::duration(s.duration_ns),

@@ -126,10 +126,11 @@ fn blocks(r: &Report) -> Vec<Block> {
         )));
         b.push(Block::Line(format!(
             "{} {} · {} · {} on {} (Linux {}, {} CPUs) · {} events · {} Hz sampling",
-            if s.mode == Mode::Run {
-                "ran"
-            } else {
-                "attached"
+            match s.mode {
+                Mode::Run => "ran",
+                // One window of the agent's continuous recording.
+                Mode::Window => "watched",
+                _ => "attached",
             },
             units::utc(s.start_unix_ns),
             units::duration(s.duration_ns),

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 /// refuse newer versions at the header rather than at an unknown record.
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
-/// and ShimInjected; 4 added CpuIdle.
-pub const FORMAT_VERSION: u16 = 4;
+/// and ShimInjected; 4 added CpuIdle; 5 the Window mode.
+pub const FORMAT_VERSION: u16 = 5;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -285,6 +285,10 @@ pub enum Mode {
     Attach,
     /// Imported from a PyTorch profiler (Kineto) trace: GPU and host ops, no eBPF.
     Kineto,
+    /// One window of a continuous recording (the agent): the window's edges
+    /// are where the recording was cut, not where the job started or ended
+    /// (unless its footer says the target exited).
+    Window,
 }
 
 #[cfg(test)]

@@ -215,6 +215,22 @@ impl Tracer {
         n
     }
 
+    /// Lets the kernel side forget the stacks it has sent, so that it sends
+    /// each again when next seen (a new window of a continuous recording
+    /// must hold the stacks its events name).
+    pub fn forget_stacks(&mut self) {
+        let Some(map) = self.ebpf.map_mut("known_stacks") else {
+            return;
+        };
+        let Ok(mut known) = BpfHashMap::<_, u64, u8>::try_from(map) else {
+            return;
+        };
+        let keys: Vec<u64> = known.keys().flatten().collect();
+        for k in keys {
+            let _ = known.remove(&k);
+        }
+    }
+
     /// Records lost in the kernel so far, per event kind (summed over CPUs).
     pub fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError> {
         let mut out = [0u64; abi::kind::MAX];
