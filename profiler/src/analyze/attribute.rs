@@ -1233,6 +1233,55 @@ mod tests {
         assert_eq!(a.total(), 0);
     }
 
+    /// A window cut from a longer recording: the idle before its first work
+    /// is what the feeder did then (here mostly reading a file), after its last
+    /// work too (host work) — tear-down only when the job ended there.
+    #[test]
+    fn a_window_cut_mid_job_attributes_its_edges_like_gaps() {
+        let feeder = || {
+            thread(
+                FEEDER,
+                &[
+                    (0, Step::In),
+                    (10, Step::Block(READ, FdKind::File)),
+                    (95, Step::Wake((0, 0))),
+                    (100, Step::In),
+                ],
+                1000,
+            )
+        };
+        let busy = [(100, 200), (500, 600)];
+        let work = [(100, Some(FEEDER)), (500, Some(FEEDER))];
+        let mid = Edges {
+            startup: false,
+            teardown: false,
+        };
+        let spans = mid.bound((0, 1000), &busy);
+        let a = run(&spans, &work, vec![feeder()], BTreeMap::new(), (0, 1000));
+        assert_eq!(a.get(Cause::Startup) + a.get(Cause::Teardown), 0);
+        // Reading 10-95, then waiting for a CPU until its work at 100.
+        assert_eq!(a.get(Cause::InputIo), 85);
+        assert_eq!(a.get(Cause::CpuContention), 5);
+        assert_eq!(a.get(Cause::CpuHost), 10 + 300 + 400);
+        let last = Edges {
+            startup: false,
+            teardown: true,
+        };
+        let spans = last.bound((0, 1000), &busy);
+        let a = run(&spans, &work, vec![feeder()], BTreeMap::new(), (0, 1000));
+        assert_eq!(a.get(Cause::Teardown), 400);
+        assert_eq!(a.get(Cause::CpuHost), 10 + 300);
+        // A whole job's recording: both edges are the job's.
+        let a = run(
+            &Edges::JOB.bound((0, 1000), &busy),
+            &work,
+            vec![feeder()],
+            BTreeMap::new(),
+            (0, 1000),
+        );
+        assert_eq!((a.get(Cause::Startup), a.get(Cause::Teardown)), (100, 400));
+    }
+
     #[test]
     fn zero_length_and_nested_calls_never_count_twice() {
         let api = BTreeMap::from([(
