@@ -238,7 +238,6 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
         .unwrap();
     let r = report_json(&first.path());
     assert_eq!(r["gpus"][0]["source"], "simulated");
-    let on_disk = std::fs::read_dir(job_dir.path()).unwrap().count();
 
     // One recording cut into windows: each starts where the one before it
     // ended, so what Prometheus was told was recorded is their sum; each
@@ -255,7 +254,7 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
             (
                 u64_of(&r["window_ns"], "start"),
                 u64_of(&r["window_ns"], "end"),
-                r["gpus"][0]["idle_by_cause_ns"].clone(),
+                r["gpus"][0].clone(),
             )
         })
         .collect();
@@ -264,7 +263,8 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     for w in spans.windows(2) {
         assert_eq!(w[1].0, w[0].1, "a seam between two windows");
     }
-    for (i, (_, _, idle)) in spans.iter().enumerate() {
+    for (i, (_, _, gpu)) in spans.iter().enumerate() {
+        let idle = &gpu["idle_by_cause_ns"];
         assert_eq!(
             idle["startup"].as_u64().unwrap_or(0),
             0,
@@ -290,7 +290,10 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     );
     let whole = (spans.last().unwrap().1 - spans[0].0) as f64 / 1e9;
     assert!((whole - on_windows).abs() < 1e-6);
-    // Kept on request: SIGUSR1 to the running agent, and `agent dump`.
+    // Kept on request (SIGUSR1 to the running agent, and `agent dump`): the
+    // job's windows as one session, as if recorded in one go — its span
+    // theirs, its GPU's allocated and busy time their sums, its idle by
+    // cause theirs within a point (a gap across a cut is attributed whole).
     signal(agent.0.id(), libc::SIGUSR1);
     let dumps = windows.join("dumps");
     wait_until("the agent's dump", Duration::from_secs(30), || {
@@ -300,7 +303,7 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     let dump = Command::new(gapscope())
         .args(["agent", "dump", "--dir"])
         .arg(&windows)
-        .arg("-o")
+        .args(["--workload", "simtrain-", "-o"])
         .arg(&out)
         .output()
         .unwrap();
@@ -309,10 +312,40 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
         "{}",
         String::from_utf8_lossy(&dump.stderr)
     );
-    let kept = out.join(job_dir.file_name());
-    assert_eq!(std::fs::read_dir(&kept).unwrap().count(), on_disk);
-    let again = std::fs::read_dir(&kept).unwrap().flatten().next().unwrap();
-    assert_eq!(report_json(&again.path())["gpus"][0]["source"], "simulated");
+    let kept: Vec<_> = std::fs::read_dir(out.join(job_dir.file_name()))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(kept.len(), 1, "one session for the job's windows");
+    let merged = report_json(&kept[0].path());
+    assert_eq!(merged["session"]["mode"], "window");
+    assert_eq!(u64_of(&merged["window_ns"], "start"), spans[0].0);
+    assert_eq!(u64_of(&merged["window_ns"], "end"), spans.last().unwrap().1);
+    let gpu = &merged["gpus"][0];
+    assert_eq!(gpu["source"], "simulated");
+    let sum = |key: &str| spans.iter().map(|s| u64_of(&s.2, key)).sum::<u64>();
+    assert_eq!(u64_of(gpu, "allocated_ns"), sum("allocated_ns"));
+    assert!(
+        u64_of(gpu, "busy_ns").abs_diff(sum("busy_ns")) <= 1_000,
+        "merged busy {} ns, the windows' {} ns",
+        u64_of(gpu, "busy_ns"),
+        sum("busy_ns")
+    );
+    let allocated = u64_of(gpu, "allocated_ns") as f64;
+    for (cause, ns) in gpu["idle_by_cause_ns"].as_object().unwrap() {
+        let windows: u64 = spans
+            .iter()
+            .map(|s| s.2["idle_by_cause_ns"][cause].as_u64().unwrap_or(0))
+            .sum();
+        let (m, w) = (
+            ns.as_u64().unwrap() as f64 * 100.0 / allocated,
+            windows as f64 * 100.0 / allocated,
+        );
+        assert!(
+            (m - w).abs() <= 1.0,
+            "{cause}: merged {m:.2}%, windows {w:.2}%"
+        );
+    }
 }
 
 /// A query string value, percent-encoded.

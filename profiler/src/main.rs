@@ -184,9 +184,10 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum AgentAction {
-    /// Keep the flight recorder's windows now (the running agent does the
-    /// same on SIGUSR1): hard links under DIR/dumps/<time>/, or in -o OUT,
-    /// one run directory per window that `gapscope report` reads.
+    /// Write the flight recorder out now (the running agent does the same
+    /// on SIGUSR1): each job's windows on disk as one session, a run
+    /// directory `gapscope report` reads, OUT/<workload>-<pid>/<first
+    /// window>/ (OUT: DIR/dumps/<time>/ unless -o).
     Dump {
         /// The agent's folder.
         #[arg(long, value_name = "DIR", default_value = "/var/lib/gapscope")]
@@ -194,6 +195,10 @@ enum AgentAction {
         /// Where to put them.
         #[arg(long, short = 'o', value_name = "OUT")]
         output: Option<PathBuf>,
+        /// Only workloads whose name starts with this (as in the metrics'
+        /// workload label: slurm-4242, namespace_pod, train-1234).
+        #[arg(long, value_name = "NAME")]
+        workload: Option<String>,
     },
 }
 
@@ -634,11 +639,16 @@ fn main() -> ExitCode {
             }
         }
         Command::Agent {
-            action: Some(AgentAction::Dump { dir, output }),
+            action:
+                Some(AgentAction::Dump {
+                    dir,
+                    output,
+                    workload,
+                }),
             ..
-        } => match gapscope::agent::dump(&dir, output.as_deref()) {
-            Ok((out, n)) => {
-                eprintln!("gapscope: kept {n} window(s) in {}", out.display());
+        } => match gapscope::agent::dump(&dir, output.as_deref(), workload.as_deref()) {
+            Ok(d) => {
+                eprintln!("gapscope: {}", d.said());
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e),

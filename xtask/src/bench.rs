@@ -1358,8 +1358,7 @@ fn agent(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             Verdict::Met
         } else {
             Verdict::Missed(
-                "each window loads the BPF programs and analyses the last one while the job runs"
-                    .into(),
+                "the agent analyses each window on the job's machine while it runs".into(),
             )
         },
     });
@@ -1375,9 +1374,7 @@ fn agent(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             Verdict::Met
         } else {
             Verdict::Missed(
-                "each window loads the BPF programs anew (BTF parsing, relocation, verification: \
-                 about half of the agent's CPU); one long-lived recording rotating its sessions \
-                 would not"
+                "recording and analysing every window (the BPF programs are loaded once per job)"
                     .into(),
             )
         },

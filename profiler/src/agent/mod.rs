@@ -116,10 +116,8 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
     let mut analysed = 0u64;
     while !stop.load(Ordering::SeqCst) && opts.stop_after.is_none_or(|n| analysed < n) {
         if dump_now.swap(false, Ordering::SeqCst) {
-            match dump(&opts.dir, None) {
-                Ok((out, n)) => {
-                    eprintln!("gapscope agent: kept {n} window(s) in {}", out.display())
-                }
+            match dump(&opts.dir, None, None) {
+                Ok(d) => eprintln!("gapscope agent: {}", d.said()),
                 Err(e) => eprintln!("gapscope agent: {e}"),
             }
         }
@@ -302,39 +300,86 @@ fn file_name(key: &str) -> String {
 /// Where kept windows go, inside the agent's folder (never pruned).
 const DUMPS: &str = "dumps";
 
-/// The flight recorder written out: every window now in `dir`, hard-linked
-/// (so nothing is copied and pruning leaves them) into `out`, by default
-/// `dir/dumps/<UTC time>/`, as `<workload>/<window>/` run directories that
-/// `gapscope report` reads. Returns where, and how many windows.
-pub fn dump(dir: &Path, out: Option<&Path>) -> Result<(PathBuf, usize), AgentError> {
+/// What a dump wrote.
+#[derive(Debug)]
+pub struct Dumped {
+    pub out: PathBuf,
+    /// Sessions written (one per job, one more for each other recording of
+    /// the same job still on disk) and the windows in them.
+    pub sessions: usize,
+    pub windows: usize,
+}
+
+/// The flight recorder written out: each job's windows now in `dir` (those
+/// of workloads starting with `workload`, when given) as one session — a
+/// run directory `gapscope report` reads, `out/<job>/<first window>/`, by
+/// default under `dir/dumps/<UTC time>/`. The window being recorded is in
+/// it up to its last second; windows of another recording of the same job
+/// (an agent restarted) make a session of their own.
+pub fn dump(dir: &Path, out: Option<&Path>, workload: Option<&str>) -> Result<Dumped, AgentError> {
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| {
         dir.join(DUMPS)
             .join(crate::clock::utc(crate::clock::realtime_ns()).replace([' ', ':'], "-"))
     });
-    let mut kept = 0;
+    let mut dumped = Dumped {
+        out: out.clone(),
+        sessions: 0,
+        windows: 0,
+    };
     let jobs = std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
     for job in jobs.flatten() {
-        if job.file_name() == DUMPS || !job.path().is_dir() {
+        let name = job.file_name().to_string_lossy().into_owned();
+        if name == DUMPS || !job.path().is_dir() || workload.is_some_and(|w| !name.starts_with(w)) {
             continue;
         }
-        for w in std::fs::read_dir(job.path())
+        let mut windows: Vec<(u64, u64, PathBuf)> = std::fs::read_dir(job.path())
             .into_iter()
             .flatten()
             .flatten()
-        {
-            let to = out.join(job.file_name()).join(w.file_name());
+            .filter_map(|w| {
+                let n = w.file_name().to_string_lossy().into_owned();
+                let (ms, k) = n.split_once('-').unwrap_or((&n, "0"));
+                Some((ms.parse().ok()?, k.parse().ok()?, w.path()))
+            })
+            .collect();
+        windows.sort();
+        let windows: Vec<PathBuf> = windows.into_iter().map(|w| w.2).collect();
+        let mut rest = &windows[..];
+        while let Some(first) = rest.first() {
+            let to = out.join(&name).join(first.file_name().unwrap_or_default());
             crate::output::create_dir(&to).map_err(io(format!("creating {}", to.display())))?;
-            for f in std::fs::read_dir(w.path()).into_iter().flatten().flatten() {
-                let target = to.join(f.file_name());
-                if std::fs::hard_link(f.path(), &target).is_err() {
-                    std::fs::copy(f.path(), &target)
-                        .map_err(io(format!("keeping {}", f.path().display())))?;
+            let merged = match crate::session::merge(rest, &to.join(crate::session::FILE_NAME)) {
+                Ok(m) => m,
+                // A window just opened: nothing of it to write yet.
+                Err(crate::session::SessionError::NoHeader { .. }) => {
+                    let _ = std::fs::remove_dir_all(&to);
+                    break;
                 }
-            }
-            kept += 1;
+                Err(e) => {
+                    return Err(AgentError::Io {
+                        what: format!("writing out {name}"),
+                        err: std::io::Error::other(e),
+                    })
+                }
+            };
+            dumped.sessions += 1;
+            dumped.windows += merged.windows;
+            rest = &rest[merged.windows.max(1)..];
         }
     }
-    Ok((out, kept))
+    Ok(dumped)
+}
+
+impl Dumped {
+    /// What was written, in a line.
+    pub fn said(&self) -> String {
+        format!(
+            "wrote {} window(s) as {} session(s) in {}",
+            self.windows,
+            self.sessions,
+            self.out.display()
+        )
+    }
 }
 
 /// Removes windows older than `keep` (and jobs' folders left empty).

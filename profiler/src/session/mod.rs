@@ -6,10 +6,12 @@
 //! chunk is `[compressed len: u32][raw len: u32][crc32 of compressed: u32]`
 //! followed by a zstd frame holding postcard-encoded [`Record`]s back to back.
 
+mod merge;
 mod model;
 mod reader;
 mod writer;
 
+pub use merge::{merge, Merged};
 pub use model::*;
 pub use reader::{
     check, read_outline, read_session, span_within, within, EventStream, Outline, Session,
