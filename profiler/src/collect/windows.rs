@@ -223,21 +223,7 @@ pub fn create(dir: &std::path::Path) -> Result<SessionWriter, RecordError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{GpuBlind, GpuSource, SourceKind};
-
-    fn kernel(start: u64, end: u64) -> GpuRecord {
-        GpuRecord::Kernel {
-            start,
-            end,
-            device: 0,
-            context: 1,
-            stream: 7,
-            correlation: 0,
-            name: "k".into(),
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-        }
-    }
+    use crate::session::{test_kernel as kernel, GpuBlind, GpuSource, SourceKind};
 
     fn spans(r: &Option<Record>) -> Vec<(u64, u64)> {
         match r {

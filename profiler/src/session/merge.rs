@@ -226,25 +226,12 @@ impl Merger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::test_kernel as kernel;
     use crate::session::{
         read_session, FdKind, Footer, GpuBatch, GpuSource, IoCounters, Mode, ProcessInfo,
         SessionHeader, SourceKind, StopReason, ThreadIo, ThreadSeed,
     };
     use gapscope_cupti::GpuRecord;
-
-    fn kernel(start: u64, end: u64) -> GpuRecord {
-        GpuRecord::Kernel {
-            start,
-            end,
-            device: 0,
-            context: 1,
-            stream: 7,
-            correlation: 0,
-            name: "k".into(),
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-        }
-    }
 
     /// One window as a recording cut into windows writes it: header, seeds,
     /// what it repeats to stand alone, its GPU work, its own counts, end.

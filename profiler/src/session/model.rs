@@ -291,6 +291,22 @@ pub enum Mode {
     Window,
 }
 
+/// A kernel on stream 7 of device 0, for unit tests.
+#[cfg(test)]
+pub fn test_kernel(start: u64, end: u64) -> gapscope_cupti::GpuRecord {
+    gapscope_cupti::GpuRecord::Kernel {
+        start,
+        end,
+        device: 0,
+        context: 1,
+        stream: 7,
+        correlation: 0,
+        name: "k".into(),
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+    }
+}
+
 #[cfg(test)]
 impl SessionHeader {
     /// A header for unit tests: process 1, started at 0 on both clocks.
