@@ -3,6 +3,7 @@
 //!   setup     install what building and testing need (clang, libbpf headers,
 //!             chromium for the HTML report test) with apt
 //!   build     build everything (release)
+//!   wheel     the Python wheel (`pip install gapscope-*.whl`), in target/wheels/
 //!   demo      record an example workload end to end and print its report,
 //!             then the same job with its first fix applied, and the diff
 //!   test      formatting, lints, then every test (BPF tests need root)
@@ -18,9 +19,10 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 mod bench;
+mod wheel;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|build|demo|test|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
+    "usage: cargo xtask <setup|build|wheel|demo|test|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
 
 /// The fuzz targets (fuzz/fuzz_targets/), and how many executions each gets
 /// in the gate (about 10–15 s apiece here: the targets differ in speed by
@@ -204,7 +206,9 @@ fn torch_venv() {
             .output()
             .is_ok_and(|o| o.status.success())
     };
+    // auditwheel checks the wheel's platform tag in the tests.
     if imports() {
+        auditwheel(&python);
         return;
     }
     eprintln!("xtask: setup: installing {TORCH} into {TORCH_VENV} (a few GB, once)");
@@ -223,6 +227,31 @@ fn torch_venv() {
     if !installed || !imports() {
         eprintln!(
             "xtask: setup: could not install {TORCH}; the DataLoader tests will skip (fail under GAPSCOPE_REQUIRE_TORCH=1)"
+        );
+    }
+    auditwheel(&python);
+}
+
+/// auditwheel (from PyPI) into the test venv, for the wheel's tests.
+fn auditwheel(python: &Path) {
+    let bin = python.with_file_name("auditwheel");
+    if bin.exists() {
+        return;
+    }
+    let ok = Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "auditwheel",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "xtask: setup: could not install auditwheel; the wheel's tag test will skip (fail under GAPSCOPE_REQUIRE_WHEEL=1)"
         );
     }
 }
@@ -366,6 +395,9 @@ fn test() -> Result<()> {
     // The end-to-end tests run the built binaries and load the built
     // cdylibs (the CUPTI shim beside gapscope, the stand-in libcuda).
     run(cargo().args(["build", "--workspace"]))?;
+    // The wheel the pip tests install (a release build of the binary and
+    // the shim).
+    wheel::wheel()?;
     if !is_root() && std::env::var("GAPSCOPE_REQUIRE_BPF").as_deref() != Ok("1") {
         eprintln!(
             "xtask: not root: recording tests will be skipped (sudo -E cargo xtask test runs them)"
@@ -608,6 +640,10 @@ fn dispatch() -> Result<()> {
     match cmd.as_str() {
         "setup" => setup(true),
         "build" => build(),
+        "wheel" => {
+            // Building needs what `build` needs (clang, libbpf headers).
+            setup(false).and_then(|()| wheel::wheel()).map(|_| ())
+        }
         "demo" => demo(),
         "test" => test(),
         "vmlinux" => vmlinux(),
