@@ -32,6 +32,11 @@ enum Command {
     Run {
         #[command(flatten)]
         rec: RecordArgs,
+        /// Do not turn on CPython's perf trampoline (PYTHONPERFSUPPORT=1,
+        /// Python 3.12+; older ones ignore it), which puts Python functions
+        /// in the stacks and flamegraphs at a small cost per Python call.
+        #[arg(long)]
+        no_python_frames: bool,
         /// The command to run and its arguments (put `--` before it if its
         /// first argument starts with a dash).
         #[arg(
@@ -594,7 +599,17 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     match cli.command {
-        Command::Run { rec, cmd } => record(Target::Command(cmd), rec.options(None), &rec),
+        Command::Run {
+            rec,
+            no_python_frames,
+            cmd,
+        } => {
+            let mut opts = rec.options(None);
+            if !no_python_frames {
+                gapscope::collect::launch::python_frames(&mut opts.env);
+            }
+            record(Target::Command(cmd), opts, &rec)
+        }
         Command::Attach {
             pid,
             duration,
@@ -771,7 +786,7 @@ mod tests {
     fn run_takes_the_command_after_dashes() {
         let cli = Cli::try_parse_from(["gapscope", "run", "-o", "d", "--", "python3", "-c", "1"])
             .unwrap();
-        let Command::Run { rec, cmd } = cli.command else {
+        let Command::Run { rec, cmd, .. } = cli.command else {
             panic!()
         };
         assert_eq!(cmd, ["python3", "-c", "1"]);
@@ -783,7 +798,7 @@ mod tests {
     fn run_takes_the_command_without_dashes_too() {
         let cli =
             Cli::try_parse_from(["gapscope", "run", "-q", "python3", "-u", "train.py"]).unwrap();
-        let Command::Run { rec, cmd } = cli.command else {
+        let Command::Run { rec, cmd, .. } = cli.command else {
             panic!()
         };
         assert!(rec.quiet);

@@ -14,6 +14,7 @@ pub mod gpu;
 pub mod hta;
 pub mod loss;
 pub mod nvml;
+mod python;
 pub mod recommend;
 pub mod replay;
 pub mod stats;
@@ -243,6 +244,7 @@ fn conclude(
     let hta = opts.hta.then(|| hta::per_stream_idle(&timeline.gpu));
     let mut notes = std::mem::take(&mut session.notes);
     notes.extend(stack_depth_note(&timeline, &names));
+    notes.extend(python::notes(&session.maps, &names));
     notes.extend(loss::lossy_note(&diagnosis.lossy_windows, timeline.start));
     notes.extend(advice.note.clone());
     let facts = Facts {
