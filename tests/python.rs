@@ -1,10 +1,13 @@
 //! Interpreted and JIT-compiled code in the stacks. CPython 3.12+ names its
 //! functions through a perf map when its perf trampoline is on, which
 //! `gapscope run` turns on; older CPython cannot, and the report says so.
-//! No CPython 3.12+ can be installed from the registries this project
-//! builds from, so the perf-map path is checked with another real JIT that
-//! writes one: node's V8 (`--perf-basic-prof`).
+//! The 3.13 here is built by `cargo xtask setup` from Debian's copy of the
+//! upstream source (no registry here installs a 3.12+), with frame pointers;
+//! the 3.11 is the machine's. Another real JIT that writes a perf map,
+//! node's V8 (`--perf-basic-prof`), checks the same path independently of
+//! Python.
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use gapscope_tests::*;
@@ -117,22 +120,133 @@ fn jit_functions_are_named_from_their_perf_map() {
             .arg(&folded),
     );
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    let (mut hot, mut all) = (0u64, 0u64);
-    for line in std::fs::read_to_string(&folded).unwrap().lines() {
-        let (stack, n) = line.rsplit_once(' ').unwrap();
-        if !stack.starts_with("node;") {
-            continue;
-        }
-        let n: u64 = n.parse().unwrap();
-        all += n;
-        if stack.split(';').any(|f| f.contains("hotLoop")) {
-            hot += n;
-        }
-    }
+    // V8 names it "JS:*hotLoop …" (or "LazyCompile:…" in older nodes).
+    let (hot, all) = samples_with(&folded, "node", &["hotLoop"]);
     // 1.5 s in hotLoop; node's start-up and exit are the rest.
     assert!(all >= 200, "{all} samples of node");
     assert!(
         hot as f64 >= 0.6 * all as f64,
         "{hot} of node's {all} samples name hotLoop"
+    );
+}
+
+/// The CPython 3.13 `cargo xtask setup` builds, if it did.
+fn python313(test: &str) -> Option<PathBuf> {
+    let python = target_dir()
+        .parent()
+        .unwrap()
+        .join("python3.13/bin/python3.13");
+    if python.exists() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("GAPSCOPE_REQUIRE_PYTHON").as_deref() != Ok("1"),
+        "{test}: {} is not built (cargo xtask setup builds it)",
+        python.display()
+    );
+    eprintln!("skipping {test}: no CPython 3.13 built");
+    None
+}
+
+/// Samples of the process `comm` in a folded cpu flamegraph: those whose
+/// stack has frames naming each of `frames`, outermost first, and all.
+fn samples_with(folded: &std::path::Path, comm: &str, frames: &[&str]) -> (u64, u64) {
+    let (mut with, mut all) = (0u64, 0u64);
+    for line in std::fs::read_to_string(folded).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        if stack.split(';').next() != Some(comm) {
+            continue;
+        }
+        let n: u64 = n.parse().unwrap();
+        all += n;
+        let mut want = frames.iter().peekable();
+        for f in stack.split(';') {
+            if want.peek().is_some_and(|w| f.contains(**w)) {
+                want.next();
+            }
+        }
+        if want.peek().is_none() {
+            with += n;
+        }
+    }
+    (with, all)
+}
+
+/// CPython 3.13 under `gapscope run`: its Python functions are on the
+/// stacks, caller under callee, where the time went; without the
+/// trampoline, none is, and the report says why.
+#[test]
+fn python_functions_are_named_through_the_perf_trampoline() {
+    let test = "python_functions_are_named_through_the_perf_trampoline";
+    if !bpf_ready(test) {
+        return;
+    }
+    let Some(python) = python313(test) else {
+        return;
+    };
+    let _lock = recording_lock();
+    let dir = scratch("py313");
+    let script = dir.path().join("train.py");
+    std::fs::write(
+        &script,
+        "import os, time\n\
+         def decode_batch(n):\n\
+         \x20   x = 0\n\
+         \x20   for i in range(n):\n\
+         \x20       x = (x * 31 + i) % 1000003\n\
+         \x20   return x\n\
+         def load_epoch(secs):\n\
+         \x20   t = time.time()\n\
+         \x20   while time.time() - t < secs:\n\
+         \x20       decode_batch(20000)\n\
+         print(os.getpid())\n\
+         load_epoch(1.5)\n",
+    )
+    .unwrap();
+    let record = |rec: &str, args: &[&str]| {
+        let rec = dir.path().join(rec);
+        let r = run(
+            &rec,
+            &[&["-q", "--freq", "499", "--no-exports"], args].concat(),
+            &[python.to_str().unwrap(), script.to_str().unwrap()],
+        );
+        assert_eq!(r.code(), Some(0), "{}", r.stderr());
+        let pid: u32 = String::from_utf8_lossy(&r.output.stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        let folded = rec.join("cpu.folded");
+        succeed(
+            Command::new(gapscope())
+                .arg("export")
+                .arg(&rec)
+                .args(["--flamegraph", "cpu", "--folded", "-o"])
+                .arg(&folded),
+        );
+        (r, pid, folded)
+    };
+    let comm = "python3.13";
+    let (r, _, folded) = record("rec", &[]);
+    let (named, all) = samples_with(&folded, comm, &["py::load_epoch", "py::decode_batch"]);
+    // 1.5 s in decode_batch called from load_epoch; start-up and exit are
+    // the rest.
+    assert!(all >= 200, "{all} samples of {comm}");
+    assert!(
+        named as f64 >= 0.6 * all as f64,
+        "{named} of {all} samples have load_epoch under decode_batch"
+    );
+    let notes = r.report()["notes"].to_string();
+    assert!(!notes.contains("Python 3.13"), "{notes}");
+
+    let (r, pid, folded) = record("rec-off", &["--no-python-frames"]);
+    let (named, all) = samples_with(&folded, comm, &["py::"]);
+    assert!(all >= 200 && named == 0, "{named} of {all}");
+    let notes = r.report()["notes"].to_string();
+    assert!(
+        notes.contains(&format!(
+            "Python 3.13 (pid {pid}): no Python function was named"
+        )),
+        "{notes}"
     );
 }

@@ -19,6 +19,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 mod bench;
+mod python;
 mod wheel;
 
 const USAGE: &str =
@@ -260,6 +261,7 @@ fn setup(for_tests: bool) -> Result<()> {
     fetch_cupti_wheel();
     if for_tests {
         torch_venv();
+        python::python_with_frame_pointers();
     }
     let mut missing = missing();
     let building = missing.len();
