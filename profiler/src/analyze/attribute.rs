@@ -473,7 +473,7 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
     let mut receiving = hops == 0 && handed_batch_before(inp, t, a);
     for (s, e, state) in states_in(tl, a, b) {
         if s > cur {
-            out.add(piece(cur, s, Cause::Unattributed, t));
+            before_birth(inp, tl, cur, s, walk, out);
         }
         let came_from = previous.take();
         previous = Some(state);
@@ -553,6 +553,41 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
     }
     if cur < b {
         out.add(piece(cur, b, Cause::Unattributed, t));
+    }
+}
+
+/// `[a, b)` before thread `tl` existed. A waker that was not born yet
+/// delivered work its creator was doing meanwhile — Python's
+/// multiprocessing queue starts its feeder thread at the first `put`, so
+/// the first batch of each DataLoader worker reaches the trainer through a
+/// thread born as the batch was done: before that the worker made it. The
+/// feeder's own time, and a creator in the feeder's process (it forked a
+/// worker), stay unattributed.
+fn before_birth(
+    inp: &Inputs,
+    tl: &ThreadTimeline,
+    a: u64,
+    b: u64,
+    walk: Walk,
+    out: &mut Attribution,
+) {
+    let t = (tl.pid, tl.tid);
+    match tl.creator {
+        Some(c)
+            if walk.hops > 0
+                && walk.hops < MAX_HOPS
+                && b <= tl.start
+                && c != t
+                && c.0 != walk.feeder_pid
+                && inp.threads.contains_key(&c) =>
+        {
+            let next = Walk {
+                hops: walk.hops + 1,
+                ..walk
+            };
+            thread_pieces(inp, c, a, b, next, out);
+        }
+        _ => out.add(piece(a, b, Cause::Unattributed, t)),
     }
 }
 
@@ -1113,6 +1148,60 @@ mod tests {
         assert_eq!(a.get(Cause::InputCpu), 50);
         assert_eq!(a.get(Cause::CpuContention), 30);
         assert_eq!(a.get(Cause::CpuHost), 20);
+    }
+
+    /// The thread that hands the feeder its batch was born as the batch was
+    /// done (Python's multiprocessing queue starts its feeder thread at the
+    /// first put): before it existed, its creator — the worker, decoding —
+    /// is what the feeder waited for.
+    #[test]
+    fn a_waker_born_during_the_wait_points_at_its_creator() {
+        const QUEUE: Tid = (20, 21);
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Block(READ, FdKind::Pipe)),
+                (390, Step::Wake(QUEUE)),
+                (400, Step::In),
+            ],
+            500,
+        );
+        // The worker decodes until 300, starts the queue's thread, waits.
+        let worker = thread(
+            WORKER,
+            &[(0, Step::In), (300, Step::Block(FUTEX, FdKind::None))],
+            500,
+        );
+        let mut queue = ThreadTimeline::forked(QUEUE.0, QUEUE.1, 300, true);
+        queue.creator = Some(WORKER);
+        queue.switch_in(300);
+        queue.switch_out(390, &out(FUTEX, FdKind::None));
+        queue.finish(500);
+        let threads = || vec![feeder.clone(), worker.clone(), queue.clone()];
+        let a = run(
+            &[(0, 100), (400, 500)],
+            &[(0, Some(FEEDER)), (400, Some(FEEDER))],
+            threads(),
+            BTreeMap::new(),
+            (0, 500),
+        );
+        assert_eq!(a.get(Cause::Unattributed), 0);
+        // 100-300 the worker, 300-390 the queue's thread, 390-400 the
+        // feeder waiting for a CPU after the batch came: all input.
+        assert_eq!(a.get(Cause::InputCpu), 300, "{:?}", a.by_cause);
+        assert_eq!(a.by_thread[&(Cause::InputCpu, WORKER)], 200);
+        // Unknown creator: the time before its birth is not known.
+        let mut orphan = queue.clone();
+        orphan.creator = None;
+        let a = run(
+            &[(0, 100), (400, 500)],
+            &[(0, Some(FEEDER)), (400, Some(FEEDER))],
+            vec![feeder.clone(), worker.clone(), orphan],
+            BTreeMap::new(),
+            (0, 500),
+        );
+        assert_eq!(a.get(Cause::Unattributed), 200);
     }
 
     /// DataLoader's workers share one result queue: the worker whose batch

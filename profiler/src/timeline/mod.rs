@@ -351,12 +351,13 @@ impl Timeline {
                 pid,
                 tid,
                 parent_pid,
+                parent_tid,
                 thread: is_thread,
                 comm,
-                ..
             } => {
                 let mut t = ThreadTimeline::forked(*pid, *tid, *ts, keep.clone());
                 t.comm = comm.clone();
+                t.creator = Some((*parent_pid, *parent_tid));
                 // A new task with the id of one seen before: the kernel
                 // reused it, the earlier one is over.
                 if let Some(mut old) = self.threads.insert((*pid, *tid), t) {

@@ -245,6 +245,8 @@ pub struct ThreadTimeline {
     pub sample_times: Option<Vec<(u64, u64, u64)>>,
     /// With intervals: syscalls of [`LONG_SYSCALL_NS`] or more, in order.
     pub long_syscalls: Option<Vec<LongSyscall>>,
+    /// The thread that created it, when its creation was recorded.
+    pub creator: Option<(u32, u32)>,
     sieve: Option<Sieve>,
     cur: Cur,
     since: u64,
@@ -292,6 +294,7 @@ impl ThreadTimeline {
             preempted_by: BTreeMap::new(),
             sample_times: everything.then(Vec::new),
             long_syscalls: everything.then(Vec::new),
+            creator: None,
             sieve,
             cur,
             since: start,
