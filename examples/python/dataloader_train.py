@@ -14,7 +14,8 @@ waiting for a CPU (the kernel's schedstat run delay; nothing else of note
 runs here, so the CPUs were held by the loaders) — spread evenly over the
 span it was measured in, as simtrain's ground truth does. And how many of
 the machine's CPUs sat idle during the loop (/proc/stat): what more
-workers could have had.
+workers could have had; and how many the loader workers used (the
+kernel's accounting of the joined workers).
 
     python dataloader_train.py --prepare DIR          # the PNG dataset, once
     python dataloader_train.py --data DIR --lib libgs_simgpu.so --truth T.json
@@ -24,6 +25,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import sys
 import time
 
@@ -132,8 +134,15 @@ def main():
         t1, d1 = now(), run_delay()
         gpu.gs_simgpu_synchronize()
         delays.append((t1, now(), run_delay() - d1))
-    idle_cpus = (machine_idle_ns() - loop[1]) / max(now() - loop[0], 1)
+    loop_ns = max(now() - loop[0], 1)
+    idle_cpus = (machine_idle_ns() - loop[1]) / loop_ns
     gpu.gs_simgpu_close()
+    # The loaders' CPU time, as the kernel accounted it to the workers once
+    # they were joined: how many CPUs they used (a worker more needs as
+    # much again, from the idle ones).
+    del it
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    loader_cpus = (kids.ru_utime + kids.ru_stime) * 1e9 / loop_ns
 
     # The GPU's idle between its first and last work, and the part of it
     # the trainer spent inside next(DataLoader).
@@ -163,6 +172,7 @@ def main():
         "idle_waiting_for_cpu_ns": held,
         "workers": a.workers,
         "idle_cpus": idle_cpus,
+        "loader_cpus": loader_cpus,
         "torch": torch.__version__,
     }
     with open(a.truth, "w") as f:

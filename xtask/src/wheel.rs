@@ -88,7 +88,12 @@ pub fn wheel() -> Result<PathBuf> {
     for (_, path) in &binaries {
         glibc = glibc.max(glibc_needed(path)?);
     }
-    let tag = format!("py3-none-manylinux_{}_{}_x86_64", glibc.0, glibc.1);
+    let tag = format!(
+        "py3-none-manylinux_{}_{}_{}",
+        glibc.0,
+        glibc.1,
+        std::env::consts::ARCH
+    );
     let dist_info = format!("{NAME}-{version}.dist-info");
     let out_dir = root().join("target/wheels");
     std::fs::create_dir_all(&out_dir)?;
@@ -193,7 +198,7 @@ fn metadata(version: &str, readme: &str) -> String {
          Name: {NAME}\n\
          Version: {version}\n\
          Summary: Why your GPUs sit idle: an eBPF and CUPTI profiler that names the cause and the fix\n\
-         License: Apache-2.0\n\
+         License: MIT OR Apache-2.0\n\
          Requires-Python: >=3.8\n\
          Classifier: Operating System :: POSIX :: Linux\n\
          Classifier: Environment :: GPU :: NVIDIA CUDA\n\
