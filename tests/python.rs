@@ -7,7 +7,7 @@
 //! node's V8 (`--perf-basic-prof`), checks the same path independently of
 //! Python.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use gapscope_tests::*;
@@ -98,28 +98,20 @@ fn jit_functions_are_named_from_their_perf_map() {
          console.log(process.pid, hotLoop(1500));\n",
     )
     .unwrap();
-    let rec = dir.path().join("rec");
-    let r = run(
-        &rec,
-        &["-q", "--freq", "499", "--no-exports"],
-        &["node", "--perf-basic-prof", script.to_str().unwrap()],
+    // V8 also logs code events under this flag, to ./isolate-*.log unless
+    // told where.
+    let log = format!("--logfile={}", dir.path().join("v8.log").display());
+    let (_, _, folded) = record_jit(
+        &dir.path().join("rec"),
+        &[],
+        &[
+            "node",
+            "--perf-basic-prof",
+            &log,
+            "--no-logfile-per-isolate",
+            script.to_str().unwrap(),
+        ],
     );
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let pid: u32 = String::from_utf8_lossy(&r.output.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let folded = dir.path().join("cpu.folded");
-    succeed(
-        Command::new(gapscope())
-            .arg("export")
-            .arg(&rec)
-            .args(["--flamegraph", "cpu", "--folded", "-o"])
-            .arg(&folded),
-    );
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     // V8 names it "JS:*hotLoop …" (or "LazyCompile:…" in older nodes).
     let (hot, all) = samples_with(&folded, "node", &["hotLoop"]);
     // 1.5 s in hotLoop; node's start-up and exit are the rest.
@@ -128,6 +120,34 @@ fn jit_functions_are_named_from_their_perf_map() {
         hot as f64 >= 0.6 * all as f64,
         "{hot} of node's {all} samples name hotLoop"
     );
+}
+
+/// `gapscope run` of `cmd`, which prints its pid first, with cpu-clock
+/// samples at 499 Hz: the run, the pid, and its cpu flamegraph folded. The
+/// perf map the runtime left in /tmp goes.
+fn record_jit(rec: &Path, args: &[&str], cmd: &[&str]) -> (Run, u32, PathBuf) {
+    let r = run(
+        rec,
+        &[&["-q", "--freq", "499", "--no-exports"], args].concat(),
+        cmd,
+    );
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let pid: u32 = String::from_utf8_lossy(&r.output.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let folded = rec.join("cpu.folded");
+    succeed(
+        Command::new(gapscope())
+            .arg("export")
+            .arg(rec)
+            .args(["--flamegraph", "cpu", "--folded", "-o"])
+            .arg(&folded),
+    );
+    (r, pid, folded)
 }
 
 /// The CPython 3.13 `cargo xtask setup` builds, if it did.
@@ -204,27 +224,11 @@ fn python_functions_are_named_through_the_perf_trampoline() {
     )
     .unwrap();
     let record = |rec: &str, args: &[&str]| {
-        let rec = dir.path().join(rec);
-        let r = run(
-            &rec,
-            &[&["-q", "--freq", "499", "--no-exports"], args].concat(),
+        record_jit(
+            &dir.path().join(rec),
+            args,
             &[python.to_str().unwrap(), script.to_str().unwrap()],
-        );
-        assert_eq!(r.code(), Some(0), "{}", r.stderr());
-        let pid: u32 = String::from_utf8_lossy(&r.output.stdout)
-            .trim()
-            .parse()
-            .unwrap();
-        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-        let folded = rec.join("cpu.folded");
-        succeed(
-            Command::new(gapscope())
-                .arg("export")
-                .arg(&rec)
-                .args(["--flamegraph", "cpu", "--folded", "-o"])
-                .arg(&folded),
-        );
-        (r, pid, folded)
+        )
     };
     let comm = "python3.13";
     let (r, _, folded) = record("rec", &[]);
