@@ -101,7 +101,7 @@ fn jit_functions_are_named_from_their_perf_map() {
     // V8 also logs code events under this flag, to ./isolate-*.log unless
     // told where.
     let log = format!("--logfile={}", dir.path().join("v8.log").display());
-    let (_, _, folded) = record_jit(
+    let (_, pid, folded) = record_jit(
         &dir.path().join("rec"),
         &[],
         &[
@@ -112,6 +112,10 @@ fn jit_functions_are_named_from_their_perf_map() {
             script.to_str().unwrap(),
         ],
     );
+    // A map the user asked for (not CPython's) stays: it is the test's.
+    let map = format!("/tmp/perf-{pid}.map");
+    assert!(Path::new(&map).exists());
+    let _ = std::fs::remove_file(map);
     // V8 names it "JS:*hotLoop …" (or "LazyCompile:…" in older nodes).
     let (hot, all) = samples_with(&folded, "node", &["hotLoop"]);
     // 1.5 s in hotLoop; node's start-up and exit are the rest.
@@ -123,8 +127,7 @@ fn jit_functions_are_named_from_their_perf_map() {
 }
 
 /// `gapscope run` of `cmd`, which prints its pid first, with cpu-clock
-/// samples at 499 Hz: the run, the pid, and its cpu flamegraph folded. The
-/// perf map the runtime left in /tmp goes.
+/// samples at 499 Hz: the run, the pid, and its cpu flamegraph folded.
 fn record_jit(rec: &Path, args: &[&str], cmd: &[&str]) -> (Run, u32, PathBuf) {
     let r = run(
         rec,
@@ -138,7 +141,6 @@ fn record_jit(rec: &Path, args: &[&str], cmd: &[&str]) -> (Run, u32, PathBuf) {
         .unwrap()
         .parse()
         .unwrap();
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     let folded = rec.join("cpu.folded");
     succeed(
         Command::new(gapscope())
@@ -231,7 +233,9 @@ fn python_functions_are_named_through_the_perf_trampoline() {
         )
     };
     let comm = "python3.13";
-    let (r, _, folded) = record("rec", &[]);
+    let (r, pid, folded) = record("rec", &[]);
+    // The map gapscope had it write went with it.
+    assert!(!Path::new(&format!("/tmp/perf-{pid}.map")).exists());
     let (named, all) = samples_with(&folded, comm, &["py::load_epoch", "py::decode_batch"]);
     // 1.5 s in decode_batch called from load_epoch; start-up and exit are
     // the rest.
@@ -253,4 +257,82 @@ fn python_functions_are_named_through_the_perf_trampoline() {
         )),
         "{notes}"
     );
+}
+
+/// Workers forked by the trainer (a DataLoader's, here multiprocessing's)
+/// write perf maps of their own: their Python functions are named too, in
+/// about all the CPU time the kernel gave them. The maps gapscope made the
+/// interpreter write are gone once the processes have exited and been
+/// symbolized — a job forking workers every epoch would fill /tmp — while a
+/// map the user asked for stays.
+#[test]
+fn forked_workers_are_named_and_leave_no_perf_maps_behind() {
+    let test = "forked_workers_are_named_and_leave_no_perf_maps_behind";
+    if !bpf_ready(test) {
+        return;
+    }
+    let Some(python) = python313(test) else {
+        return;
+    };
+    let _lock = recording_lock();
+    let dir = scratch("py313-fork");
+    let script = dir.path().join("workers.py");
+    std::fs::write(
+        &script,
+        "import multiprocessing as mp, os, resource, time\n\
+         def worker_decode(secs):\n\
+         \x20   t = time.time()\n\
+         \x20   x = 0\n\
+         \x20   while time.time() - t < secs:\n\
+         \x20       for i in range(20000):\n\
+         \x20           x = (x * 31 + i) % 1000003\n\
+         if __name__ == '__main__':\n\
+         \x20   mp.set_start_method('fork')\n\
+         \x20   ps = [mp.Process(target=worker_decode, args=(0.5,)) for _ in range(3)]\n\
+         \x20   for p in ps: p.start()\n\
+         \x20   for p in ps: p.join()\n\
+         \x20   ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n\
+         \x20   print(os.getpid(), ru.ru_utime + ru.ru_stime, *[p.pid for p in ps])\n",
+    )
+    .unwrap();
+    let rec = dir.path().join("rec");
+    let (r, pid, folded) = record_jit(
+        &rec,
+        &[],
+        &[python.to_str().unwrap(), script.to_str().unwrap()],
+    );
+    let out = String::from_utf8_lossy(&r.output.stdout).into_owned();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    let workers_cpu: f64 = fields[1].parse().unwrap();
+    let workers: Vec<u32> = fields[2..].iter().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(workers.len(), 3);
+    for p in std::iter::once(pid).chain(workers.iter().copied()) {
+        let map = format!("/tmp/perf-{p}.map");
+        assert!(!Path::new(&map).exists(), "{map} left behind");
+    }
+    // The workers' CPU time as the kernel counted it, in 499 Hz samples.
+    let (named, _) = samples_with(&folded, "python3.13", &["py::worker_decode"]);
+    let expected = workers_cpu * 499.0;
+    assert!(
+        named as f64 >= 0.7 * expected,
+        "{named} samples name worker_decode; the workers ran {workers_cpu:.2} CPU-s ({expected:.0} samples)"
+    );
+
+    // PYTHONPERFSUPPORT set by the user: the maps are theirs, and stay.
+    let out = Command::new(gapscope())
+        .args(["run", "-q", "--freq", "0", "--no-exports", "-o"])
+        .arg(dir.path().join("rec-user"))
+        .arg("--")
+        .arg(&python)
+        .args(["-c", "import os; print(os.getpid())"])
+        .env("PYTHONPERFSUPPORT", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let map = format!("/tmp/perf-{pid}.map");
+    let kept = Path::new(&map).exists();
+    let _ = std::fs::remove_file(&map);
+    assert!(kept, "{map}: the user's own perf map was removed");
 }

@@ -360,6 +360,7 @@ impl RecordArgs {
             any_user: false,
             inject: false,
             windows: None,
+            python_frames: false,
         }
     }
 }
@@ -604,10 +605,10 @@ fn main() -> ExitCode {
             no_python_frames,
             cmd,
         } => {
-            let mut opts = rec.options(None);
-            if !no_python_frames {
-                gapscope::collect::launch::python_frames(&mut opts.env);
-            }
+            let opts = RecordOptions {
+                python_frames: !no_python_frames,
+                ..rec.options(None)
+            };
             record(Target::Command(cmd), opts, &rec)
         }
         Command::Attach {

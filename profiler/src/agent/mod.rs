@@ -201,6 +201,7 @@ fn follow(opts: &AgentOptions, job: Job, stop: &Arc<AtomicBool>) -> Followed {
             done: done.clone(),
             stop: stop.clone(),
         }),
+        python_frames: false,
     };
     let pid = job.pid;
     let thread = std::thread::Builder::new()

@@ -69,6 +69,11 @@ pub struct RecordOptions {
     /// Cut the recording into windows (the agent); `out_dir` is then the
     /// folder of windows. Attach only.
     pub windows: Option<windows::Windows>,
+    /// `run`: turn on CPython's perf trampoline (`PYTHONPERFSUPPORT=1`,
+    /// 3.12+), which names Python functions in stacks; the perf maps it
+    /// writes go once their processes have exited and been symbolized
+    /// (unless the variable was the user's own).
+    pub python_frames: bool,
 }
 
 /// How a recording ended.
@@ -230,6 +235,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
     }
     let mut gpu_listener = None;
     let mut env = opts.env.clone();
+    let tidy_perf_maps = opts.python_frames && launch::python_frames(&mut env);
     if opts.gpu {
         if let Target::Command(_) = &target {
             match gpu_environment(&mut env) {
@@ -263,6 +269,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                 watch_libcuda(&mut tracer, libs, &mut notes);
             }
             let mut sink = Sink::new(writer, pid);
+            sink.tidy_perf_maps = tidy_perf_maps;
             sink.push(Record::Header(header(
                 Mode::Run,
                 pid,

@@ -102,6 +102,16 @@ pub struct Sink {
     /// (cumulative), and as counted when this window began.
     gpu_drops_seen: HashMap<u32, (u64, u64)>,
     gpu_drops_base: HashMap<u32, (u64, u64)>,
+    /// Remove the perf maps CPython writes, once their processes have
+    /// exited and been symbolized: gapscope turned the trampoline on, and a
+    /// job that forks DataLoader workers every epoch would otherwise fill
+    /// /tmp with them.
+    pub tidy_perf_maps: bool,
+    /// Exited processes whose perf maps go once the symbol batches handed
+    /// over until then are done (the last that could read them).
+    perf_maps_after: Vec<(u64, u32)>,
+    batches_submitted: u64,
+    batches_done: u64,
 }
 
 impl Sink {
@@ -127,7 +137,33 @@ impl Sink {
             malformed_base: 0,
             gpu_drops_seen: HashMap::new(),
             gpu_drops_base: HashMap::new(),
+            tidy_perf_maps: false,
+            perf_maps_after: Vec::new(),
+            batches_submitted: 0,
+            batches_done: 0,
         }
+    }
+
+    /// `pids` have exited: their perf maps may go once every symbol batch
+    /// handed over so far is done.
+    fn perf_maps_done(&mut self, pids: &[u32]) {
+        if self.tidy_perf_maps {
+            let after = self.batches_submitted;
+            self.perf_maps_after
+                .extend(pids.iter().map(|&pid| (after, pid)));
+        }
+    }
+
+    /// Removes the perf maps no batch still needs.
+    fn tidy(&mut self) {
+        let done = self.batches_done;
+        self.perf_maps_after.retain(|&(after, pid)| {
+            if after > done {
+                return true;
+            }
+            symbolize::remove_python_perf_map(pid);
+            false
+        });
     }
 
     pub fn push(&mut self, mut record: Record) {
@@ -375,6 +411,7 @@ impl Sink {
         let stacks = self.take_stacks(|s| !s.kernel && set.contains(&s.pid));
         let maps = self.forget(pids.iter().copied());
         self.submit(stacks, maps);
+        self.perf_maps_done(pids);
     }
 
     /// Forgets the processes `pids`, returning their maps snapshots.
@@ -396,6 +433,7 @@ impl Sink {
         self.symbolizer
             .get_or_insert_with(symbolize::Worker::start)
             .submit(stacks, maps);
+        self.batches_submitted += 1;
     }
 
     /// Writes the symbols of batches done, and lets exited processes go:
@@ -425,9 +463,10 @@ impl Sink {
                 .collect();
             let (with, without): (Vec<u32>, Vec<u32>) =
                 ripe.into_iter().partition(|pid| waiting.contains(pid));
-            for pid in without {
+            for &pid in &without {
                 self.procs.remove(&pid);
             }
+            self.perf_maps_done(&without);
             if with.len() >= DEAD_BATCH {
                 self.retire(&with);
             }
@@ -441,11 +480,13 @@ impl Sink {
             (false, Some(w)) => w.ready(),
             (true, Some(_)) => self.symbolizer.take().expect("matched").finish(),
         };
+        self.batches_done += done.len() as u64;
         for symbols in done {
             for chunk in symbolize::split(symbols) {
                 self.push(Record::Symbols(chunk));
             }
         }
+        self.tidy();
     }
 
     /// Symbolizes every stack still waiting and writes all symbols; at the
@@ -454,8 +495,14 @@ impl Sink {
         let stacks = std::mem::take(&mut self.stacks);
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
+        let exited: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|pid| self.procs[pid].exited.is_some())
+            .collect();
         let maps = self.forget(pids);
         self.submit(stacks, maps);
+        self.perf_maps_done(&exited);
         self.write_symbols(true);
     }
 

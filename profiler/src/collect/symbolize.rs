@@ -300,6 +300,23 @@ fn user_frame(
     }
 }
 
+/// Removes `/tmp/perf-PID.map` if CPython wrote it (its entries are its
+/// trampolines, `py::…`): for a process that has exited and whose stacks
+/// are symbolized, when gapscope turned the trampoline on. Another
+/// runtime's map (V8's, a JIT's the user asked for) stays.
+pub fn remove_python_perf_map(pid: u32) {
+    use std::io::Read;
+    let path = format!("/tmp/perf-{pid}.map");
+    let mut head = [0u8; 512];
+    let n = std::fs::File::open(&path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let first = head[..n].split(|&b| b == b'\n').next().unwrap_or(&[]);
+    if String::from_utf8_lossy(first).contains(" py::") {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// A `/tmp/perf-PID.map` file: "START SIZE NAME" per line, hex.
 struct PerfMap {
     entries: Vec<(u64, u64, String)>,
