@@ -336,3 +336,99 @@ fn forked_workers_are_named_and_leave_no_perf_maps_behind() {
     let _ = std::fs::remove_file(&map);
     assert!(kept, "{map}: the user's own perf map was removed");
 }
+
+/// A Python process in a container (its own pid and mount namespaces, its
+/// own /tmp) writes its perf map where gapscope on the host does not look
+/// by default — its /tmp, under the pid it sees (1) — and is attached to
+/// from outside: its functions are named through /proc/PID/root.
+#[test]
+fn a_containers_python_is_named_from_its_own_tmp() {
+    let test = "a_containers_python_is_named_from_its_own_tmp";
+    if !bpf_ready(test) {
+        return;
+    }
+    let Some(python) = python313(test) else {
+        return;
+    };
+    let _lock = recording_lock();
+    let dir = scratch("py313-ns");
+    let script = dir.path().join("loop.py");
+    std::fs::write(
+        &script,
+        "import time\n\
+         def decode_batch(n):\n\
+         \x20   x = 0\n\
+         \x20   for i in range(n):\n\
+         \x20       x = (x * 31 + i) % 1000003\n\
+         t = time.time()\n\
+         print('ready', flush=True)\n\
+         while time.time() - t < 6:\n\
+         \x20   decode_batch(20000)\n",
+    )
+    .unwrap();
+    let mut container = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+        ])
+        .arg("sh")
+        .arg("-c")
+        .arg(format!(
+            "mount -t tmpfs tmpfs /tmp && exec env PYTHONPERFSUPPORT=1 {} {}",
+            python.display(),
+            script.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(container.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let rec = dir.path().join("rec");
+    let out = Command::new(gapscope())
+        .args([
+            "attach",
+            "-q",
+            "--duration",
+            "1.5",
+            "--freq",
+            "499",
+            "--no-exports",
+        ])
+        .arg("--pid")
+        .arg(container.id().to_string())
+        .arg("-o")
+        .arg(&rec)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = container.kill();
+    let _ = container.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let folded = rec.join("cpu.folded");
+    succeed(
+        Command::new(gapscope())
+            .arg("export")
+            .arg(&rec)
+            .args(["--flamegraph", "cpu", "--folded", "-o"])
+            .arg(&folded),
+    );
+    let (named, all) = samples_with(&folded, "python3.13", &["py::decode_batch"]);
+    assert!(all >= 200, "{all} samples of python3.13");
+    assert!(
+        named as f64 >= 0.6 * all as f64,
+        "{named} of {all} samples name decode_batch"
+    );
+}

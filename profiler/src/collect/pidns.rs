@@ -33,6 +33,12 @@ pub fn parse_nspid(status: &str) -> Option<Vec<u32>> {
     (!ids.is_empty()).then_some(ids)
 }
 
+/// The id its own pid namespace gives process `pid` (in a container, what
+/// the process itself sees as its pid).
+pub fn own_pid(pid: u32) -> Option<u32> {
+    innermost_id(Path::new(&format!("/proc/{pid}/status")))
+}
+
 /// The id its own pid namespace gives the process or thread whose status
 /// file is `status` (the last `NSpid:` field).
 fn innermost_id(status: &Path) -> Option<u32> {
@@ -53,7 +59,7 @@ fn own_namespace(kind: &str) -> Option<u64> {
 
 /// The control socket name of the shim in process `pid` (as we number it).
 pub fn control_socket_of(pid: u32) -> Option<String> {
-    let nspid = innermost_id(Path::new(&format!("/proc/{pid}/status")))?;
+    let nspid = own_pid(pid)?;
     Some(control_socket_name(nspid, namespace_of(pid, "pid")?))
 }
 

@@ -57,7 +57,16 @@ impl<'a> Resolver<'a> {
     fn perf_map(&mut self, pid: u32) -> Option<&PerfMap> {
         self.perf_maps
             .entry(pid)
-            .or_insert_with(|| PerfMap::load(Path::new(&format!("/tmp/perf-{pid}.map"))))
+            .or_insert_with(|| {
+                // A process writes its map in its own /tmp under the pid its
+                // own namespace gives it — in a container, not ours: read
+                // through /proc while it lives; after, from our /tmp.
+                super::pidns::own_pid(pid)
+                    .and_then(|ns| {
+                        PerfMap::load(Path::new(&format!("/proc/{pid}/root/tmp/perf-{ns}.map")))
+                    })
+                    .or_else(|| PerfMap::load(Path::new(&format!("/tmp/perf-{pid}.map"))))
+            })
             .as_ref()
     }
 }
