@@ -71,6 +71,7 @@ fn sessions_of_several_nodes_name_the_rank_the_others_wait_for() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["schema"], "gapscope.ranks/1");
+    assert_reports_schema(&v);
     let rows = v["cross_rank"].as_array().unwrap();
     assert_eq!(rows.len(), 3);
     let waits: Vec<u64> = (0..3)

@@ -44,6 +44,15 @@ pub fn diff_schema() -> &'static Value {
     })
 }
 
+/// docs/ranks.schema.json, parsed.
+pub fn ranks_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        serde_json::from_str(include_str!("../docs/ranks.schema.json"))
+            .expect("docs/ranks.schema.json is JSON")
+    })
+}
+
 /// Panics, naming the JSON path of the first violation, unless `diff`
 /// follows docs/diff.schema.json.
 #[track_caller]
@@ -63,10 +72,14 @@ pub fn assert_report_schema(report: &Value) {
 }
 
 /// What `gapscope report --format json` wrote, checked: the one report, or
-/// with several inputs (`gapscope.ranks/1`) the report of each rank.
+/// with several inputs (`gapscope.ranks/1`) the whole of it and the report
+/// of each rank.
 #[track_caller]
 pub fn assert_reports_schema(output: &Value) {
     if output["schema"] == "gapscope.ranks/1" {
+        if let Err(e) = schema_violation(ranks_schema(), output) {
+            panic!("the reports do not follow docs/ranks.schema.json: {e}");
+        }
         for (i, rank) in output["ranks"]
             .as_array()
             .expect("ranks")

@@ -1,8 +1,9 @@
 //! docs/report.schema.json is the `gapscope.report/1` contract: the reports
 //! kept with the tests follow it, and it keeps its own rules (closed
 //! objects, every field written and described) and the report code's names.
-//! docs/diff.schema.json, `gapscope.diff/1`, keeps the same rules and the
-//! report's own definitions of what they share.
+//! docs/diff.schema.json, `gapscope.diff/1`, and docs/ranks.schema.json,
+//! `gapscope.ranks/1` (several inputs read as one job), keep the same rules
+//! and the report's own definitions of what they share.
 
 use std::path::Path;
 
@@ -216,5 +217,30 @@ fn the_diff_schema_keeps_the_same_rules_and_the_reports_definitions() {
             &schema["$defs"]["CauseChange"]["properties"]["cause"]["enum"]
         )),
         causes
+    );
+}
+
+#[test]
+fn the_ranks_schema_keeps_the_same_rules_and_the_reports_definitions() {
+    let schema = ranks_schema();
+    assert_eq!(
+        schema["$schema"],
+        "https://json-schema.org/draft/2020-12/schema"
+    );
+    check_rules(schema, schema, "$", &[]);
+    assert_eq!(
+        schema["properties"]["schema"]["const"],
+        gapscope::export::ranks::SCHEMA
+    );
+    assert_eq!(schema["$defs"]["IdleByCause"], *def("IdleByCause"));
+    let mut removable: Vec<Value> = Cause::ALL
+        .iter()
+        .filter(|c| c.removable())
+        .map(|c| c.name().into())
+        .collect();
+    removable.push(Value::Null);
+    assert_eq!(
+        schema["$defs"]["RankRow"]["properties"]["top_cause"]["enum"],
+        Value::Array(removable)
     );
 }

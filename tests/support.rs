@@ -12,8 +12,8 @@ use serde_json::Value;
 
 mod report_schema;
 pub use report_schema::{
-    assert_diff_schema, assert_report_schema, assert_reports_schema, diff_schema, report_schema,
-    schema_violation,
+    assert_diff_schema, assert_report_schema, assert_reports_schema, diff_schema, ranks_schema,
+    report_schema, schema_violation,
 };
 
 /// target/<profile>/ of this build (tests live in target/<profile>/deps/).

@@ -8,7 +8,7 @@ pub mod flame;
 mod gpu_report;
 pub mod html;
 mod json;
-mod ranks;
+pub mod ranks;
 pub mod report;
 mod summary;
 pub mod trace;
@@ -214,7 +214,7 @@ pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -
     }
     if format == Format::Json {
         let v = serde_json::json!({
-            "schema": "gapscope.ranks/1",
+            "schema": ranks::SCHEMA,
             "ranks": views.iter().zip(inputs).map(|(v, l)| {
                 serde_json::json!({"label": l.label, "report": json::value(v)})
             }).collect::<Vec<_>>(),

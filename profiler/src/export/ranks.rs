@@ -10,6 +10,10 @@ use crate::analyze::align;
 use crate::analyze::cause::{Cause, IdleByCause};
 use crate::analyze::hta::{Bucket, StreamIdle};
 
+/// The contract of what `report --format json` writes for several inputs
+/// (docs/ranks.schema.json).
+pub const SCHEMA: &str = "gapscope.ranks/1";
+
 #[derive(Serialize)]
 pub struct RankRow {
     pub label: String,
