@@ -383,3 +383,35 @@ fn mistakes_are_one_line_and_exit_codes_say_what_happened() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+/// Directories of per-rank traces are compared rank with rank, whatever
+/// their files are called: the same two ranks under swapped names are
+/// unchanged, each GPU matched with its own (by file order they would be
+/// two GPUs gone and two new ones).
+#[test]
+fn per_rank_traces_are_matched_by_rank_not_by_file_name() {
+    let dir = scratch("diff-ranks");
+    let (a100, v100) = (
+        kineto_traces().join("a100_8rank_rank3.json.gz"),
+        kineto_traces().join("v100_ns_rank0.json.gz"),
+    );
+    let side = |name: &str, first: &Path, second: &Path| {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::copy(first, d.join("a.json.gz")).unwrap();
+        std::fs::copy(second, d.join("b.json.gz")).unwrap();
+        d
+    };
+    let base = side("base", &a100, &v100);
+    let new = side("new", &v100, &a100);
+    let (code, d) = diff_json(&base, &new, &["--gate", "0"]);
+    assert_eq!(code, 0, "{:#}", d["verdict"]);
+    assert_eq!(d["verdict"]["outcome"], "unchanged");
+    let gpus = d["gpus"].as_array().unwrap();
+    let keys: Vec<&str> = gpus.iter().map(|g| g["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["rank 3 · GPU 3", "rank 0 · GPU 0"]);
+    for g in gpus {
+        assert_eq!(g["base"], g["new"], "{g:#}");
+    }
+    assert_eq!(d["idle_share"]["change_points"].as_f64().unwrap(), 0.0);
+}

@@ -368,14 +368,17 @@ impl<'a> Built<'a> {
         }
     }
 
-    /// The steps of the first input that marks any: what marked them, and
-    /// each one's time by number.
-    fn steps(&self) -> Option<(String, Vec<(u64, u64)>)> {
-        self.side.inputs.iter().find_map(|l| {
-            let tl = &l.analysis.timeline;
-            let s = steps::find(tl)?;
-            Some((s.source.clone(), steps::times(tl, &s)))
-        })
+    /// The steps of input `i`: what marked them, and each one's time by
+    /// number.
+    fn steps_of(&self, i: usize) -> Option<(String, Vec<(u64, u64)>)> {
+        let tl = &self.side.inputs.get(i)?.analysis.timeline;
+        let s = steps::find(tl)?;
+        Some((s.source.clone(), steps::times(tl, &s)))
+    }
+
+    /// The first input that marks steps, and its steps.
+    fn steps(&self) -> Option<(usize, (String, Vec<(u64, u64)>))> {
+        (0..self.side.inputs.len()).find_map(|i| Some((i, self.steps_of(i)?)))
     }
 
     /// Each GPU's busy span, cut into `width` buckets: each bucket's idle
@@ -482,24 +485,52 @@ fn cause_changes(
     v
 }
 
-/// Per GPU, matched by input (rank) and device id.
+/// Which input of `new` each input of `base` is compared with: the one of
+/// the same rank where every input on both sides says its rank, once (a
+/// directory of per-rank traces lists them in whatever order their file
+/// names give); else the one in the same place. With each, the rank it
+/// was matched by.
+fn partners(base: &Side, new: &Side) -> Vec<(Option<usize>, Option<u32>)> {
+    let ranks = |s: &Side| -> Option<Vec<u32>> {
+        let r: Vec<u32> = s
+            .inputs
+            .iter()
+            .map(|l| l.analysis.facts.rank.map(|k| k.rank))
+            .collect::<Option<_>>()?;
+        let unique: std::collections::HashSet<&u32> = r.iter().collect();
+        (unique.len() == r.len()).then_some(r)
+    };
+    match (ranks(base), ranks(new)) {
+        (Some(b), Some(n)) if base.inputs.len() > 1 || new.inputs.len() > 1 => b
+            .iter()
+            .map(|r| (n.iter().position(|x| x == r), Some(*r)))
+            .collect(),
+        _ => (0..base.inputs.len())
+            .map(|i| ((i < new.inputs.len()).then_some(i), None))
+            .collect(),
+    }
+}
+
+/// Per GPU, matched by input ([`partners`]) and device id.
 fn gpu_diffs(base: &Built, new: &Built) -> Vec<GpuDiff> {
     let several = base.side.inputs.len() > 1 || new.side.inputs.len() > 1;
-    let key = |b: &Built, i: usize, id: u32| {
-        if several {
-            format!("{} · GPU {id}", b.side.inputs[i].label)
-        } else {
-            format!("GPU {id}")
-        }
+    let partner = partners(base.side, new.side);
+    let key = |b: &Built, i: usize, rank: Option<u32>, id: u32| match rank {
+        Some(r) => format!("rank {r} · GPU {id}"),
+        None if several => format!("{} · GPU {id}", b.side.inputs[i].label),
+        None => format!("GPU {id}"),
     };
     let mut out: Vec<GpuDiff> = Vec::new();
+    let mut matched = std::collections::HashSet::new();
     for (i, g) in base.gpus() {
-        let other = new
-            .gpus()
-            .find(|&(j, h)| j == i && h.id == g.id)
-            .map(|x| x.1);
+        let (j, rank) = partner[i];
+        let other = new.gpus().find(|&(jj, h)| Some(jj) == j && h.id == g.id);
+        if let Some((jj, h)) = other {
+            matched.insert((jj, h.id));
+        }
+        let other = other.map(|x| x.1);
         out.push(GpuDiff {
-            key: key(base, i, g.id),
+            key: key(base, i, rank, g.id),
             name: g.name.clone(),
             base: Some(figures(g)),
             new: other.map(figures),
@@ -514,11 +545,17 @@ fn gpu_diffs(base: &Built, new: &Built) -> Vec<GpuDiff> {
         });
     }
     for (j, h) in new.gpus() {
-        if base.gpus().any(|(i, g)| i == j && g.id == h.id) {
+        if matched.contains(&(j, h.id)) {
             continue;
         }
+        let rank = new.side.inputs[j]
+            .analysis
+            .facts
+            .rank
+            .map(|k| k.rank)
+            .filter(|_| partner.iter().any(|p| p.1.is_some()));
         out.push(GpuDiff {
-            key: key(new, j, h.id),
+            key: key(new, j, rank, h.id),
             name: h.name.clone(),
             base: None,
             new: Some(figures(h)),
@@ -566,7 +603,15 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
         .find(|c| c.share.change_points != 0.0);
     let mut notes = Vec::new();
 
-    let steps = match (b.steps(), n.steps()) {
+    // The base's first input with steps, and the new side's input it is
+    // matched with (the same rank); else the new side's first with steps.
+    let base_steps = b.steps();
+    let new_steps = base_steps
+        .as_ref()
+        .and_then(|(i, _)| partners(base, new)[*i].0)
+        .and_then(|j| n.steps_of(j))
+        .or_else(|| n.steps().map(|s| s.1));
+    let steps = match (base_steps.map(|s| s.1), new_steps) {
         (Some(bs), Some(ns)) => {
             let (x, y, matched) = step_samples(&bs.1, &ns.1);
             let (sx, sy) = (Summary::of(&x), Summary::of(&y));
