@@ -322,6 +322,9 @@ fn pct(part: u64, whole: u64) -> f64 {
 }
 
 /// One side's reports, its figures summed.
+/// Steps of one input: what marked them, and each one's time by number.
+type Steps = (String, Vec<(u64, u64)>);
+
 struct Built<'a> {
     side: &'a Side<'a>,
     views: Vec<View<'a>>,
@@ -370,14 +373,14 @@ impl<'a> Built<'a> {
 
     /// The steps of input `i`: what marked them, and each one's time by
     /// number.
-    fn steps_of(&self, i: usize) -> Option<(String, Vec<(u64, u64)>)> {
+    fn steps_of(&self, i: usize) -> Option<Steps> {
         let tl = &self.side.inputs.get(i)?.analysis.timeline;
         let s = steps::find(tl)?;
         Some((s.source.clone(), steps::times(tl, &s)))
     }
 
     /// The first input that marks steps, and its steps.
-    fn steps(&self) -> Option<(usize, (String, Vec<(u64, u64)>))> {
+    fn steps(&self) -> Option<(usize, Steps)> {
         (0..self.side.inputs.len()).find_map(|i| Some((i, self.steps_of(i)?)))
     }
 
