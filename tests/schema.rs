@@ -196,21 +196,28 @@ fn the_schema_uses_the_report_codes_names() {
     );
 }
 
-#[test]
-fn the_diff_schema_keeps_the_same_rules_and_the_reports_definitions() {
-    let schema = diff_schema();
+/// A contract beside the report's: draft 2020-12, the same rules, its name
+/// the code's, and the report's own definitions of what they share.
+fn sibling_contract(schema: &Value, name: &str, shared: &[&str]) {
     assert_eq!(
         schema["$schema"],
         "https://json-schema.org/draft/2020-12/schema"
     );
     check_rules(schema, schema, "$", &[]);
-    assert_eq!(
-        schema["properties"]["schema"]["const"],
-        gapscope::export::diff::SCHEMA
-    );
-    for shared in ["IdleByCause", "BusyByKind"] {
+    assert_eq!(schema["properties"]["schema"]["const"], name);
+    for shared in shared {
         assert_eq!(schema["$defs"][shared], *def(shared), "{shared}");
     }
+}
+
+#[test]
+fn the_diff_schema_keeps_the_same_rules_and_the_reports_definitions() {
+    let schema = diff_schema();
+    sibling_contract(
+        schema,
+        gapscope::export::diff::SCHEMA,
+        &["IdleByCause", "BusyByKind"],
+    );
     let causes = sorted(Cause::ALL.iter().map(|c| c.name()));
     assert_eq!(
         sorted(strings(
@@ -223,16 +230,7 @@ fn the_diff_schema_keeps_the_same_rules_and_the_reports_definitions() {
 #[test]
 fn the_ranks_schema_keeps_the_same_rules_and_the_reports_definitions() {
     let schema = ranks_schema();
-    assert_eq!(
-        schema["$schema"],
-        "https://json-schema.org/draft/2020-12/schema"
-    );
-    check_rules(schema, schema, "$", &[]);
-    assert_eq!(
-        schema["properties"]["schema"]["const"],
-        gapscope::export::ranks::SCHEMA
-    );
-    assert_eq!(schema["$defs"]["IdleByCause"], *def("IdleByCause"));
+    sibling_contract(schema, gapscope::export::ranks::SCHEMA, &["IdleByCause"]);
     let mut removable: Vec<Value> = Cause::ALL
         .iter()
         .filter(|c| c.removable())
