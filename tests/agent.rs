@@ -346,6 +346,13 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
             "{cause}: merged {m:.2}%, windows {w:.2}%"
         );
     }
+    // `report` on the job's folder of windows reads them as that one session.
+    let folder = report_json(&job_dir.path());
+    assert_eq!(folder["window_ns"], merged["window_ns"]);
+    assert_eq!(
+        folder["gpus"][0]["idle_by_cause_ns"],
+        gpu["idle_by_cause_ns"]
+    );
 }
 
 /// A query string value, percent-encoded.

@@ -1,6 +1,7 @@
-//! What `gapscope report` accepts: a session file, a run directory, or
-//! PyTorch profiler (Kineto) traces — one, several, or a directory of them
-//! (one per rank). Told apart by content, not by name.
+//! What `gapscope report` accepts: a session file, a run directory, the
+//! agent's folder of windows of one job, or PyTorch profiler (Kineto)
+//! traces — one, several, or a directory of them (one per rank). Told
+//! apart by content, not by name.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -49,10 +50,57 @@ fn load_file(path: &Path) -> Result<Loaded, LoadError> {
     Ok(Loaded { label, source })
 }
 
+/// A folder of the agent's windows of one job (`<workload>-<pid>/`, a run
+/// directory per window): read as one session, the windows merged as
+/// `agent dump` merges them — the latest recording's, when the job was
+/// recorded more than once. In memory: windows are recorded cheaply.
+fn load_windows(dir: &Path) -> Result<Option<Loaded>, LoadError> {
+    let windows = session::windows_in(dir);
+    let first_is_window = windows.first().is_some_and(|w| {
+        session::SessionReader::open(&w.join(session::FILE_NAME))
+            .ok()
+            .and_then(|mut r| r.next())
+            .is_some_and(
+                |r| matches!(r, session::Record::Header(h) if h.mode == session::Mode::Window),
+            )
+    });
+    if !first_is_window {
+        return Ok(None);
+    }
+    let tmp = std::env::temp_dir().join(format!(
+        "gapscope-windows-{}-{}.gsz",
+        std::process::id(),
+        crate::clock::monotonic_ns()
+    ));
+    let mut rest = &windows[..];
+    let merged = loop {
+        let m = session::merge(rest, &tmp);
+        match m {
+            Ok(m) if m.windows < rest.len() => rest = &rest[m.windows..],
+            other => break other,
+        }
+    };
+    let read = merged.and_then(|_| session::read_session(&tmp));
+    let _ = std::fs::remove_file(&tmp);
+    let label = dir
+        .canonicalize()
+        .ok()
+        .and_then(|c| c.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    Ok(Some(Loaded {
+        label,
+        source: read?.into(),
+    }))
+}
+
 pub fn load(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() && !p.join(session::FILE_NAME).exists() {
+            if let Some(l) = load_windows(p)? {
+                out.push(l);
+                continue;
+            }
             let traces = kineto::trace_files(std::slice::from_ref(p));
             if traces.is_empty() {
                 return Err(LoadError::EmptyDir(p.clone()));

@@ -69,7 +69,8 @@ enum Command {
     },
     /// Print the report of a recorded session (no privileges needed).
     Report {
-        /// Session files or run directories, or PyTorch profiler (Kineto)
+        /// Session files or run directories, an agent's folder of one job's
+        /// windows (read as one session), or PyTorch profiler (Kineto)
         /// traces (.json, .json.gz; several, or a directory = one per rank).
         /// Several (one per node or rank) are read as one job: aligned on
         /// one clock, with a cross-rank table.

@@ -333,18 +333,7 @@ pub fn dump(dir: &Path, out: Option<&Path>, workload: Option<&str>) -> Result<Du
         if name == DUMPS || !job.path().is_dir() || workload.is_some_and(|w| !name.starts_with(w)) {
             continue;
         }
-        let mut windows: Vec<(u64, u64, PathBuf)> = std::fs::read_dir(job.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|w| {
-                let n = w.file_name().to_string_lossy().into_owned();
-                let (ms, k) = n.split_once('-').unwrap_or((&n, "0"));
-                Some((ms.parse().ok()?, k.parse().ok()?, w.path()))
-            })
-            .collect();
-        windows.sort();
-        let windows: Vec<PathBuf> = windows.into_iter().map(|w| w.2).collect();
+        let windows = crate::session::windows_in(&job.path());
         let mut rest = &windows[..];
         while let Some(first) = rest.first() {
             let to = out.join(&name).join(first.file_name().unwrap_or_default());

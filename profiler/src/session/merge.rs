@@ -78,6 +78,25 @@ pub fn merge(windows: &[PathBuf], out: &Path) -> Result<Merged, SessionError> {
     Ok(m.out)
 }
 
+/// The windows in `job_dir` (the agent's `<workload>-<pid>/` folder: one
+/// run directory per window, named by the unix ms it began at), in time
+/// order.
+pub fn windows_in(job_dir: &Path) -> Vec<PathBuf> {
+    let mut windows: Vec<(u64, u64, PathBuf)> = std::fs::read_dir(job_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|w| w.path().join(super::FILE_NAME).is_file())
+        .filter_map(|w| {
+            let n = w.file_name().to_string_lossy().into_owned();
+            let (ms, k) = n.split_once('-').unwrap_or((&n, "0"));
+            Some((ms.parse().ok()?, k.parse().ok()?, w.path()))
+        })
+        .collect();
+    windows.sort();
+    windows.into_iter().map(|w| w.2).collect()
+}
+
 #[derive(Default)]
 struct Merger {
     out: Merged,

@@ -11,7 +11,7 @@ mod model;
 mod reader;
 mod writer;
 
-pub use merge::{merge, Merged};
+pub use merge::{merge, windows_in, Merged};
 pub use model::*;
 pub use reader::{
     check, read_outline, read_session, span_within, within, EventStream, Outline, Session,
