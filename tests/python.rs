@@ -366,6 +366,7 @@ fn a_containers_python_is_named_from_its_own_tmp() {
          \x20   decode_batch(20000)\n",
     )
     .unwrap();
+    let build = target_dir().parent().unwrap().to_path_buf();
     let mut container = Command::new("unshare")
         .args([
             "--pid",
@@ -377,10 +378,15 @@ fn a_containers_python_is_named_from_its_own_tmp() {
         ])
         .arg("sh")
         .arg("-c")
+        // Its own /tmp hides ours, and the build folder with it when the
+        // checkout is under /tmp: the interpreter and the script are
+        // reached through the build folder bound at /mnt first.
         .arg(format!(
-            "mount -t tmpfs tmpfs /tmp && exec env PYTHONPERFSUPPORT=1 {} {}",
-            python.display(),
-            script.display()
+            "mount --bind {} /mnt && mount -t tmpfs tmpfs /tmp && \
+             exec env PYTHONPERFSUPPORT=1 /mnt/{} /mnt/{}",
+            build.display(),
+            python.strip_prefix(&build).unwrap().display(),
+            script.strip_prefix(&build).unwrap().display()
         ))
         .stdout(Stdio::piped())
         .spawn()
