@@ -300,6 +300,11 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             };
             tracer.attach()?;
             let mut sink = Sink::new(writer, pid);
+            // Every window begins again with what the recording said so
+            // far: only then is it kept.
+            if opts.windows.is_some() {
+                sink.sticky = Some(Default::default());
+            }
             let command = procfs::process_info(pid)
                 .map(|p| p.argv)
                 .unwrap_or_default();
@@ -790,7 +795,11 @@ fn cut(
         seed_process(sink, pid);
     }
     let alive: std::collections::HashSet<u32> = live.iter().copied().collect();
-    for r in sink.sticky.replay(|pid| alive.contains(&pid)) {
+    let sticky = sink
+        .sticky
+        .as_mut()
+        .map(|s| s.replay(|pid| alive.contains(&pid)));
+    for r in sticky.into_iter().flatten() {
         sink.push(r);
     }
     read_cpu_idle(sink);

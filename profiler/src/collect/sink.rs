@@ -91,8 +91,9 @@ pub struct Sink {
     pub cpu_while_recording: u64,
     /// The header written last (a new window's is made from it).
     pub header: Option<crate::session::SessionHeader>,
-    /// What a new window of a continuous recording begins with again.
-    pub sticky: super::windows::Sticky,
+    /// What a new window of a continuous recording begins with again
+    /// (kept only when the recording is cut into windows).
+    pub sticky: Option<super::windows::Sticky>,
     /// The kernel's drop counters, cumulative, as last read; and as read
     /// when this window began (a window's Drops record counts its own).
     drops_seen: Vec<u64>,
@@ -131,7 +132,7 @@ impl Sink {
             uprobed: HashSet::new(),
             cpu_while_recording: 0,
             header: None,
-            sticky: Default::default(),
+            sticky: None,
             drops_seen: Vec::new(),
             drops_base: Vec::new(),
             malformed_base: 0,
@@ -180,7 +181,9 @@ impl Sink {
             }
             _ => {}
         }
-        self.sticky.remember(&record);
+        if let Some(s) = self.sticky.as_mut() {
+            s.remember(&record);
+        }
         if self.error.is_some() {
             return;
         }
