@@ -27,7 +27,7 @@ use tokio::io::Interest;
 
 use crate::clock;
 use crate::session::{
-    Footer, Mode, Record, SessionError, SessionHeader, SessionWriter, StopReason, FILE_NAME,
+    Drops, Footer, Mode, Record, SessionError, SessionHeader, SessionWriter, StopReason, FILE_NAME,
 };
 use bpf::{BpfError, Tracer, TracerConfig};
 use launch::LaunchError;
@@ -762,22 +762,8 @@ fn cut(
     // of a millisecond later).
     let (end_ns, end_unix_ns) = clock::pair();
     read_cpu_idle(sink);
-    tracer.drain(|b| sink.handle(b));
-    let drops = tracer
-        .drops()
-        .map(|d| sink.drops_record(&d))
-        .unwrap_or_default();
-    sink.finish_symbols();
+    let drops = seal(tracer, sink, own_cost().cpu_ns.saturating_sub(cpu_from));
     let live = sorted(&sink.live);
-    for &pid in &live {
-        for tid in procfs::threads(pid) {
-            push_thread_io(sink, pid, tid, false);
-        }
-    }
-    sink.push(Record::Cost(crate::session::CollectorCost {
-        cpu_ns: own_cost().cpu_ns.saturating_sub(cpu_from),
-        peak_rss_bytes: own_cost().peak_rss_bytes,
-    }));
     // Stacks the kernel side has sent are in the old window only: it sends
     // them again when seen again.
     tracer.forget_stacks();
@@ -814,6 +800,30 @@ fn cut(
     })
 }
 
+/// What a session gets before its footer, the last window of a recording
+/// or one cut from it: the kernel's records still in the ring, its drop
+/// counters, the stacks still waiting symbolized, the living threads' I/O
+/// counters (those that exited were read by the kernel as they left), and
+/// gapscope's own cost, `cpu_ns` of CPU. Returns the drops.
+fn seal(tracer: &mut Tracer, sink: &mut Sink, cpu_ns: u64) -> Drops {
+    tracer.drain(|b| sink.handle(b));
+    let drops = tracer
+        .drops()
+        .map(|d| sink.drops_record(&d))
+        .unwrap_or_default();
+    sink.finish_symbols();
+    for pid in sorted(&sink.live) {
+        for tid in procfs::threads(pid) {
+            push_thread_io(sink, pid, tid, false);
+        }
+    }
+    sink.push(Record::Cost(crate::session::CollectorCost {
+        cpu_ns,
+        peak_rss_bytes: own_cost().peak_rss_bytes,
+    }));
+    drops
+}
+
 fn sorted(pids: &std::collections::HashSet<u32>) -> Vec<u32> {
     let mut v: Vec<u32> = pids.iter().copied().collect();
     v.sort_unstable();
@@ -848,27 +858,9 @@ fn finish(
     exit_code: Option<i32>,
     target_left_running: bool,
 ) -> Result<Recording, RecordError> {
-    tracer.drain(|b| sink.handle(b));
-    let drops = tracer
-        .drops()
-        .map(|d| sink.drops_record(&d))
-        .unwrap_or_default();
-    if let Some(e) = sink.error.take() {
-        return Err(e.into());
-    }
-    sink.finish_symbols();
-    // Threads that exited had their counters read by the kernel as they
-    // left; the living are read now.
-    for pid in sorted(&sink.live) {
-        for tid in procfs::threads(pid) {
-            push_thread_io(&mut sink, pid, tid, false);
-        }
-    }
+    let cpu_ns = sink.cpu_while_recording;
+    let drops = seal(tracer, &mut sink, cpu_ns);
     let exit_code = exit_code.or(sink.target_exit);
-    sink.push(Record::Cost(crate::session::CollectorCost {
-        cpu_ns: sink.cpu_while_recording,
-        peak_rss_bytes: own_cost().peak_rss_bytes,
-    }));
     sink.push(Record::End(Footer {
         end_ns,
         reason,
