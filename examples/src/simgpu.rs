@@ -10,7 +10,9 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use gapscope_cupti::clock::monotonic_ns as now;
@@ -57,6 +59,8 @@ pub struct SimDevice {
     /// Records dropped on purpose (`--lose-gpu-step`), and the span they
     /// covered.
     pub lost: Option<(u64, u64, u64)>,
+    /// Set by `flush_in_background`: the thread that sends the records.
+    sender: Option<(Sender<Vec<GpuRecord>>, JoinHandle<()>)>,
 }
 
 impl SimDevice {
@@ -103,20 +107,18 @@ impl SimDevice {
             pending: Vec::new(),
             busy: Vec::new(),
             lost: None,
+            sender: None,
         };
         dev.send(&greeting);
         dev
     }
 
     fn send(&mut self, bytes: &[u8]) {
-        let mut link = lock(&self.link);
-        if let Some(c) = link.as_mut() {
-            if c.write_all(bytes).is_err() {
-                *link = None;
-            }
-        }
+        send(&self.link, bytes)
     }
 
+    /// Sends the pending records: on the caller's thread, or handed to the
+    /// sending thread after `flush_in_background`.
     pub fn flush(&mut self) {
         if self.pending.is_empty() {
             return;
@@ -126,12 +128,29 @@ impl SimDevice {
             self.pending.clear();
             return;
         }
-        let mut bytes = Vec::new();
-        encode(
-            &Frame::Records(std::mem::take(&mut self.pending)),
-            &mut bytes,
-        );
-        self.send(&bytes);
+        let records = std::mem::take(&mut self.pending);
+        match &self.sender {
+            Some((tx, _)) => tx
+                .send(records)
+                .expect("the sending thread lives until goodbye"),
+            None => send_records(&self.link, records),
+        }
+    }
+
+    /// From now on the records are encoded and sent by a thread of the
+    /// device's own, as CUPTI hands its buffers to the shim on a thread of
+    /// its own: the caller only queues them. Simulated host code that
+    /// sends its records on the trainer's thread spends host time there
+    /// that a real training loop would not, or would move off it.
+    pub fn flush_in_background(&mut self) {
+        let (tx, rx) = channel::<Vec<GpuRecord>>();
+        let link = self.link.clone();
+        let thread = std::thread::spawn(move || {
+            for records in rx {
+                send_records(&link, records);
+            }
+        });
+        self.sender = Some((tx, thread));
     }
 
     /// Drops the pending records the way the shim's transport does when
@@ -319,6 +338,11 @@ impl SimDevice {
 
     pub fn goodbye(&mut self) {
         self.flush();
+        if let Some((tx, thread)) = self.sender.take() {
+            // Every record before the goodbye.
+            drop(tx);
+            let _ = thread.join();
+        }
         let mut bytes = Vec::new();
         // The shim's cumulative loss counts, as it sends them when leaving.
         encode(
@@ -335,6 +359,21 @@ impl SimDevice {
 
 fn lock(link: &Link) -> std::sync::MutexGuard<'_, Option<UnixStream>> {
     link.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn send(link: &Link, bytes: &[u8]) {
+    let mut link = lock(link);
+    if let Some(c) = link.as_mut() {
+        if c.write_all(bytes).is_err() {
+            *link = None;
+        }
+    }
+}
+
+fn send_records(link: &Link, records: Vec<GpuRecord>) {
+    let mut bytes = Vec::new();
+    encode(&Frame::Records(records), &mut bytes);
+    send(link, &bytes);
 }
 
 /// Listens on the control socket a dormant CUPTI shim would (`gapscope
