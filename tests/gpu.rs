@@ -4,6 +4,8 @@
 
 use gapscope_tests::*;
 use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn a_simulated_gpus_kernels_give_exact_busy_idle_and_gaps() {
@@ -201,4 +203,29 @@ fn a_running_simulated_gpu_is_attached_to_like_a_dormant_shim() {
     // counted as idle.
     assert!(u64_of(g, "unseen_ns") < 100_000_000, "{g:#}");
     assert!(u64_of(&g["idle_by_cause_ns"], "sync") > 0, "{g:#}");
+}
+
+/// The GPU bundle's check of `attach` to a training loop mid-flight (run on
+/// a GPU machine): its judgements on known figures, and its runner — start
+/// the loop, attach once it is warm, collect both — against the real
+/// `gapscope attach` on a CPU-only stand-in loop.
+#[test]
+fn the_gpu_bundles_attach_check_judges_and_runs() {
+    if !bpf_ready("the_gpu_bundles_attach_check_judges_and_runs") {
+        return;
+    }
+    let _lock = recording_lock();
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/gpu-bundle/selftest/test_attach.py");
+    let out = succeed(
+        Command::new("python3")
+            .arg(&script)
+            .env("GAPSCOPE", gapscope()),
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    // unittest: every test ran (a skip would mean the runner went untested).
+    assert!(
+        said.contains("Ran 6 tests") && !said.contains("skipped"),
+        "{said}"
+    );
 }

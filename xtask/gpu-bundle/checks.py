@@ -35,6 +35,8 @@ SLOWDOWN_LOOP_MAX = 1.10  # GPU-bound kernel loop, traced / bare
 SLOWDOWN_LAUNCH_MAX = 1.50  # launch-bound loop (4 KiB adds), shim only
 SLOWDOWN_JOB_MAX = 1.25  # the diagnosis workloads' loops under gapscope run
 KINETO_LATE_US = 10e6  # a kernel this long after its launch call: wrong clock
+ATTACH_STOP_MAX_NS = 100_000_000  # the longest the injection may hold a thread
+ATTACH_SECONDS = 3  # how long gapscope attach records the training loop
 
 # The kernel loop: N adds on a 1 GiB tensor (~0.5 ms each on an H200) and M
 # launch-bound adds on 4 KiB.
@@ -197,6 +199,47 @@ class Runner:
         except (OSError, ValueError) as e:
             raise WorkloadFailed(f"{name}: no gs-shim-listen summary ({e}): {tail(p.stderr)}")
         return truth, summary
+
+    def attach(self, name, script, args, timeout=180):
+        """Starts the workload on its own and, once it has written its pid
+        into the ready file (the last argument it gets), records it with
+        `gapscope attach` for ATTACH_SECONDS. The workload's ground truth,
+        the report (None when attach failed) and attach's Proc."""
+        ready = os.path.join(self.out, f"{name}.ready")
+        try:
+            os.unlink(ready)
+        except OSError:
+            pass
+        d = os.path.join(self.out, name)
+        so_path, se_path = (os.path.join(self.out, f"{name}.attached.{x}") for x in ("stdout", "stderr"))
+        with open(so_path, "w") as so, open(se_path, "w") as se:
+            p = subprocess.Popen(workload(script) + args + [ready], stdout=so, stderr=se,
+                                 start_new_session=True)
+        t = time.monotonic()
+        a = None
+        try:
+            while not os.path.exists(ready):
+                if p.poll() is not None or time.monotonic() - t > 120:
+                    raise WorkloadFailed(f"{name} never said it was training (exit {p.poll()})")
+                time.sleep(0.05)
+            a = run_proc([GAPSCOPE, "attach", "-q", "--no-exports", "--pid", str(p.pid),
+                          "--duration", str(ATTACH_SECONDS), "-o", d], self.out, f"{name}.attach",
+                         ATTACH_SECONDS + 120)
+            p.wait(timeout=max(10, timeout - (time.monotonic() - t)))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                p.wait()
+        with open(so_path) as so, open(se_path) as se:
+            proc = Proc(p.returncode, so.read(), se.read(), time.monotonic() - t, False)
+        truth = truth_of(proc, f"{name} (attached to)")
+        rep = read_report(d, self.out, name) if a is not None and a.rc == 0 else None
+        return truth, rep, a, p.pid
 
     def gapscope(self, name, script, args, timeout=180):
         d = os.path.join(self.out, name)
@@ -630,6 +673,82 @@ def eval_slowdown(traced_ns, bare_ns, limit, what):
     return r <= limit, f"{r:.3f}x ({what}: {ms(traced_ns)} traced vs {ms(bare_ns)} bare; limit {limit:.2f}x)"
 
 
+def kernels_per_step(truth, summary):
+    """Kernels each step ran, from the shim's spans placed in the steps'
+    windows; the first two steps aside (lazy set-up: optimizer state)."""
+    res, _ = place(spans_of(summary), truth["windows"])
+    return [r["got"] for r in res[2:]]
+
+
+def eval_steady(counts):
+    if not counts:
+        return False, "no steps"
+    lo, hi = min(counts), max(counts)
+    return lo == hi and lo > 0, (f"{lo} kernels in each of {len(counts)} steps" if lo == hi
+                                 else f"{lo} to {hi} kernels per step over {len(counts)} steps")
+
+
+def seen_from(rep):
+    """When this recording's GPU data begins: the window's start, or the end
+    of the blind span at its start (kernels queued before the shim began
+    recording run unrecorded)."""
+    seen = field(rep, "window_ns.start")
+    for b in rep.get("drops", {}).get("gpu_blind", []):
+        if b["start_ns"] <= seen:
+            seen = max(seen, b["end_ns"])
+    return seen
+
+
+def eval_attach_source(pid, rep):
+    ours = [s for s in field(rep, "gpu_sources") if s.get("pid") == pid]
+    if not ours:
+        got = [(s.get("pid"), s.get("loaded_by")) for s in rep.get("gpu_sources", [])]
+        return False, f"no GPU source for pid {pid} (sources: {got})"
+    s = ours[0]
+    inj = s.get("injection") or {}
+    stop, took = inj.get("longest_stop_ns", 0), inj.get("took_ns", 0)
+    ok = s.get("loaded_by") == "ptrace" and s.get("kind") == "cupti" and 0 < stop <= ATTACH_STOP_MAX_NS
+    return ok, (f"kind {s.get('kind')}, loaded_by {s.get('loaded_by')}; its thread held {stop / 1e3:.0f} µs "
+                f"at most (limit {ATTACH_STOP_MAX_NS / 1e6:.0f} ms), the shim loaded in {ms(took)}")
+
+
+def eval_attach_kernels(truth, rep, k):
+    """Every kernel of the steps after GPU data began: k per whole step
+    inside it, and at most two steps' more (the steps cut by its ends)."""
+    w0, w1 = field(rep, "window_ns.start"), field(rep, "window_ns.end")
+    seen = seen_from(rep)
+    steps = truth["windows"]
+    inside = [i for i, w in enumerate(steps) if w["start"] >= seen and w["end"] <= w1]
+    got = field(rep, "gpus.0.kernels.count")
+    lo, hi = k * len(inside), k * (len(inside) + 2)
+    where = f"steps {inside[0]}-{inside[-1]}" if inside else "no whole step"
+    return bool(inside) and k > 0 and lo <= got <= hi, (
+        f"{got} kernels recorded; GPU data from {ms(seen - w0)} into the recording, {where} whole after it: "
+        f"{len(inside)} x {k} = {lo} (up to {hi} with the two steps its ends cut)")
+
+
+def eval_attach_unseen(rep):
+    """The time before GPU data began is unseen, never idle of a cause."""
+    w0 = field(rep, "window_ns.start")
+    seen = seen_from(rep)
+    unseen = field(rep, "gpus.0.unseen_ns")
+    startup = field(rep, "gpus.0.idle_by_cause_ns").get("startup", 0)
+    return seen > w0 and unseen >= seen - w0, (
+        f"GPU data from {ms(seen - w0)} into the recording; unseen {ms(unseen)}, start-up idle {ms(startup)}")
+
+
+def eval_same_losses(bare, truth):
+    a, b = bare["losses"], truth["losses"]
+    if len(a) != len(b):
+        return False, f"{len(b)} steps attached vs {len(a)} unattached"
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if diff:
+        i = diff[0]
+        return False, (f"{len(diff)} of {len(a)} losses differ; first at step {i}: "
+                       f"{float.fromhex(a[i])!r} unattached vs {float.fromhex(b[i])!r} attached")
+    return True, f"all {len(a)} losses identical, bit for bit (last {float.fromhex(a[-1]):.6g})"
+
+
 def eval_report_drops(rep):
     d = field(rep, "drops.gpu_records")
     lossy = rep.get("drops", {}).get("lossy_windows_ns", [])
@@ -890,6 +1009,29 @@ def gapscope_scenarios(t, r, ctx):
             t.check("gapscope", "slowdown, kernel loop (gapscope run)", lambda: eval_slowdown(
                 truth["loop_wall_ns"], bare["loop_wall_ns"], SLOWDOWN_LOOP_MAX, f"{LOOP_N} adds of 1 GiB"))
 
+    def attach():
+        """gapscope attach to a PyTorch training loop mid-flight: the shim
+        injected with ptrace, every kernel after it recorded, the losses
+        those of an unattached run."""
+        steps = ["400"]
+        bare = r.bare("attach_train", "attach_train.py", steps)
+        k_truth, s = r.shim("attach_train", "attach_train.py", ["60"])
+        ctx["shim_summaries"]["attach_train"] = s
+        counts = kernels_per_step(k_truth, s)
+        t.check("gapscope", "attach: kernels per step constant (shim run)", lambda: eval_steady(counts))
+        truth, rep, a, pid = r.attach("attach_train", "attach_train.py", steps)
+        if rep is None:
+            why = "no attach" if a is None else f"exit {a.rc}: {tail(a.stderr)}"
+            t.add("gapscope", "attach: gapscope attach mid-flight", "FAIL", why)
+        else:
+            ctx["reports"]["attach_train"] = rep
+            t.check("gapscope", "attach: shim injected with ptrace, stop short",
+                    lambda: eval_attach_source(pid, rep))
+            t.check("gapscope", "attach: every kernel after GPU data began recorded",
+                    lambda: eval_attach_kernels(truth, rep, min(counts) if counts else 0))
+            t.check("gapscope", "attach: the time before it unseen, not idle", lambda: eval_attach_unseen(rep))
+        t.check("gapscope", "attach: losses identical to an unattached run", lambda: eval_same_losses(bare, truth))
+
     def diagnosis(name, script, args, label, timeout=180):
         def go():
             bare = r.bare(name, script, args, timeout)
@@ -945,7 +1087,7 @@ def gapscope_scenarios(t, r, ctx):
             field(rep, "gpus.0.kernels.count") == truth["kernels"],
             f"{field(rep, 'gpus.0.kernels.count')} recorded / {truth['kernels']} launched"))
 
-    return [("kernel_count", kernel_count),
+    return [("kernel_count", kernel_count), ("attach", attach),
             ("item_sync", diagnosis("item_sync", "item_sync.py", ["300"], ".item() every step")),
             ("pageable_copy", diagnosis("pageable_copy", "pageable_copy.py", ["100"], "pageable copies")),
             ("dataloader", prepare_data),
@@ -990,7 +1132,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--shim-only", action="store_true", help="skip gapscope run even where eBPF works")
     ap.add_argument("--only", default="", help="comma-separated scenarios (kernel_count, exit_nosync, "
-                    "torch_profiler, nvtx, cuda_graph, item_sync, pageable_copy, dataloader)")
+                    "torch_profiler, nvtx, cuda_graph, attach, item_sync, pageable_copy, dataloader)")
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds; scenarios that would start later are skipped (default 420)")
     a = ap.parse_args()
