@@ -558,60 +558,78 @@ fn thread_table(r: &Report) -> Table {
 }
 
 fn top_stacks(r: &Report, pick: impl Fn(&ThreadReport) -> &Vec<StackReport>) -> Vec<String> {
-    let mut all: Vec<(&ThreadReport, &StackReport)> = r
-        .threads
-        .iter()
-        .flat_map(|t| pick(t).iter().map(move |s| (t, s)))
-        .collect();
-    all.sort_by_key(|s| std::cmp::Reverse(s.1.weight_ns));
-    all.into_iter()
+    stack_lines(
+        r.threads
+            .iter()
+            .flat_map(|t| pick(t).iter().map(move |s| (who(t), s))),
+    )
+}
+
+/// The six heaviest stacks as lines, each `(thread, stack)`. Stacks that
+/// read the same here (deeper kernel frames and frames cut after
+/// MAX_FRAMES differ; the JSON keeps them apart) are one line.
+fn stack_lines<'a>(stacks: impl Iterator<Item = (String, &'a StackReport)>) -> Vec<String> {
+    let mut lines: Vec<((String, String, String), u64)> = Vec::new();
+    for (who, s) in stacks {
+        let (kind, chain) = stack_text(s);
+        let key = (who, kind, chain);
+        match lines.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, w)) => *w += s.weight_ns,
+            None => lines.push((key, s.weight_ns)),
+        }
+    }
+    lines.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    lines
+        .into_iter()
         .take(6)
-        .map(|(t, s)| {
-            let mut useful: Vec<&str> = s
-                .frames
-                .iter()
-                .map(String::as_str)
-                .filter(|f| !crate::session::is_entry_frame(f))
-                .collect();
-            if useful.is_empty() {
-                // Only entry frames (inlined code): better than nothing.
-                useful = s.frames.iter().map(String::as_str).collect();
-            }
-            // Recursion and inlined wrappers repeat a name; once is enough.
-            useful.dedup();
-            let mut frames: Vec<String> = useful
-                .iter()
-                .take(MAX_FRAMES)
-                .map(|f| short_frame(f))
-                .collect();
-            if useful.len() > MAX_FRAMES {
-                frames.push("…".into());
-            }
-            let chain = if frames.is_empty() {
-                "[no user stack]".to_string()
-            } else {
-                frames.join(" ← ")
-            };
-            let kind = s.kind.map(|k| format!("{} ", k.name())).unwrap_or_default();
-            // The kernel frame just below the syscall entry says what it did.
-            let kernel = s
-                .kernel_frames
-                .iter()
-                .rev()
-                .find(|f| {
-                    !f.starts_with("entry_")
-                        && !f.starts_with("do_syscall")
-                        && !f.starts_with("x64_sys_call")
-                })
-                .map(|f| format!("  [kernel: {f}]"))
-                .unwrap_or_default();
-            format!(
-                "{} {kind}{}: {chain}{kernel}",
-                who(t),
-                units::duration(s.weight_ns)
-            )
+        .map(|((who, kind, chain), weight)| {
+            format!("{who} {kind}{}: {chain}", units::duration(weight))
         })
         .collect()
+}
+
+/// How one stack reads in the text report: its kind (off-CPU), and its
+/// useful frames with the kernel frame that says what it did.
+fn stack_text(s: &StackReport) -> (String, String) {
+    let mut useful: Vec<&str> = s
+        .frames
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !crate::session::is_entry_frame(f))
+        .collect();
+    if useful.is_empty() {
+        // Only entry frames (inlined code): better than nothing.
+        useful = s.frames.iter().map(String::as_str).collect();
+    }
+    // Recursion and inlined wrappers repeat a name; once is enough.
+    useful.dedup();
+    let mut frames: Vec<String> = useful
+        .iter()
+        .take(MAX_FRAMES)
+        .map(|f| short_frame(f))
+        .collect();
+    if useful.len() > MAX_FRAMES {
+        frames.push("…".into());
+    }
+    let chain = if frames.is_empty() {
+        "[no user stack]".to_string()
+    } else {
+        frames.join(" ← ")
+    };
+    let kind = s.kind.map(|k| format!("{} ", k.name())).unwrap_or_default();
+    // The kernel frame just below the syscall entry says what it did.
+    let kernel = s
+        .kernel_frames
+        .iter()
+        .rev()
+        .find(|f| {
+            !f.starts_with("entry_")
+                && !f.starts_with("do_syscall")
+                && !f.starts_with("x64_sys_call")
+        })
+        .map(|f| format!("  [kernel: {f}]"))
+        .unwrap_or_default();
+    (kind, format!("{chain}{kernel}"))
 }
 
 /// A frame name cut to a readable length (C++/Rust generics run long).
@@ -777,6 +795,38 @@ mod tests {
         let long = vec!["a".repeat(300)];
         assert_eq!(command_line(&long).chars().count(), MAX_COMMAND);
         assert_eq!(command_line(&[]), "?");
+    }
+
+    #[test]
+    fn stacks_that_read_the_same_are_one_line() {
+        let stack = |weight_ns, kernel: &[&str]| StackReport {
+            weight_ns,
+            samples: None,
+            kind: None,
+            frames: vec!["__libc_pread64".into(), "load".into(), "main".into()],
+            kernel_frames: kernel.iter().map(|f| f.to_string()).collect(),
+        };
+        // Two paths through the kernel below the same syscall, one other.
+        let a = stack(
+            30,
+            &["blk_finish_plug", "__x64_sys_pread64", "do_syscall_64"],
+        );
+        let b = stack(20, &["iomap_dio_rw", "__x64_sys_pread64", "do_syscall_64"]);
+        let c = stack(40, &["vfs_read", "ksys_read", "do_syscall_64"]);
+        let lines = stack_lines(
+            [("1/1 t", &a), ("1/1 t", &c), ("1/1 t", &b), ("1/2 u", &a)]
+                .into_iter()
+                .map(|(w, s)| (w.to_string(), s)),
+        );
+        let pread = "__libc_pread64 ← load ← main  [kernel: __x64_sys_pread64]";
+        assert_eq!(
+            lines,
+            [
+                format!("1/1 t 50ns: {pread}"),
+                "1/1 t 40ns: __libc_pread64 ← load ← main  [kernel: ksys_read]".to_string(),
+                format!("1/2 u 30ns: {pread}"),
+            ]
+        );
     }
 
     #[test]
