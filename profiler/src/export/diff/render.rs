@@ -398,19 +398,51 @@ fn blocks(d: &Diff) -> Vec<Block> {
     b
 }
 
-/// A stack as the report writes one: its cause and thread, then its
-/// innermost frames, leaf first.
+/// A stack as the report writes one: its cause and thread, then what the
+/// thread was doing (blocked, waiting for a CPU), its innermost user frames
+/// leaf first without the runtime's entry frames, and the kernel frame that
+/// says what it did — not the scheduler's frames every blocked stack ends in.
 fn short_stack(frames: &[String]) -> String {
     const KEEP: usize = 4;
     let (root, rest) = frames.split_at(frames.len().min(2));
-    let mut inner: Vec<&str> = rest.iter().rev().take(KEEP).map(String::as_str).collect();
-    if rest.len() > KEEP {
+    let (marker, rest) = match rest.split_last() {
+        Some((m, rest)) if m.starts_with('[') => (Some(m.as_str()), rest),
+        _ => (None, rest),
+    };
+    let (kernel, user): (Vec<&str>, Vec<&str>) = rest
+        .iter()
+        .map(String::as_str)
+        .partition(|f| f.ends_with("_[k]"));
+    let mut useful: Vec<&str> = user
+        .iter()
+        .rev()
+        .copied()
+        .filter(|f| !crate::session::is_entry_frame(f))
+        .collect();
+    // Recursion and inlined wrappers repeat a name; once is enough.
+    useful.dedup();
+    let mut inner: Vec<&str> = marker
+        .into_iter()
+        .chain(useful.iter().copied().take(KEEP))
+        .collect();
+    if useful.len() > KEEP {
         inner.push("…");
     }
+    // Root first: the first kernel frame past the syscall entry.
+    let kernel = kernel
+        .iter()
+        .map(|f| f.trim_end_matches("_[k]"))
+        .find(|f| {
+            !f.starts_with("entry_")
+                && !f.starts_with("do_syscall")
+                && !f.starts_with("x64_sys_call")
+        })
+        .map(|f| format!("  [kernel: {f}]"))
+        .unwrap_or_default();
     if inner.is_empty() {
-        root.join(" · ")
+        format!("{}{kernel}", root.join(" · "))
     } else {
-        format!("{}: {}", root.join(" · "), inner.join(" ← "))
+        format!("{}: {}{kernel}", root.join(" · "), inner.join(" ← "))
     }
 }
 
@@ -627,4 +659,33 @@ fn write_html(c: &Compared, out: &mut dyn Write) -> io::Result<()> {
         r#"<footer class="mono">schema {}</footer></main></body></html>"#,
         d.schema
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_stack;
+
+    fn folded(s: &str) -> Vec<String> {
+        s.split(';').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_stack_reads_as_what_the_thread_did_not_the_schedulers_frames() {
+        let blocked = folded(
+            "input.io;loader 12/12;__libc_start_call_main;main;load;load;__libc_pread64;\
+             entry_SYSCALL_64_[k];do_syscall_64_[k];__x64_sys_pread64_[k];vfs_read_[k];\
+             schedule_[k];__schedule_[k];[blocked: file]",
+        );
+        assert_eq!(
+            short_stack(&blocked),
+            "input.io · loader 12/12: [blocked: file] ← __libc_pread64 ← load ← main  [kernel: __x64_sys_pread64]"
+        );
+        let deep = folded("cpu.host;t 1/1;main;a;b;c;d;e");
+        assert_eq!(short_stack(&deep), "cpu.host · t 1/1: e ← d ← c ← b ← …");
+        assert_eq!(short_stack(&folded("startup")), "startup");
+        assert_eq!(
+            short_stack(&folded("sync;t 1/1;[waiting for a CPU]")),
+            "sync · t 1/1: [waiting for a CPU]"
+        );
+    }
 }
