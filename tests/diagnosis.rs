@@ -221,3 +221,71 @@ fn advice_quotes_the_recorded_machines_cpus_not_the_readers() {
     let t = title(&report);
     assert!(t.contains("96 CPUs"), "{t}");
 }
+
+/// Not every process of the job is the trainer's loader: CPUs held by a
+/// sibling of the trainer (another rank under one launcher, a metrics
+/// exporter, here two spinning processes the launching shell started) are
+/// contention, as a stranger's are — not the input pipeline's, which is the
+/// trainer's own descendants'. simtrain's host-bound loop counts its waits
+/// for a CPU as contention.
+#[test]
+fn cpus_held_by_a_sibling_of_the_trainer_are_contention_not_input() {
+    if !bpf_ready("cpus_held_by_a_sibling_of_the_trainer_are_contention_not_input") {
+        return;
+    }
+    let data = simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("simtrain-sibling");
+    let truth_path = dir.path().join("truth.json");
+    let spin = bin("gs-workload");
+    let script = format!(
+        "{spin} spin --ms 60000 & a=$!; {spin} spin --ms 60000 & b=$!; \
+         {simtrain} --bottleneck host-cpu --steps 60 --data {data} --ground-truth {truth}; \
+         s=$?; kill $a $b; exit $s",
+        spin = spin.display(),
+        simtrain = bin("simtrain").display(),
+        data = data.display(),
+        truth = truth_path.display(),
+    );
+    let r = run(
+        &dir.path().join("rec"),
+        &["-q", "--no-exports"],
+        &["sh", "-c", &script],
+    );
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let report = r.report();
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    let g = &report["gpus"][0];
+    assert_eq!(u64_of(g, "busy_ns"), u64_of(&truth, "busy_ns"));
+    let (got, want) = (&g["idle_by_cause_ns"], &truth["idle_by_cause_ns"]);
+    let idle = u64_of(g, "idle_ns");
+    let truth_idle: u64 = want
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let table = STEADY_CAUSES
+        .iter()
+        .map(|c| {
+            format!(
+                "{c}: report {:.1}% truth {:.1}%",
+                share(got, c, idle),
+                share(want, c, truth_idle)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n  ");
+    eprintln!("  {table}");
+    // The spinners take a CPU each: the trainer waits for one a good part
+    // of its host work, or the test shows nothing.
+    assert!(share(want, "cpu.contention", truth_idle) >= 10.0, "{table}");
+    for c in ["cpu.contention", "cpu.host", "input.cpu"] {
+        let (a, b) = (share(got, c, idle), share(want, c, truth_idle));
+        assert!(
+            (a - b).abs() <= 5.0,
+            "{c}: report {a:.1}% vs truth {b:.1}%\n  {table}"
+        );
+    }
+}

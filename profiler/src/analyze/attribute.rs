@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::timeline::{Interval, OffCpu, OffKind, State, ThreadTimeline};
+use crate::timeline::{Interval, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
 
 /// Waits followed from thread to thread before giving up.
 pub const MAX_HOPS: usize = 3;
@@ -52,6 +52,9 @@ pub struct Inputs<'a> {
     pub work: &'a [(u64, Option<Tid>)],
     /// Threads with their state intervals.
     pub threads: &'a BTreeMap<Tid, ThreadTimeline>,
+    /// The processes, for who descends from whom: a feeder's loaders are
+    /// its process's descendants, not every process of the job.
+    pub processes: &'a BTreeMap<u32, ProcessTimeline>,
     /// Each thread's CUDA API calls, sorted by start.
     pub api: &'a BTreeMap<Tid, Vec<Call>>,
     /// For threads without eBPF states (imported traces): what their host
@@ -730,16 +733,20 @@ pub fn flatten_ops(mut ops: Vec<(u64, u64, Cause)>) -> Vec<(u64, u64, Cause)> {
 /// unattributed.
 fn siblings_pieces(inp: &Inputs, t: Tid, feeder_pid: u32, a: u64, b: u64, out: &mut Attribution) {
     // A process is named by its main thread (its other threads, a queue's
-    // feeder say, have names of their own).
-    let process_name = |pid: u32| inp.threads.get(&(pid, pid)).map(|x| x.comm.as_str());
-    let Some(name) = process_name(t.0) else {
+    // feeder say, have names of their own), and kin by its parent too:
+    // another rank's processes under one launcher are named alike.
+    let kin = |pid: u32| {
+        let name = inp.threads.get(&(pid, pid)).map(|x| x.comm.as_str());
+        name.map(|n| (inp.processes.get(&pid).map(|p| p.ppid), n))
+    };
+    let Some(family) = kin(t.0) else {
         out.add(piece(a, b, Cause::Unattributed, t));
         return;
     };
     // ns by cause, and the thread that did most of it.
     let mut by: BTreeMap<Cause, (u64, Option<(u64, Tid)>)> = BTreeMap::new();
     for (&k, tl) in inp.threads {
-        if k.0 == t.0 || k.0 == feeder_pid || process_name(k.0) != Some(name) {
+        if k.0 == t.0 || k.0 == feeder_pid || kin(k.0) != Some(family) {
             continue;
         }
         for (s, e, state) in states_in(tl, a, b) {
@@ -793,15 +800,32 @@ fn sync_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, follow: bool, out: &mut Att
 }
 
 /// What a wait of the feeder says about the batch it may be receiving:
-/// handed over by another process of the job (a loader) → `Some(true)`; a
-/// handoff inside its own process (the GIL, a lock) says nothing → `None`;
-/// anything else ends the receiving → `Some(false)`.
+/// handed over by one of its loaders (a process descending from its own)
+/// → `Some(true)`; a handoff inside its own process (the GIL, a lock) says
+/// nothing → `None`; anything else ends the receiving → `Some(false)`.
 fn hands_batch(inp: &Inputs, o: &OffCpu, t: Tid) -> Option<bool> {
     match o.waker {
         Some(w) if o.kind == OffKind::Ipc && w.0 == t.0 => None,
-        Some(w) if o.kind == OffKind::Ipc => Some(inp.threads.contains_key(&w)),
+        Some(w) if o.kind == OffKind::Ipc => Some(descends_from(inp, w.0, t.0)),
         _ => Some(false),
     }
+}
+
+/// Whether process `pid` descends from process `ancestor`: a feeder's
+/// loaders do (DataLoader's workers are its children, or a forkserver's),
+/// other processes of the job — another rank under the same launcher, the
+/// launcher — do not.
+fn descends_from(inp: &Inputs, pid: u32, ancestor: u32) -> bool {
+    let mut p = pid;
+    // Bounded: a pid reused within the recording could make a cycle.
+    for _ in 0..32 {
+        match inp.processes.get(&p).map(|x| x.ppid) {
+            Some(parent) if parent == ancestor => return true,
+            Some(parent) if parent > 1 && parent != p => p = parent,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Was `t` handed a batch by another process since its last CUDA call
@@ -832,14 +856,14 @@ fn handed_batch_before(inp: &Inputs, t: Tid, at: u64) -> bool {
     false
 }
 
-/// The feeder waiting for a CPU over `[a, b)`: as long as the job's other
-/// processes (its loaders) were on CPUs it is `input.cpu`, the rest
-/// `cpu.contention`.
+/// The feeder waiting for a CPU over `[a, b)`: as long as its loaders (the
+/// processes descending from its own) were on CPUs it is `input.cpu`, the
+/// rest `cpu.contention` — whoever else held them, of the job or not.
 fn held_by_loaders(inp: &Inputs, t: Tid, a: u64, b: u64, out: &mut Attribution) {
     let own: u64 = inp
         .threads
         .iter()
-        .filter(|(k, _)| k.0 != t.0)
+        .filter(|(k, _)| descends_from(inp, k.0, t.0))
         .flat_map(|(_, tl)| states_in(tl, a, b))
         .filter(|x| x.2 == &State::OnCpu)
         .map(|x| x.1 - x.0)
@@ -947,6 +971,7 @@ mod tests {
         th
     }
 
+    /// Every process other than the feeder's is its child (a loader).
     fn run(
         busy: &[(u64, u64)],
         work: &[(u64, Option<Tid>)],
@@ -954,14 +979,42 @@ mod tests {
         api: BTreeMap<Tid, Vec<Call>>,
         window: (u64, u64),
     ) -> Attribution {
+        run_with_parents(busy, work, threads, api, window, &[])
+    }
+
+    /// `parents`: (pid, parent) where a process is not the feeder's child.
+    fn run_with_parents(
+        busy: &[(u64, u64)],
+        work: &[(u64, Option<Tid>)],
+        threads: Vec<ThreadTimeline>,
+        api: BTreeMap<Tid, Vec<Call>>,
+        window: (u64, u64),
+        parents: &[(u32, u32)],
+    ) -> Attribution {
         let threads: BTreeMap<Tid, ThreadTimeline> =
             threads.into_iter().map(|t| ((t.pid, t.tid), t)).collect();
+        let processes: BTreeMap<u32, ProcessTimeline> = threads
+            .keys()
+            .map(|&(pid, _)| {
+                let ppid = parents
+                    .iter()
+                    .find(|x| x.0 == pid)
+                    .map_or(if pid == FEEDER.0 { 1 } else { FEEDER.0 }, |x| x.1);
+                let p = ProcessTimeline {
+                    pid,
+                    ppid,
+                    ..Default::default()
+                };
+                (pid, p)
+            })
+            .collect();
         let ops = HashMap::new();
         let a = attribute(&Inputs {
             window,
             busy,
             work,
             threads: &threads,
+            processes: &processes,
             api: &api,
             ops: &ops,
             blind: &[],
@@ -1148,6 +1201,108 @@ mod tests {
         assert_eq!(a.get(Cause::InputCpu), 50);
         assert_eq!(a.get(Cause::CpuContention), 30);
         assert_eq!(a.get(Cause::CpuHost), 20);
+    }
+
+    /// The same wait for a CPU, held by a process of the job that is not the
+    /// feeder's loader (its sibling: another rank under one launcher) and
+    /// one that is (its grandchild: a worker of a forkserver).
+    #[test]
+    fn a_cpu_held_by_a_process_not_descending_from_the_feeder_is_contention() {
+        let feeder = || {
+            thread(
+                FEEDER,
+                &[(0, Step::In), (100, Step::Preempt), (180, Step::In)],
+                300,
+            )
+        };
+        let worker = || {
+            thread(
+                WORKER,
+                &[
+                    (0, Step::Block(FUTEX, FdKind::None)),
+                    (90, Step::Wake((0, 0))),
+                    (90, Step::In),
+                    (150, Step::Block(FUTEX, FdKind::None)),
+                ],
+                300,
+            )
+        };
+        let attribute = |parents: &[(u32, u32)]| {
+            run_with_parents(
+                &[(0, 100), (200, 300)],
+                &[(200, Some(FEEDER))],
+                vec![feeder(), worker()],
+                BTreeMap::new(),
+                (0, 300),
+                parents,
+            )
+        };
+        // Sibling of the feeder: both children of pid 5.
+        let a = attribute(&[(FEEDER.0, 5), (WORKER.0, 5)]);
+        assert_eq!(a.get(Cause::InputCpu), 0);
+        assert_eq!(a.get(Cause::CpuContention), 80);
+        // Grandchild, through a process not recorded.
+        let a = attribute(&[(WORKER.0, 99)]);
+        assert_eq!(a.get(Cause::InputCpu), 0, "99 is nobody's child here");
+        let grandchild = {
+            // Pid 99 recorded too, the feeder's child.
+            run_with_parents(
+                &[(0, 100), (200, 300)],
+                &[(200, Some(FEEDER))],
+                vec![feeder(), worker(), thread((99, 99), &[], 300)],
+                BTreeMap::new(),
+                (0, 300),
+                &[(WORKER.0, 99)],
+            )
+        };
+        assert_eq!(grandchild.get(Cause::InputCpu), 50);
+        assert_eq!(grandchild.get(Cause::CpuContention), 30);
+    }
+
+    /// A loader waiting for work points at its siblings — the processes of
+    /// its parent and name — not at processes named alike elsewhere (another
+    /// rank's loaders under the same launcher).
+    #[test]
+    fn siblings_are_of_the_same_parent_not_only_the_same_name() {
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (100, Step::Block(READ, FdKind::Pipe)),
+                (200, Step::Wake(WORKER)),
+                (200, Step::In),
+            ],
+            300,
+        );
+        let worker = thread(
+            WORKER,
+            &[
+                (0, Step::In),
+                (50, Step::Block(READ, FdKind::Pipe)),
+                (190, Step::Wake((FEEDER.0, 11))),
+                (195, Step::In),
+            ],
+            300,
+        );
+        let requester = thread((FEEDER.0, 11), &[(0, Step::In)], 300);
+        // Decoding 0-160 — for another trainer, pid 40.
+        let stranger = thread(
+            WORKER2,
+            &[(0, Step::In), (160, Step::Block(FUTEX, FdKind::None))],
+            300,
+        );
+        let a = run_with_parents(
+            &[(0, 100), (200, 300)],
+            &[(200, Some(FEEDER))],
+            vec![feeder, worker, requester, stranger],
+            BTreeMap::new(),
+            (0, 300),
+            &[(WORKER2.0, 40)],
+        );
+        // 100-190: nobody of the worker's family working; 190-200: the
+        // waker itself.
+        assert_eq!(a.get(Cause::InputCpu), 10);
+        assert_eq!(a.get(Cause::Unattributed), 90);
     }
 
     /// The thread that hands the feeder its batch was born as the batch was

@@ -113,6 +113,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
                 busy: &spans,
                 work: &work,
                 threads: &tl.threads,
+                processes: &tl.processes,
                 api: &tl.gpu.calls,
                 ops: &ops,
                 blind: &blind_windows,

@@ -50,6 +50,7 @@ fn inputs<'a>(
         busy,
         work,
         threads: &tl.threads,
+        processes: &tl.processes,
         api: &tl.gpu.calls,
         ops,
         blind: &[],
