@@ -800,13 +800,15 @@ fn sync_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, follow: bool, out: &mut Att
 }
 
 /// What a wait of the feeder says about the batch it may be receiving:
-/// handed over by one of its loaders (a process descending from its own)
-/// → `Some(true)`; a handoff inside its own process (the GIL, a lock) says
-/// nothing → `None`; anything else ends the receiving → `Some(false)`.
+/// handed over by another process of the job → `Some(true)` (a loader,
+/// its descendant, or a data service the launcher started beside it: other
+/// ranks do not hand a trainer work through pipes and queues); a handoff
+/// inside its own process (the GIL, a lock) says nothing → `None`;
+/// anything else ends the receiving → `Some(false)`.
 fn hands_batch(inp: &Inputs, o: &OffCpu, t: Tid) -> Option<bool> {
     match o.waker {
         Some(w) if o.kind == OffKind::Ipc && w.0 == t.0 => None,
-        Some(w) if o.kind == OffKind::Ipc => Some(descends_from(inp, w.0, t.0)),
+        Some(w) if o.kind == OffKind::Ipc => Some(inp.threads.contains_key(&w)),
         _ => Some(false),
     }
 }
