@@ -370,6 +370,14 @@ fn mistakes_are_one_line_and_exit_codes_say_what_happened() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent/trace.json"), "{err}");
+    // Not a trace nor a session: named once.
+    let dir = scratch("diff-garbage");
+    let junk = dir.path().join("junk.json");
+    std::fs::write(&junk, "garbage\n").unwrap();
+    let out = diff(&[v, junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches(junk.to_str().unwrap()).count(), 1, "{err}");
     // Command-line mistakes: 2.
     for args in [
         vec![v],

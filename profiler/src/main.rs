@@ -516,8 +516,16 @@ fn diff(
         hta: false,
     };
     let side = |p: &std::path::Path| {
-        analyzed(std::slice::from_ref(&p.to_path_buf()), &opts)
-            .map_err(|e| format!("{}: {e}", p.display()))
+        analyzed(std::slice::from_ref(&p.to_path_buf()), &opts).map_err(|e| {
+            // Most of what reading says names the input already.
+            let e = e.to_string();
+            let path = p.display().to_string();
+            if e.starts_with(&path) {
+                e
+            } else {
+                format!("{path}: {e}")
+            }
+        })
     };
     let (b, n) = match (side(base), side(new)) {
         (Ok(b), Ok(n)) => (b, n),
