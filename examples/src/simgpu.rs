@@ -59,8 +59,12 @@ pub struct SimDevice {
     /// Records dropped on purpose (`--lose-gpu-step`), and the span they
     /// covered.
     pub lost: Option<(u64, u64, u64)>,
-    /// Set by `flush_in_background`: the thread that sends the records.
-    sender: Option<(Sender<Vec<GpuRecord>>, JoinHandle<()>)>,
+    /// The thread that encodes and sends what the device says, as CUPTI
+    /// hands its buffers to the shim on a thread of its own: the caller
+    /// only queues it, and never waits for gapscope to read (a
+    /// synchronous send would block the trainer whenever gapscope fell
+    /// behind — time no real training loop spends). Taken at goodbye.
+    sender: Option<(Sender<Frame>, JoinHandle<()>)>,
 }
 
 impl SimDevice {
@@ -99,7 +103,18 @@ impl SimDevice {
                 wait_dormant(link.clone(), greeting.clone());
             }
         }
-        let mut dev = SimDevice {
+        send(&link, &greeting);
+        let (tx, rx) = channel::<Frame>();
+        let sending = link.clone();
+        let thread = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            for frame in rx {
+                bytes.clear();
+                encode(&frame, &mut bytes);
+                send(&sending, &bytes);
+            }
+        });
+        SimDevice {
             link,
             pid,
             free_at: 0,
@@ -107,18 +122,18 @@ impl SimDevice {
             pending: Vec::new(),
             busy: Vec::new(),
             lost: None,
-            sender: None,
-        };
-        dev.send(&greeting);
-        dev
+            sender: Some((tx, thread)),
+        }
     }
 
-    fn send(&mut self, bytes: &[u8]) {
-        send(&self.link, bytes)
+    /// Hands `frame` to the sending thread.
+    fn send(&self, frame: Frame) {
+        if let Some((tx, _)) = &self.sender {
+            let _ = tx.send(frame);
+        }
     }
 
-    /// Sends the pending records: on the caller's thread, or handed to the
-    /// sending thread after `flush_in_background`.
+    /// Sends the pending records (queued for the sending thread).
     pub fn flush(&mut self) {
         if self.pending.is_empty() {
             return;
@@ -129,28 +144,7 @@ impl SimDevice {
             return;
         }
         let records = std::mem::take(&mut self.pending);
-        match &self.sender {
-            Some((tx, _)) => tx
-                .send(records)
-                .expect("the sending thread lives until goodbye"),
-            None => send_records(&self.link, records),
-        }
-    }
-
-    /// From now on the records are encoded and sent by a thread of the
-    /// device's own, as CUPTI hands its buffers to the shim on a thread of
-    /// its own: the caller only queues them. Simulated host code that
-    /// sends its records on the trainer's thread spends host time there
-    /// that a real training loop would not, or would move off it.
-    pub fn flush_in_background(&mut self) {
-        let (tx, rx) = channel::<Vec<GpuRecord>>();
-        let link = self.link.clone();
-        let thread = std::thread::spawn(move || {
-            for records in rx {
-                send_records(&link, records);
-            }
-        });
-        self.sender = Some((tx, thread));
+        self.send(Frame::Records(records));
     }
 
     /// Drops the pending records the way the shim's transport does when
@@ -166,16 +160,11 @@ impl SimDevice {
             return;
         };
         self.lost = Some((start, end, records.len() as u64));
-        let mut bytes = Vec::new();
-        encode(
-            &Frame::Lost {
-                start,
-                end,
-                records: records.len() as u64,
-            },
-            &mut bytes,
-        );
-        self.send(&bytes);
+        self.send(Frame::Lost {
+            start,
+            end,
+            records: records.len() as u64,
+        });
     }
 
     fn api(&mut self, cbid: u32, start: u64, end: u64) -> u32 {
@@ -338,22 +327,17 @@ impl SimDevice {
 
     pub fn goodbye(&mut self) {
         self.flush();
+        // The shim's cumulative loss counts, as it sends them when leaving.
+        self.send(Frame::Dropped {
+            cupti: 0,
+            shim: self.lost.map_or(0, |l| l.2),
+        });
+        self.send(Frame::Goodbye);
+        // Everything queued is sent before the caller goes on (to exit).
         if let Some((tx, thread)) = self.sender.take() {
-            // Every record before the goodbye.
             drop(tx);
             let _ = thread.join();
         }
-        let mut bytes = Vec::new();
-        // The shim's cumulative loss counts, as it sends them when leaving.
-        encode(
-            &Frame::Dropped {
-                cupti: 0,
-                shim: self.lost.map_or(0, |l| l.2),
-            },
-            &mut bytes,
-        );
-        encode(&Frame::Goodbye, &mut bytes);
-        self.send(&bytes);
     }
 }
 
@@ -368,12 +352,6 @@ fn send(link: &Link, bytes: &[u8]) {
             *link = None;
         }
     }
-}
-
-fn send_records(link: &Link, records: Vec<GpuRecord>) {
-    let mut bytes = Vec::new();
-    encode(&Frame::Records(records), &mut bytes);
-    send(link, &bytes);
 }
 
 /// Listens on the control socket a dormant CUPTI shim would (`gapscope

@@ -47,8 +47,7 @@ equal, as the fix a report recommends would do (what a what-if replay predicts):
   input.io       the loaders' reads take no time (the data is at hand)
   input.cpu      the loaders' decoding takes no time (done ahead, elsewhere)
   input.network  the data server answers at once
-  cpu.host       the trainer's own host work per step is gone (the device's
-                 records are sent from a thread of their own)
+  cpu.host       the trainer's own host work per step is gone
   cpu.launch     each step's kernels from one CUDA graph launch
   sync           no synchronize per step (the host work after it stays, now
                  beside the GPU's work: loss.item() every N steps)
@@ -563,11 +562,6 @@ fn main() {
     }
 
     let mut dev = SimDevice::connect("simtrain");
-    if o.fix == Some(Fix::Host) {
-        // Sending each step's records is host work on the trainer's thread
-        // too: the fix moves it off, as bookkeeping is moved to a thread.
-        dev.flush_in_background();
-    }
     // The fixes the device itself makes: launches that cost nothing
     // (`cpu.launch`), copies from pinned memory (`memory`).
     let launch_cost = |ns: u64| if o.fix == Some(Fix::Launch) { 0 } else { ns };
@@ -657,7 +651,7 @@ fn main() {
         if o.lose_gpu_step == Some(step) {
             dev.lose_pending();
         } else {
-            // Sending the step's records: the trainer's own bookkeeping.
+            // Queueing the step's records for the device's sending thread.
             log.cpu_work("cpu.host", || dev.flush());
         }
     }
