@@ -152,8 +152,9 @@ scenario_test!(launch_is_named, "launch", "cpu.launch");
 scenario_test!(sync_is_named, "sync", "sync");
 scenario_test!(memory_is_named, "memory", "memory");
 scenario_test!(mixed_yields_both_causes, "mixed", "input.io", "sync");
-// With every syscall hooked (not the default): the same attribution, now
-// with the loaders' on-CPU time inside their reads as input.io.
+// With every syscall hooked (not the default): the same attribution, the
+// loaders' on-CPU time inside their reads as input.io exactly (by default,
+// as their samples found them inside reads).
 scenario_test!(
     input_network_is_named_with_every_syscall_hooked,
     ["--syscalls", "all"],

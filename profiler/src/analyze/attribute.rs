@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::timeline::{Interval, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
+use crate::timeline::{Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
 
 /// Waits followed from thread to thread before giving up.
 pub const MAX_HOPS: usize = 3;
@@ -55,6 +55,9 @@ pub struct Inputs<'a> {
     /// The processes, for who descends from whom: a feeder's loaders are
     /// its process's descendants, not every process of the job.
     pub processes: &'a BTreeMap<u32, ProcessTimeline>,
+    /// Where each thread's cpu-clock samples found it: the share of its
+    /// time on a CPU that moved data, where syscalls were not hooked.
+    pub io_tally: &'a HashMap<Tid, IoTally>,
     /// Each thread's CUDA API calls, sorted by start.
     pub api: &'a BTreeMap<Tid, Vec<Call>>,
     /// For threads without eBPF states (imported traces): what their host
@@ -492,7 +495,7 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             // A data worker on a CPU: inside file or socket syscalls it is
             // doing I/O, otherwise preprocessing.
             State::OnCpu => {
-                io_split(tl, s, e, t, out);
+                io_split(inp, tl, s, e, t, out);
                 None
             }
             // Waiting for a CPU: the job's own loaders holding them make
@@ -749,17 +752,33 @@ fn siblings_pieces(inp: &Inputs, t: Tid, feeder_pid: u32, a: u64, b: u64, out: &
         if k.0 == t.0 || k.0 == feeder_pid || kin(k.0) != Some(family) {
             continue;
         }
+        let (file, net) = io_shares(inp, k);
         for (s, e, state) in states_in(tl, a, b) {
-            let cause = match state {
-                State::OnCpu | State::Runnable => Cause::InputCpu,
-                State::Off(o) if o.kind == OffKind::File => Cause::InputIo,
-                State::Off(o) if o.kind == OffKind::Net => Cause::InputNetwork,
+            let len = e - s;
+            // (moving data through files, through sockets, computing)
+            let (io, network, cpu) = match state {
+                // On a CPU: moving data or computing, as its samples say.
+                State::OnCpu => {
+                    let io = (len as f64 * file) as u64;
+                    let network = ((len as f64 * net) as u64).min(len - io);
+                    (io, network, len - io - network)
+                }
+                State::Runnable => (0, 0, len),
+                State::Off(o) if o.kind == OffKind::File => (len, 0, 0),
+                State::Off(o) if o.kind == OffKind::Net => (0, len, 0),
                 _ => continue,
             };
-            let x = by.entry(cause).or_default();
-            x.0 += e - s;
-            if x.1.is_none_or(|(n, _)| n < e - s) {
-                x.1 = Some((e - s, k));
+            let parts = [
+                (Cause::InputIo, io),
+                (Cause::InputNetwork, network),
+                (Cause::InputCpu, cpu),
+            ];
+            for (cause, ns) in parts.into_iter().filter(|x| x.1 > 0) {
+                let x = by.entry(cause).or_default();
+                x.0 += ns;
+                if x.1.is_none_or(|(n, _)| n < ns) {
+                    x.1 = Some((ns, k));
+                }
             }
         }
     }
@@ -883,9 +902,14 @@ fn state_before(t: &ThreadTimeline, ts: u64) -> Option<&State> {
 }
 
 /// A data worker's on-CPU time `[a, b)`: input.io or input.network inside
-/// its file or socket syscalls, input.cpu outside them.
-fn io_split(t: &ThreadTimeline, a: u64, b: u64, tid: Tid, out: &mut Attribution) {
+/// its file or socket syscalls, input.cpu outside them. Where its syscalls
+/// were not recorded, in the shares its cpu-clock samples found it in each.
+fn io_split(inp: &Inputs, t: &ThreadTimeline, a: u64, b: u64, tid: Tid, out: &mut Attribution) {
     let spans = t.io_spans.as_deref().unwrap_or(&[]);
+    if spans.is_empty() {
+        sampled_split(inp, a, b, tid, out);
+        return;
+    }
     let mut cur = a;
     let i = spans.partition_point(|x| x.1 <= a);
     for &(s, e, kind) in spans[i..].iter().take_while(|x| x.0 < b) {
@@ -907,6 +931,23 @@ fn io_split(t: &ThreadTimeline, a: u64, b: u64, tid: Tid, out: &mut Attribution)
     if cur < b {
         out.add(piece(cur, b, Cause::InputCpu, tid));
     }
+}
+
+fn io_shares(inp: &Inputs, t: Tid) -> (f64, f64) {
+    inp.io_tally.get(&t).map_or((0.0, 0.0), IoTally::shares)
+}
+
+/// A loader's time on a CPU `[a, b)` split by where its samples found it:
+/// moving data through files (`input.io`), through network sockets
+/// (`input.network`), or computing (`input.cpu`).
+fn sampled_split(inp: &Inputs, a: u64, b: u64, tid: Tid, out: &mut Attribution) {
+    let (file, net) = io_shares(inp, tid);
+    let len = (b - a) as f64;
+    let io = a + (len * file) as u64;
+    let network = (io + (len * net) as u64).min(b);
+    out.add(piece(a, io, Cause::InputIo, tid));
+    out.add(piece(io, network, Cause::InputNetwork, tid));
+    out.add(piece(network, b, Cause::InputCpu, tid));
 }
 
 #[cfg(test)]
@@ -981,10 +1022,11 @@ mod tests {
         api: BTreeMap<Tid, Vec<Call>>,
         window: (u64, u64),
     ) -> Attribution {
-        run_with_parents(busy, work, threads, api, window, &[])
+        run_with_parents(busy, work, threads, api, window, &[], &HashMap::new())
     }
 
-    /// `parents`: (pid, parent) where a process is not the feeder's child.
+    /// `parents`: (pid, parent) where a process is not the feeder's child;
+    /// `io_tally`: where threads' samples found them.
     fn run_with_parents(
         busy: &[(u64, u64)],
         work: &[(u64, Option<Tid>)],
@@ -992,6 +1034,7 @@ mod tests {
         api: BTreeMap<Tid, Vec<Call>>,
         window: (u64, u64),
         parents: &[(u32, u32)],
+        io_tally: &HashMap<Tid, IoTally>,
     ) -> Attribution {
         let threads: BTreeMap<Tid, ThreadTimeline> =
             threads.into_iter().map(|t| ((t.pid, t.tid), t)).collect();
@@ -1017,6 +1060,7 @@ mod tests {
             work,
             threads: &threads,
             processes: &processes,
+            io_tally,
             api: &api,
             ops: &ops,
             blind: &[],
@@ -1074,6 +1118,45 @@ mod tests {
         assert_eq!(a.get(Cause::CpuContention), 0);
         assert_eq!(a.get(Cause::CpuHost), 0);
         assert_eq!(a.get(Cause::Unattributed), 0);
+    }
+
+    /// Syscalls not hooked: a worker's time on a CPU is moving data or
+    /// computing in the shares its samples found it in each.
+    #[test]
+    fn a_workers_cpu_time_splits_as_its_samples_found_it() {
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (200, Step::Block(READ, FdKind::Pipe)),
+                (480, Step::Wake(WORKER)),
+                (480, Step::In),
+            ],
+            1000,
+        );
+        // On a CPU 100-480: three samples of four inside reads of files.
+        let worker = thread(
+            WORKER,
+            &[(0, Step::Block(FUTEX, FdKind::None)), (100, Step::In)],
+            1000,
+        );
+        let tally = IoTally {
+            samples: 4,
+            file: 3,
+            net: 0,
+        };
+        let a = run_with_parents(
+            &[(100, 200), (480, 600)],
+            &[(100, Some(FEEDER)), (480, Some(FEEDER))],
+            vec![feeder, worker],
+            BTreeMap::new(),
+            (0, 1000),
+            &[],
+            &HashMap::from([(WORKER, tally)]),
+        );
+        // The 280 of the gap: 210 reading, 70 decoding.
+        assert_eq!(a.get(Cause::InputIo), 210);
+        assert_eq!(a.get(Cause::InputCpu), 70);
     }
 
     #[test]
@@ -1237,6 +1320,7 @@ mod tests {
                 BTreeMap::new(),
                 (0, 300),
                 parents,
+                &HashMap::new(),
             )
         };
         // Sibling of the feeder: both children of pid 5.
@@ -1255,6 +1339,7 @@ mod tests {
                 BTreeMap::new(),
                 (0, 300),
                 &[(WORKER.0, 99)],
+                &HashMap::new(),
             )
         };
         assert_eq!(grandchild.get(Cause::InputCpu), 50);
@@ -1300,6 +1385,7 @@ mod tests {
             BTreeMap::new(),
             (0, 300),
             &[(WORKER2.0, 40)],
+            &HashMap::new(),
         );
         // 100-190: nobody of the worker's family working; 190-200: the
         // waker itself.

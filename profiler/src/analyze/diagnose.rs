@@ -114,6 +114,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
                 work: &work,
                 threads: &tl.threads,
                 processes: &tl.processes,
+                io_tally: &tl.io_tally,
                 api: &tl.gpu.calls,
                 ops: &ops,
                 blind: &blind_windows,

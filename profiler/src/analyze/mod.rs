@@ -150,15 +150,21 @@ pub fn analyze_settling_every(
         }
         Source::File(path) => {
             let mut records = GpuRecords::default();
+            let mut samples = crate::timeline::SampleStacks::new();
             let Outline {
                 mut session,
                 events: stream,
                 cuda_calls,
-            } = crate::session::read_outline(&path, |pid, r| records.add(pid, r))?;
+            } = crate::session::read_outline(
+                &path,
+                |pid, r| records.add(pid, r),
+                |e| crate::timeline::count_sample(&mut samples, e),
+            )?;
             let gpu_dropped = records.retain_within(stream.window());
             let intervals = opts.pictures || records.count > 0 || cuda_calls;
             let gpu = GpuSide::from_records(&mut session, records);
             let mut timeline = Timeline::begin_with(&session, gpu, build(intervals));
+            timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
             // With the recording's end known, idle gaps are attributed as
             // the events pass them, and the states behind let go (the
             // pictures keep every state: they draw them all).

@@ -101,14 +101,22 @@ pub struct Pool {
 }
 
 impl Pool {
-    fn add(&mut self, t: &ThreadTimeline) {
+    /// `shares`: of its time on a CPU, moving data through files and
+    /// through network sockets (`Timeline::io_shares`).
+    fn add(&mut self, t: &ThreadTimeline, (file, net): (f64, f64)) {
         let off = |k| t.off.get(&k).copied().unwrap_or(0);
-        let (io, net) = (off(OffKind::File), off(OffKind::Net));
+        // Its time on a CPU moving data goes with the reading and receiving
+        // (as the attribution splits it): a fix that does without the
+        // reads takes that CPU time out too, one that decodes faster not.
+        let cpu_io = (t.on_cpu as f64 * file) as u64;
+        let cpu_net = ((t.on_cpu as f64 * net) as u64).min(t.on_cpu - cpu_io);
+        let (io, net) = (off(OffKind::File) + cpu_io, off(OffKind::Net) + cpu_net);
+        let cpu = t.on_cpu - cpu_io - cpu_net;
         self.io += io;
         self.net += net;
-        self.cpu += t.on_cpu;
+        self.cpu += cpu;
         self.runnable += t.runnable;
-        let work = io + net + t.on_cpu + t.runnable;
+        let work = io + net + cpu + t.runnable;
         if work > self.busiest {
             self.busiest = work;
             self.busiest_life = t.end.saturating_sub(t.start);
@@ -314,7 +322,7 @@ pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
     let mut elsewhere = 0;
     for t in tl.all_threads() {
         if members.contains(&(t.pid, t.tid)) {
-            pool.add(t);
+            pool.add(t, tl.io_shares((t.pid, t.tid)));
         } else {
             elsewhere += t.on_cpu;
         }

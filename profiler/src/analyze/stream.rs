@@ -51,6 +51,7 @@ fn inputs<'a>(
         work,
         threads: &tl.threads,
         processes: &tl.processes,
+        io_tally: &tl.io_tally,
         api: &tl.gpu.calls,
         ops,
         blind: &[],

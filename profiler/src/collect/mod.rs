@@ -227,8 +227,9 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         notes.push(
             "recorded with --syscalls blocking (the default): no per-syscall counts or times; \
              bytes as the kernel's I/O accounting counts them, not split by kind of descriptor; \
-             of reads, the files and sizes of those that blocked; on-CPU time inside file and \
-             socket calls counts as CPU work; what each thread blocked in was read from its \
+             of reads, the files and sizes of those that blocked; time on a CPU inside file and \
+             socket calls is told from computing by where cpu-clock samples found each thread; \
+             what each thread blocked in was read from its \
              registers as it blocked (--syscalls all records every call)"
                 .to_string(),
         );

@@ -289,10 +289,12 @@ pub struct EventStream {
 }
 
 /// Reads everything of a session but its events, noting how out of order
-/// they are; its GPU records go to `gpu` as they are read.
+/// they are; its GPU records go to `gpu` as they are read, and each event
+/// passes `event` (to count what must be known before they are replayed).
 pub fn read_outline(
     path: &Path,
     mut gpu: impl FnMut(u32, GpuRecord),
+    mut event: impl FnMut(&Event),
 ) -> Result<Outline, SessionError> {
     let mut latest = 0u64;
     let mut lateness = 0u64;
@@ -300,6 +302,7 @@ pub fn read_outline(
     let (mut s, records) = read_records(
         path,
         |e| {
+            event(&e);
             let ts = e.ts();
             lateness = lateness.max(latest.saturating_sub(ts));
             latest = latest.max(ts);

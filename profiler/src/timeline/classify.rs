@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use super::syscall_names::NAMES;
-use crate::session::FdKind;
+use crate::session::{FdKind, Frame};
 
 pub fn syscall_name(nr: i32) -> Cow<'static, str> {
     match NAMES.get(nr as usize) {
@@ -127,9 +127,113 @@ pub fn offcpu_kind(syscall: Option<i32>, fd_kind: FdKind) -> OffKind {
     }
 }
 
+/// Where a cpu-clock sample's kernel stack (innermost first) found its
+/// thread: inside a read or write of a file (`File`) or of a network socket
+/// (`Net`); None in any other call or none. With syscalls not hooked, this
+/// is what tells a loader's CPU time spent moving data (a page-cache copy,
+/// setting up direct I/O) from its time computing. A pipe or Unix socket is
+/// the job talking to itself, not input.
+pub fn sampled_io(kernel_frames: &[Frame]) -> Option<OffKind> {
+    let call = kernel_frames.iter().find_map(|f| {
+        let n = f.function.as_str();
+        ["__x64_sys_", "__se_sys_", "__do_sys_", "ksys_"]
+            .iter()
+            .find_map(|p| n.strip_prefix(p))
+    })?;
+    let has = |prefixes: &[&str]| {
+        kernel_frames
+            .iter()
+            .any(|f| prefixes.iter().any(|p| f.function.starts_with(p)))
+    };
+    let data = matches!(
+        call,
+        "read"
+            | "pread64"
+            | "readv"
+            | "preadv"
+            | "preadv2"
+            | "write"
+            | "pwrite64"
+            | "writev"
+            | "pwritev"
+            | "pwritev2"
+            | "recvfrom"
+            | "recvmsg"
+            | "recvmmsg"
+            | "sendto"
+            | "sendmsg"
+            | "sendmmsg"
+            | "sendfile64"
+            | "splice"
+            | "copy_file_range"
+    );
+    if !data || has(&["unix_", "pipe_", "anon_pipe"]) {
+        None
+    } else if has(&["tcp_", "udp_", "inet_", "inet6_", "sock_", "__sock_", "sk_"]) {
+        Some(OffKind::Net)
+    } else {
+        Some(OffKind::File)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_inside_reads_and_receives_are_io() {
+        let stack = |names: &[&str]| -> Vec<Frame> {
+            names
+                .iter()
+                .map(|n| Frame {
+                    function: n.to_string(),
+                    module: String::new(),
+                })
+                .collect()
+        };
+        let direct = stack(&[
+            "iov_iter_extract_pages",
+            "iomap_dio_bio_iter",
+            "iomap_dio_rw",
+            "ext4_file_read_iter",
+            "vfs_read",
+            "__x64_sys_pread64",
+            "do_syscall_64",
+            "entry_SYSCALL_64_after_hwframe",
+        ]);
+        assert_eq!(sampled_io(&direct), Some(OffKind::File));
+        let cached = stack(&["copy_user_generic", "filemap_read", "vfs_read", "ksys_read"]);
+        assert_eq!(sampled_io(&cached), Some(OffKind::File));
+        let recv = stack(&[
+            "tcp_recvmsg",
+            "inet_recvmsg",
+            "sock_recvmsg",
+            "__x64_sys_recvfrom",
+        ]);
+        assert_eq!(sampled_io(&recv), Some(OffKind::Net));
+        let socket_read = stack(&["tcp_recvmsg", "sock_read_iter", "vfs_read", "ksys_read"]);
+        assert_eq!(sampled_io(&socket_read), Some(OffKind::Net));
+        let pipe = stack(&["anon_pipe_read", "vfs_read", "ksys_read"]);
+        assert_eq!(sampled_io(&pipe), None);
+        let unix = stack(&[
+            "unix_stream_read_generic",
+            "sock_recvmsg",
+            "__x64_sys_recvfrom",
+        ]);
+        assert_eq!(sampled_io(&unix), None);
+        let futex = stack(&["futex_wake", "__x64_sys_futex"]);
+        assert_eq!(sampled_io(&futex), None);
+        // An interrupt while in user code, and a page fault: computing.
+        assert_eq!(
+            sampled_io(&stack(&["handle_softirqs", "asm_common_interrupt"])),
+            None
+        );
+        assert_eq!(
+            sampled_io(&stack(&["handle_mm_fault", "exc_page_fault"])),
+            None
+        );
+        assert_eq!(sampled_io(&[]), None);
+    }
 
     #[test]
     fn names() {

@@ -49,6 +49,69 @@ pub struct Timeline {
     /// them (attach watches every libcuda in the tree) would count each
     /// call twice.
     shimmed: std::collections::HashSet<u32>,
+    /// Per thread, where its cpu-clock samples found it (see
+    /// [`IoTally`]): known before any event is replayed, so that what is
+    /// attributed while they are is what is attributed after.
+    pub io_tally: HashMap<(u32, u32), IoTally>,
+}
+
+/// A thread's cpu-clock samples, and how many found it moving data through
+/// files and through network sockets (see [`classify::sampled_io`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IoTally {
+    pub samples: u64,
+    pub file: u64,
+    pub net: u64,
+}
+
+impl IoTally {
+    /// The shares of its time on a CPU spent moving data through files and
+    /// through network sockets, as its samples found it (0 without
+    /// samples): an estimate where syscalls were not hooked.
+    pub fn shares(&self) -> (f64, f64) {
+        if self.samples == 0 {
+            return (0.0, 0.0);
+        }
+        let share = |n: u64| n as f64 / self.samples as f64;
+        (share(self.file), share(self.net))
+    }
+}
+
+/// Samples by (pid, tid, kernel stack), counted as a recording is read.
+pub type SampleStacks = HashMap<(u32, u32, u64), u64>;
+
+/// Every thread's [`IoTally`] from its samples' kernel stacks.
+pub fn io_tally(
+    stacks: &SampleStacks,
+    symbols: &HashMap<u64, Vec<crate::session::Frame>>,
+) -> HashMap<(u32, u32), IoTally> {
+    let mut kinds: HashMap<u64, Option<OffKind>> = HashMap::new();
+    let mut out: HashMap<(u32, u32), IoTally> = HashMap::new();
+    for (&(pid, tid, kstack), &n) in stacks {
+        let kind = *kinds.entry(kstack).or_insert_with(|| {
+            symbols
+                .get(&kstack)
+                .and_then(|frames| classify::sampled_io(frames))
+        });
+        let t = out.entry((pid, tid)).or_default();
+        t.samples += n;
+        match kind {
+            Some(OffKind::File) => t.file += n,
+            Some(OffKind::Net) => t.net += n,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Counts a sample into `stacks` (other events pass).
+pub fn count_sample(stacks: &mut SampleStacks, e: &Event) {
+    if let Event::Sample {
+        pid, tid, kstack, ..
+    } = e
+    {
+        *stacks.entry((*pid, *tid, *kstack)).or_default() += 1;
+    }
 }
 
 /// Where a finished recording ends, as its end record says: known before
@@ -99,6 +162,12 @@ impl Timeline {
         v
     }
 
+    /// The shares of thread `t`'s time on a CPU spent moving data through
+    /// files and through network sockets (see [`IoTally::shares`]).
+    pub fn io_shares(&self, t: (u32, u32)) -> (f64, f64) {
+        self.io_tally.get(&t).map_or((0.0, 0.0), IoTally::shares)
+    }
+
     /// Every process of the recording, reused pids included.
     pub fn all_processes(&self) -> Vec<&ProcessTimeline> {
         let mut v: Vec<&ProcessTimeline> = self
@@ -139,6 +208,11 @@ impl Timeline {
     /// into the timeline's GPU side.
     pub fn build(session: &mut Session, opts: BuildOptions) -> Timeline {
         let mut tl = Timeline::begin(session, opts);
+        let mut stacks = SampleStacks::new();
+        for e in &session.events {
+            count_sample(&mut stacks, e);
+        }
+        tl.io_tally = io_tally(&stacks, &session.symbols);
         // Records are written in ring-buffer order, which differs from time
         // order by at most a few microseconds across CPUs; the reader puts
         // them in time order, and a session built another way is sorted
@@ -202,6 +276,7 @@ impl Timeline {
                 .filter(|g| g.kind == crate::session::SourceKind::Cupti)
                 .map(|g| g.pid)
                 .collect(),
+            io_tally: HashMap::new(),
         };
         for p in &session.processes {
             let e = tl.processes.entry(p.pid).or_default();
@@ -456,6 +531,60 @@ impl Timeline {
 mod tests {
     use super::*;
     use crate::session::{GpuSource, SessionHeader, SourceKind};
+
+    /// Each thread's samples, told apart by their kernel stacks: inside a
+    /// read of a file, a receive from a socket, or elsewhere (unknown stacks
+    /// too).
+    #[test]
+    fn io_tally_counts_samples_by_where_their_kernel_stacks_were() {
+        let frames = |names: &[&str]| -> Vec<crate::session::Frame> {
+            names
+                .iter()
+                .map(|n| crate::session::Frame {
+                    function: n.to_string(),
+                    module: String::new(),
+                })
+                .collect()
+        };
+        let symbols = HashMap::from([
+            (
+                1,
+                frames(&["filemap_read", "vfs_read", "__x64_sys_pread64"]),
+            ),
+            (
+                2,
+                frames(&["tcp_recvmsg", "inet_recvmsg", "__x64_sys_recvfrom"]),
+            ),
+            (3, frames(&["asm_common_interrupt"])),
+        ]);
+        let mut stacks = SampleStacks::new();
+        for (pid, tid, kstack) in [
+            (5, 5, 1),
+            (5, 5, 1),
+            (5, 5, 0),
+            (5, 6, 2),
+            (5, 6, 3),
+            (5, 6, 9),
+        ] {
+            count_sample(
+                &mut stacks,
+                &Event::Sample {
+                    ts: 0,
+                    pid,
+                    tid,
+                    cpu: 0,
+                    ustack: 0,
+                    kstack,
+                },
+            );
+        }
+        let t = io_tally(&stacks, &symbols);
+        let tally = |samples, file, net| IoTally { samples, file, net };
+        assert_eq!(t[&(5, 5)], tally(3, 2, 0));
+        assert_eq!(t[&(5, 6)], tally(3, 0, 1));
+        assert_eq!(t[&(5, 5)].shares(), (2.0 / 3.0, 0.0));
+        assert_eq!(IoTally::default().shares(), (0.0, 0.0));
+    }
 
     /// Idle CPUs between readings a second apart: 1.5 CPUs idle in the
     /// first second, none in the second; outside the readings, unknown.
