@@ -752,17 +752,13 @@ fn siblings_pieces(inp: &Inputs, t: Tid, feeder_pid: u32, a: u64, b: u64, out: &
         if k.0 == t.0 || k.0 == feeder_pid || kin(k.0) != Some(family) {
             continue;
         }
-        let (file, net) = io_shares(inp, k);
+        let tally = io_tally(inp, k);
         for (s, e, state) in states_in(tl, a, b) {
             let len = e - s;
             // (moving data through files, through sockets, computing)
             let (io, network, cpu) = match state {
                 // On a CPU: moving data or computing, as its samples say.
-                State::OnCpu => {
-                    let io = (len as f64 * file) as u64;
-                    let network = ((len as f64 * net) as u64).min(len - io);
-                    (io, network, len - io - network)
-                }
+                State::OnCpu => tally.split(len),
                 State::Runnable => (0, 0, len),
                 State::Off(o) if o.kind == OffKind::File => (len, 0, 0),
                 State::Off(o) if o.kind == OffKind::Net => (0, len, 0),
@@ -933,21 +929,18 @@ fn io_split(inp: &Inputs, t: &ThreadTimeline, a: u64, b: u64, tid: Tid, out: &mu
     }
 }
 
-fn io_shares(inp: &Inputs, t: Tid) -> (f64, f64) {
-    inp.io_tally.get(&t).map_or((0.0, 0.0), IoTally::shares)
+fn io_tally(inp: &Inputs, t: Tid) -> IoTally {
+    inp.io_tally.get(&t).copied().unwrap_or_default()
 }
 
 /// A loader's time on a CPU `[a, b)` split by where its samples found it:
 /// moving data through files (`input.io`), through network sockets
 /// (`input.network`), or computing (`input.cpu`).
 fn sampled_split(inp: &Inputs, a: u64, b: u64, tid: Tid, out: &mut Attribution) {
-    let (file, net) = io_shares(inp, tid);
-    let len = (b - a) as f64;
-    let io = a + (len * file) as u64;
-    let network = (io + (len * net) as u64).min(b);
-    out.add(piece(a, io, Cause::InputIo, tid));
-    out.add(piece(io, network, Cause::InputNetwork, tid));
-    out.add(piece(network, b, Cause::InputCpu, tid));
+    let (file, net, _) = io_tally(inp, tid).split(b - a);
+    out.add(piece(a, a + file, Cause::InputIo, tid));
+    out.add(piece(a + file, a + file + net, Cause::InputNetwork, tid));
+    out.add(piece(a + file + net, b, Cause::InputCpu, tid));
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::attribute::{Cause, Piece, Tid};
 use super::diagnose::Diagnosis;
 use crate::timeline::gpu::{ApiRole, Call, Device};
-use crate::timeline::{OffKind, ThreadTimeline, Timeline};
+use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
 use gapscope_cupti::record::memory_kind;
 use gapscope_cupti::GpuRecord;
 
@@ -101,17 +101,14 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// `shares`: of its time on a CPU, moving data through files and
-    /// through network sockets (`Timeline::io_shares`).
-    fn add(&mut self, t: &ThreadTimeline, (file, net): (f64, f64)) {
+    /// `tally`: where its samples found it on a CPU.
+    fn add(&mut self, t: &ThreadTimeline, tally: IoTally) {
         let off = |k| t.off.get(&k).copied().unwrap_or(0);
         // Its time on a CPU moving data goes with the reading and receiving
         // (as the attribution splits it): a fix that does without the
         // reads takes that CPU time out too, one that decodes faster not.
-        let cpu_io = (t.on_cpu as f64 * file) as u64;
-        let cpu_net = ((t.on_cpu as f64 * net) as u64).min(t.on_cpu - cpu_io);
+        let (cpu_io, cpu_net, cpu) = tally.split(t.on_cpu);
         let (io, net) = (off(OffKind::File) + cpu_io, off(OffKind::Net) + cpu_net);
-        let cpu = t.on_cpu - cpu_io - cpu_net;
         self.io += io;
         self.net += net;
         self.cpu += cpu;
@@ -322,7 +319,7 @@ pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
     let mut elsewhere = 0;
     for t in tl.all_threads() {
         if members.contains(&(t.pid, t.tid)) {
-            pool.add(t, tl.io_shares((t.pid, t.tid)));
+            pool.add(t, tl.io_tally_of((t.pid, t.tid)));
         } else {
             elsewhere += t.on_cpu;
         }

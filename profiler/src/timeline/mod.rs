@@ -65,15 +65,17 @@ pub struct IoTally {
 }
 
 impl IoTally {
-    /// The shares of its time on a CPU spent moving data through files and
-    /// through network sockets, as its samples found it (0 without
-    /// samples): an estimate where syscalls were not hooked.
-    pub fn shares(&self) -> (f64, f64) {
+    /// `ns` of its time on a CPU split as its samples found it: (moving
+    /// data through files, through network sockets, computing) — all
+    /// computing without samples. An estimate where syscalls were not
+    /// hooked.
+    pub fn split(&self, ns: u64) -> (u64, u64, u64) {
         if self.samples == 0 {
-            return (0.0, 0.0);
+            return (0, 0, ns);
         }
-        let share = |n: u64| n as f64 / self.samples as f64;
-        (share(self.file), share(self.net))
+        let part = |n: u64| (ns as u128 * n as u128 / self.samples as u128) as u64;
+        let (file, net) = (part(self.file), part(self.net));
+        (file, net, ns - file - net)
     }
 }
 
@@ -162,10 +164,9 @@ impl Timeline {
         v
     }
 
-    /// The shares of thread `t`'s time on a CPU spent moving data through
-    /// files and through network sockets (see [`IoTally::shares`]).
-    pub fn io_shares(&self, t: (u32, u32)) -> (f64, f64) {
-        self.io_tally.get(&t).map_or((0.0, 0.0), IoTally::shares)
+    /// Where thread `t`'s samples found it (see [`IoTally`]).
+    pub fn io_tally_of(&self, t: (u32, u32)) -> IoTally {
+        self.io_tally.get(&t).copied().unwrap_or_default()
     }
 
     /// Every process of the recording, reused pids included.
@@ -582,8 +583,9 @@ mod tests {
         let tally = |samples, file, net| IoTally { samples, file, net };
         assert_eq!(t[&(5, 5)], tally(3, 2, 0));
         assert_eq!(t[&(5, 6)], tally(3, 0, 1));
-        assert_eq!(t[&(5, 5)].shares(), (2.0 / 3.0, 0.0));
-        assert_eq!(IoTally::default().shares(), (0.0, 0.0));
+        assert_eq!(t[&(5, 5)].split(300), (200, 0, 100));
+        assert_eq!(t[&(5, 6)].split(301), (0, 100, 201));
+        assert_eq!(IoTally::default().split(300), (0, 0, 300));
     }
 
     /// Idle CPUs between readings a second apart: 1.5 CPUs idle in the
