@@ -1249,8 +1249,10 @@ mod tests {
         assert_eq!(a.get(Cause::Unattributed), 30); // woken by an untracked thread
     }
 
-    /// Waiting for a CPU the job's own loader holds is an input cost; for
-    /// one nobody recorded holds, contention.
+    /// Waiting for a CPU the feeder's own loader holds is an input cost; for
+    /// one nobody recorded holds, contention — and for one a process of the
+    /// job holds that does not descend from the feeder's (its sibling:
+    /// another rank under one launcher), contention too.
     #[test]
     fn a_cpu_held_by_the_jobs_loader_is_input_not_contention() {
         let feeder = thread(
@@ -1269,121 +1271,38 @@ mod tests {
             ],
             300,
         );
-        let a = run(
-            &[(0, 100), (200, 300)],
-            &[(200, Some(FEEDER))],
-            vec![feeder, worker],
-            BTreeMap::new(),
-            (0, 300),
-        );
-        assert_eq!(a.get(Cause::InputCpu), 50);
-        assert_eq!(a.get(Cause::CpuContention), 30);
-        assert_eq!(a.get(Cause::CpuHost), 20);
-    }
-
-    /// The same wait for a CPU, held by a process of the job that is not the
-    /// feeder's loader (its sibling: another rank under one launcher) and
-    /// one that is (its grandchild: a worker of a forkserver).
-    #[test]
-    fn a_cpu_held_by_a_process_not_descending_from_the_feeder_is_contention() {
-        let feeder = || {
-            thread(
-                FEEDER,
-                &[(0, Step::In), (100, Step::Preempt), (180, Step::In)],
-                300,
-            )
-        };
-        let worker = || {
-            thread(
-                WORKER,
-                &[
-                    (0, Step::Block(FUTEX, FdKind::None)),
-                    (90, Step::Wake((0, 0))),
-                    (90, Step::In),
-                    (150, Step::Block(FUTEX, FdKind::None)),
-                ],
-                300,
-            )
-        };
-        let attribute = |parents: &[(u32, u32)]| {
+        let attribute = |threads: Vec<ThreadTimeline>, parents: &[(u32, u32)]| {
             run_with_parents(
                 &[(0, 100), (200, 300)],
                 &[(200, Some(FEEDER))],
-                vec![feeder(), worker()],
+                threads,
                 BTreeMap::new(),
                 (0, 300),
                 parents,
                 &HashMap::new(),
             )
         };
-        // Sibling of the feeder: both children of pid 5.
-        let a = attribute(&[(FEEDER.0, 5), (WORKER.0, 5)]);
+        let a = attribute(vec![feeder.clone(), worker.clone()], &[]);
+        assert_eq!(a.get(Cause::InputCpu), 50);
+        assert_eq!(a.get(Cause::CpuContention), 30);
+        assert_eq!(a.get(Cause::CpuHost), 20);
+        // Its sibling: both children of pid 5.
+        let a = attribute(
+            vec![feeder.clone(), worker.clone()],
+            &[(FEEDER.0, 5), (WORKER.0, 5)],
+        );
         assert_eq!(a.get(Cause::InputCpu), 0);
         assert_eq!(a.get(Cause::CpuContention), 80);
-        // Grandchild, through a process not recorded.
-        let a = attribute(&[(WORKER.0, 99)]);
-        assert_eq!(a.get(Cause::InputCpu), 0, "99 is nobody's child here");
-        let grandchild = {
-            // Pid 99 recorded too, the feeder's child.
-            run_with_parents(
-                &[(0, 100), (200, 300)],
-                &[(200, Some(FEEDER))],
-                vec![feeder(), worker(), thread((99, 99), &[], 300)],
-                BTreeMap::new(),
-                (0, 300),
-                &[(WORKER.0, 99)],
-                &HashMap::new(),
-            )
-        };
-        assert_eq!(grandchild.get(Cause::InputCpu), 50);
-        assert_eq!(grandchild.get(Cause::CpuContention), 30);
-    }
-
-    /// A loader waiting for work points at its siblings — the processes of
-    /// its parent and name — not at processes named alike elsewhere (another
-    /// rank's loaders under the same launcher).
-    #[test]
-    fn siblings_are_of_the_same_parent_not_only_the_same_name() {
-        let feeder = thread(
-            FEEDER,
-            &[
-                (0, Step::In),
-                (100, Step::Block(READ, FdKind::Pipe)),
-                (200, Step::Wake(WORKER)),
-                (200, Step::In),
-            ],
-            300,
+        // Its grandchild, through pid 99 (the feeder's child, recorded): a
+        // loader still; through a pid not recorded, nobody's.
+        let middle = thread((99, 99), &[], 300);
+        let a = attribute(
+            vec![feeder.clone(), worker.clone(), middle],
+            &[(WORKER.0, 99)],
         );
-        let worker = thread(
-            WORKER,
-            &[
-                (0, Step::In),
-                (50, Step::Block(READ, FdKind::Pipe)),
-                (190, Step::Wake((FEEDER.0, 11))),
-                (195, Step::In),
-            ],
-            300,
-        );
-        let requester = thread((FEEDER.0, 11), &[(0, Step::In)], 300);
-        // Decoding 0-160 — for another trainer, pid 40.
-        let stranger = thread(
-            WORKER2,
-            &[(0, Step::In), (160, Step::Block(FUTEX, FdKind::None))],
-            300,
-        );
-        let a = run_with_parents(
-            &[(0, 100), (200, 300)],
-            &[(200, Some(FEEDER))],
-            vec![feeder, worker, requester, stranger],
-            BTreeMap::new(),
-            (0, 300),
-            &[(WORKER2.0, 40)],
-            &HashMap::new(),
-        );
-        // 100-190: nobody of the worker's family working; 190-200: the
-        // waker itself.
-        assert_eq!(a.get(Cause::InputCpu), 10);
-        assert_eq!(a.get(Cause::Unattributed), 90);
+        assert_eq!(a.get(Cause::InputCpu), 50);
+        let a = attribute(vec![feeder, worker], &[(WORKER.0, 99)]);
+        assert_eq!(a.get(Cause::InputCpu), 0);
     }
 
     /// The thread that hands the feeder its batch was born as the batch was
@@ -1442,7 +1361,9 @@ mod tests {
 
     /// DataLoader's workers share one result queue: the worker whose batch
     /// woke the feeder was itself waiting for the feeder's next request;
-    /// the one computing the batch the feeder waited for is its sibling.
+    /// the one computing the batch the feeder waited for is its sibling —
+    /// a process of its parent and name, not one named alike elsewhere
+    /// (another rank's loader under the same launcher).
     #[test]
     fn a_waker_waiting_for_work_points_at_its_working_siblings() {
         let feeder = thread(
@@ -1473,17 +1394,32 @@ mod tests {
             &[(0, Step::In), (160, Step::Block(FUTEX, FdKind::None))],
             300,
         );
-        let a = run(
-            &[(0, 100), (200, 300)],
-            &[(200, Some(FEEDER))],
-            vec![feeder, worker, requester, sibling],
-            BTreeMap::new(),
-            (0, 300),
-        );
+        let attribute = |parents: &[(u32, u32)]| {
+            run_with_parents(
+                &[(0, 100), (200, 300)],
+                &[(200, Some(FEEDER))],
+                vec![
+                    feeder.clone(),
+                    worker.clone(),
+                    requester.clone(),
+                    sibling.clone(),
+                ],
+                BTreeMap::new(),
+                (0, 300),
+                parents,
+                &HashMap::new(),
+            )
+        };
         // 100-190: the sibling decoding until 160, nobody after; 190-200:
         // the waker itself, runnable then sending.
+        let a = attribute(&[]);
         assert_eq!(a.get(Cause::InputCpu), 60 + 10);
         assert_eq!(a.get(Cause::Unattributed), 30);
+        // The same process decoding for another trainer (pid 40): nobody
+        // of the worker's family works 100-190.
+        let a = attribute(&[(WORKER2.0, 40)]);
+        assert_eq!(a.get(Cause::InputCpu), 10);
+        assert_eq!(a.get(Cause::Unattributed), 90);
     }
 
     #[test]

@@ -617,19 +617,23 @@ fn stack_text(s: &StackReport) -> (String, String) {
         frames.join(" ← ")
     };
     let kind = s.kind.map(|k| format!("{} ", k.name())).unwrap_or_default();
-    // The kernel frame just below the syscall entry says what it did.
-    let kernel = s
-        .kernel_frames
-        .iter()
-        .rev()
+    let kernel = kernel_note(s.kernel_frames.iter().rev().map(String::as_str));
+    (kind, format!("{chain}{kernel}"))
+}
+
+/// What a kernel stack (root first) did, as the text shows it after the
+/// user frames: `  [kernel: NAME]`, NAME the first frame past the syscall
+/// entry; empty without one.
+pub(crate) fn kernel_note<'a>(root_first: impl IntoIterator<Item = &'a str>) -> String {
+    root_first
+        .into_iter()
         .find(|f| {
             !f.starts_with("entry_")
                 && !f.starts_with("do_syscall")
                 && !f.starts_with("x64_sys_call")
         })
         .map(|f| format!("  [kernel: {f}]"))
-        .unwrap_or_default();
-    (kind, format!("{chain}{kernel}"))
+        .unwrap_or_default()
 }
 
 /// A frame name cut to a readable length (C++/Rust generics run long).

@@ -428,17 +428,8 @@ fn short_stack(frames: &[String]) -> String {
     if useful.len() > KEEP {
         inner.push("…");
     }
-    // Root first: the first kernel frame past the syscall entry.
-    let kernel = kernel
-        .iter()
-        .map(|f| f.trim_end_matches("_[k]"))
-        .find(|f| {
-            !f.starts_with("entry_")
-                && !f.starts_with("do_syscall")
-                && !f.starts_with("x64_sys_call")
-        })
-        .map(|f| format!("  [kernel: {f}]"))
-        .unwrap_or_default();
+    let kernel =
+        crate::export::summary::kernel_note(kernel.iter().map(|f| f.trim_end_matches("_[k]")));
     if inner.is_empty() {
         format!("{}{kernel}", root.join(" · "))
     } else {
