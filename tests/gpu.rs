@@ -229,3 +229,51 @@ fn the_gpu_bundles_attach_check_judges_and_runs() {
         "{said}"
     );
 }
+
+/// Two processes that each call their GPU device 0: different GPUs when
+/// their UUIDs differ (CUDA_VISIBLE_DEVICES set per rank), one GPU when
+/// they agree (processes sharing a GPU) — each simulated device reports 50
+/// kernels of 2 ms.
+#[test]
+fn gpus_of_different_processes_are_told_apart_by_uuid() {
+    if !bpf_ready("gpus_of_different_processes_are_told_apart_by_uuid") {
+        return;
+    }
+    let _lock = recording_lock();
+    let fake = |uuid: &str| {
+        format!(
+            "{} fake-gpu --kernels 50 --kernel-us 2000 --gap-us 2000 --uuid {uuid}",
+            bin("gs-workload").display()
+        )
+    };
+    for (a, b, gpus) in [("GPU-1111", "GPU-2222", 2), ("GPU-1111", "GPU-1111", 1)] {
+        let dir = scratch("gpu-uuid");
+        let script = format!("{} & {}; wait", fake(a), fake(b));
+        let r = run(
+            &dir.path().join("rec"),
+            &["-q", "--no-exports"],
+            &["sh", "-c", &script],
+        );
+        assert_eq!(r.code(), Some(0), "{}", r.stderr());
+        let report = r.report();
+        assert_partitions(&report);
+        let got = report["gpus"].as_array().unwrap();
+        assert_eq!(got.len(), gpus, "{a} and {b}: {:#}", report["gpus"]);
+        let ids: Vec<u64> = got.iter().map(|g| u64_of(g, "id")).collect();
+        assert_eq!(ids, (0..gpus as u64).collect::<Vec<_>>());
+        let mut uuids: Vec<&str> = got.iter().map(|g| g["uuid"].as_str().unwrap()).collect();
+        uuids.sort();
+        let mut want = vec![a, b];
+        want.dedup();
+        assert_eq!(uuids, want);
+        for g in got {
+            let per_gpu = 100 / gpus as u64;
+            assert_eq!(u64_of(&g["kernels"], "count"), per_gpu, "{g:#}");
+            assert_eq!(g["pids"].as_array().unwrap().len(), 2 / gpus, "{g:#}");
+            if gpus == 2 {
+                // Its own 50 kernels, exactly: nothing of the other's.
+                assert_eq!(u64_of(g, "busy_ns"), 50 * 2_000_000, "{g:#}");
+            }
+        }
+    }
+}

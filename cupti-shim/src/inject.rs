@@ -719,7 +719,10 @@ fn periodic() {
                 s.devices_sent.store(true, Ordering::Relaxed);
                 let devices: Vec<GpuRecord> = loader::device_names()
                     .into_iter()
-                    .map(|(id, name)| GpuRecord::Device { id, name })
+                    .flat_map(|(id, name, uuid)| {
+                        let uuid = uuid.map(|uuid| GpuRecord::DeviceUuid { id, uuid });
+                        std::iter::once(GpuRecord::Device { id, name }).chain(uuid)
+                    })
                     .collect();
                 if !devices.is_empty() {
                     send(&Frame::Records(devices), 0);

@@ -130,9 +130,10 @@ pub fn driver_version() -> u32 {
     v.max(0) as u32
 }
 
-/// Names of the GPUs the driver sees, by ordinal. Driver calls: never from
-/// inside `cuInit` (InitializeInjection runs there), only once CUDA works.
-pub fn device_names() -> Vec<(u32, String)> {
+/// Names of the GPUs the driver sees, by ordinal, with their UUIDs where
+/// the driver gives them. Driver calls: never from inside `cuInit`
+/// (InitializeInjection runs there), only once CUDA works.
+pub fn device_names() -> Vec<(u32, String, Option<String>)> {
     let Some(h) = open("libcuda.so.1", libc::RTLD_NOW | libc::RTLD_NOLOAD) else {
         return Vec::new();
     };
@@ -143,6 +144,11 @@ pub fn device_names() -> Vec<(u32, String)> {
         let get = sym::<unsafe extern "C" fn(*mut c_int, c_int) -> c_int>(h, "cuDeviceGet");
         let name =
             sym::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int>(h, "cuDeviceGetName");
+        // CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev), CUuuid
+        // being 16 bytes (cuDeviceGetUuid before CUDA 11.4: same signature).
+        type GetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+        let uuid = sym::<GetUuid>(h, "cuDeviceGetUuid_v2")
+            .or_else(|| sym::<GetUuid>(h, "cuDeviceGetUuid"));
         if let (Some(count), Some(get), Some(name)) = (count, get, name) {
             let mut n: c_int = 0;
             if count(&mut n) == 0 {
@@ -151,7 +157,11 @@ pub fn device_names() -> Vec<(u32, String)> {
                     let mut buf = [0 as c_char; 256];
                     if get(&mut dev, i) == 0 && name(buf.as_mut_ptr(), 256, dev) == 0 {
                         let s = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
-                        out.push((i as u32, s));
+                        let mut bytes = [0u8; 16];
+                        let id = uuid
+                            .filter(|f| f(&mut bytes, dev) == 0)
+                            .map(|_| uuid_text(&bytes));
+                        out.push((i as u32, s, id));
                     }
                 }
             }
@@ -159,6 +169,21 @@ pub fn device_names() -> Vec<(u32, String)> {
         libc::dlclose(h);
     }
     out
+}
+
+/// A GPU UUID as NVML and nvidia-smi write it: `GPU-` and the 16 bytes in
+/// hex, grouped 4-2-2-2-6.
+pub fn uuid_text(b: &[u8; 16]) -> String {
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
 }
 
 /// libcupti files in `dir`, newest soname first.
@@ -293,5 +318,17 @@ impl Cupti {
             cuptiActivityEnableDriverApi: sym(h, "cuptiActivityEnableDriverApi"),
             cuptiActivityEnableAllSyncRecords: sym(h, "cuptiActivityEnableAllSyncRecords"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_uuid_reads_as_nvml_writes_it() {
+        let bytes: [u8; 16] = std::array::from_fn(|i| i as u8 * 17);
+        assert_eq!(
+            super::uuid_text(&bytes),
+            "GPU-00112233-4455-6677-8899-aabbccddeeff"
+        );
     }
 }

@@ -133,6 +133,7 @@ const R_API: u8 = 5;
 const R_MARKER: u8 = 6;
 const R_DEVICE: u8 = 7;
 const R_RANGE: u8 = 8;
+const R_DEVICE_UUID: u8 = 9;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProtocolError {
@@ -318,6 +319,11 @@ pub fn put_record(out: &mut Vec<u8>, r: &GpuRecord) {
             put_u8(out, R_DEVICE);
             put_u32(out, *id);
             put_str(out, name);
+        }
+        GpuRecord::DeviceUuid { id, uuid } => {
+            put_u8(out, R_DEVICE_UUID);
+            put_u32(out, *id);
+            put_str(out, uuid);
         }
         GpuRecord::Range {
             start,
@@ -592,6 +598,10 @@ fn get_record(r: &mut Reader) -> Result<GpuRecord, ProtocolError> {
             id: r.u32()?,
             name: r.str()?,
         },
+        R_DEVICE_UUID => GpuRecord::DeviceUuid {
+            id: r.u32()?,
+            uuid: r.str()?,
+        },
         R_RANGE => GpuRecord::Range {
             start: r.u64()?,
             end: r.u64()?,
@@ -835,6 +845,7 @@ mod tests {
                 }
             ),
             (any::<u32>(), ".{0,30}").prop_map(|(id, name)| GpuRecord::Device { id, name }),
+            (any::<u32>(), ".{0,40}").prop_map(|(id, uuid)| GpuRecord::DeviceUuid { id, uuid }),
             (any::<(u64, u64, u32)>(), ".{0,20}", ".{0,20}").prop_map(
                 |((start, end, tid), name, domain)| GpuRecord::Range {
                     start,

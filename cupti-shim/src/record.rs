@@ -161,6 +161,12 @@ pub enum GpuRecord {
         name: String,
         domain: String,
     },
+    /// Which physical GPU the process's device `id` (its CUDA ordinal) is:
+    /// its UUID as NVML and nvidia-smi write it (`GPU-…`). Processes that
+    /// see different GPUs under one ordinal (CUDA_VISIBLE_DEVICES per rank)
+    /// are told apart by it. (Last: sessions store these records, and an
+    /// older file's variants keep their numbers.)
+    DeviceUuid { id: u32, uuid: String },
 }
 
 impl GpuRecord {
@@ -174,7 +180,7 @@ impl GpuRecord {
             | GpuRecord::Api { start, .. }
             | GpuRecord::Range { start, .. } => *start,
             GpuRecord::Marker { ts, .. } => *ts,
-            GpuRecord::Device { .. } => 0,
+            GpuRecord::Device { .. } | GpuRecord::DeviceUuid { .. } => 0,
         }
     }
 
@@ -189,7 +195,7 @@ impl GpuRecord {
             | GpuRecord::Api { start, end, .. }
             | GpuRecord::Range { start, end, .. } => Some((*start, *end)),
             GpuRecord::Marker { ts, .. } => Some((*ts, *ts)),
-            GpuRecord::Device { .. } => None,
+            GpuRecord::Device { .. } | GpuRecord::DeviceUuid { .. } => None,
         }
     }
 }

@@ -239,6 +239,7 @@ impl Conn {
                 "Marker"
             }
             GpuRecord::Device { .. } => "Device",
+            GpuRecord::DeviceUuid { .. } => "DeviceUuid",
             other => {
                 let debug = format!("{other:?}");
                 let kind = variant_name(&debug);

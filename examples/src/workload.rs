@@ -33,10 +33,11 @@ commands:
                                        spin S ms each; worker 0 execs a grandchild
   hold     --secs N --dir D            a parent and a child that read and compute
                                        for N seconds (a target for attach)
-  fake-gpu --kernels N --kernel-us K --gap-us G
+  fake-gpu --kernels N --kernel-us K --gap-us G [--uuid U]
                                        SIMULATED: speaks gapscope's GPU protocol on
                                        GAPSCOPE_SOCKET, reporting N kernels of K µs
-                                       with G µs gaps on Simulated GPU 0
+                                       with G µs gaps on Simulated GPU 0 (whose
+                                       UUID is U, when given)
   fake-cuda --lib PATH                 calls a stand-in libcuda (libfakecuda.so) with
                                        known durations: 50 launches of 200 µs, 5 nested
                                        launches, 4 syncs of 25 ms, 3 copies of 2 ms
@@ -629,10 +630,16 @@ fn cmd_fake_gpu(a: &Args) {
         tid: tid(),
         correlation: i as u32,
     });
+    // Which physical GPU its device 0 is, when told (as a shim says it).
+    let uuid = a.get("uuid").map(|u| GpuRecord::DeviceUuid {
+        id: 0,
+        uuid: u.to_string(),
+    });
     let records: Vec<GpuRecord> = std::iter::once(GpuRecord::Device {
         id: 0,
         name: "Simulated GPU 0".into(),
     })
+    .chain(uuid)
     .chain(launches)
     .chain((0..n).map(|i| GpuRecord::Kernel {
         start: t0 + i * (k + g),

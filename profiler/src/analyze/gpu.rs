@@ -57,6 +57,7 @@ pub fn is_communication_kernel(name: &str) -> bool {
 pub struct GpuTimeline {
     pub device: u32,
     pub name: String,
+    pub uuid: Option<String>,
     /// "cupti", "uprobe", "simulated"...
     pub source: crate::session::SourceKind,
     /// Processes that put work on it.
@@ -120,6 +121,7 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
             let mut tl = GpuTimeline {
                 device: d.id,
                 name: d.name.clone(),
+                uuid: d.uuid.clone(),
                 source: d.source,
                 pids: d.pids.clone(),
                 ..Default::default()

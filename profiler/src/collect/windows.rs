@@ -61,7 +61,8 @@ pub fn window_dir(dir: &std::path::Path) -> PathBuf {
 #[derive(Default)]
 pub struct Sticky {
     sources: BTreeMap<u32, Record>,
-    devices: BTreeMap<(u32, u32), GpuRecord>,
+    /// By (pid, id, whether it is the UUID).
+    devices: BTreeMap<(u32, u32, bool), GpuRecord>,
     nvml: BTreeMap<u32, Record>,
     injected: BTreeMap<u32, Record>,
     notes: Vec<String>,
@@ -81,9 +82,12 @@ impl Sticky {
             }
             Record::Gpu(b) => {
                 for r in &b.records {
-                    if let GpuRecord::Device { id, .. } = r {
-                        self.devices.insert((b.pid, *id), r.clone());
-                    }
+                    let key = match r {
+                        GpuRecord::Device { id, .. } => (b.pid, *id, false),
+                        GpuRecord::DeviceUuid { id, .. } => (b.pid, *id, true),
+                        _ => continue,
+                    };
+                    self.devices.insert(key, r.clone());
                 }
             }
             Record::NvmlDevice(d) => {
@@ -103,12 +107,12 @@ impl Sticky {
     /// for the processes still alive; the others are let go.
     pub fn replay(&mut self, alive: impl Fn(u32) -> bool) -> Vec<Record> {
         self.sources.retain(|&pid, _| alive(pid));
-        self.devices.retain(|&(pid, _), _| alive(pid));
+        self.devices.retain(|&(pid, _, _), _| alive(pid));
         self.injected.retain(|&pid, _| alive(pid));
         let mut out: Vec<Record> = self.nvml.values().cloned().collect();
         out.extend(self.sources.values().cloned());
         let mut by_pid: BTreeMap<u32, Vec<GpuRecord>> = BTreeMap::new();
-        for (&(pid, _), r) in &self.devices {
+        for (&(pid, _, _), r) in &self.devices {
             by_pid.entry(pid).or_default().push(r.clone());
         }
         out.extend(

@@ -45,6 +45,8 @@ impl From<gpu::OpStats> for OpReport {
 pub struct GpuReport {
     pub id: u32,
     pub name: String,
+    /// As NVML and nvidia-smi write it, when known.
+    pub uuid: Option<String>,
     pub source: crate::session::SourceKind,
     /// Wall time the job held the GPU (the recording window).
     pub allocated_ns: u64,
@@ -118,6 +120,7 @@ pub fn build(a: &Analysis) -> GpuSection {
             GpuReport {
                 id: g.device,
                 name: g.name.clone(),
+                uuid: g.uuid.clone(),
                 source: g.source,
                 allocated_ns: allocated,
                 nvml_util_pct: nvml.util_pct,

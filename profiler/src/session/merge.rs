@@ -110,11 +110,12 @@ struct Merger {
     gpu_drops_before: HashMap<u32, (u64, u64)>,
     gpu_drops_last: HashMap<u32, (u64, u64)>,
     /// Said once: sources, NVML devices, injections by pid or index; GPU
-    /// devices by (pid, id); notes; processes as last described.
+    /// devices by (pid, id, whether it is the UUID); notes; processes as
+    /// last described.
     sources: HashSet<u32>,
     nvml: HashSet<u32>,
     injected: HashSet<u32>,
-    devices: HashSet<(u32, u32)>,
+    devices: HashSet<(u32, u32, bool)>,
     notes: HashSet<String>,
     processes: HashMap<u32, super::ProcessInfo>,
     /// Threads whose reading from before the recording is written.
@@ -177,7 +178,12 @@ impl Merger {
             Record::Gpu(mut b) => {
                 let pid = b.pid;
                 b.records.retain(|r| match r {
-                    gapscope_cupti::GpuRecord::Device { id, .. } => self.devices.insert((pid, *id)),
+                    gapscope_cupti::GpuRecord::Device { id, .. } => {
+                        self.devices.insert((pid, *id, false))
+                    }
+                    gapscope_cupti::GpuRecord::DeviceUuid { id, .. } => {
+                        self.devices.insert((pid, *id, true))
+                    }
                     _ => {
                         let span = r.span();
                         let key = || postcard::to_allocvec(&(pid, r)).unwrap_or_default();

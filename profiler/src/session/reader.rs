@@ -580,7 +580,7 @@ pub(crate) fn sanitize(s: &mut Session) -> usize {
         | GpuRecord::Api { start, end, .. }
         | GpuRecord::Range { start, end, .. } => span(*start, *end),
         GpuRecord::Marker { ts, .. } => ok(*ts),
-        GpuRecord::Device { .. } => true,
+        GpuRecord::Device { .. } | GpuRecord::DeviceUuid { .. } => true,
     });
     s.host_ops.retain(|o| span(o.start, o.end));
     s.nvml.retain(|n| ok(n.ts));

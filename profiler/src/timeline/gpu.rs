@@ -4,7 +4,7 @@
 //! synchronization waits. The analysis and every renderer read these; none
 //! goes back to the raw records.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gapscope_cupti::{ApiDomain, GpuRecord};
 
@@ -121,6 +121,16 @@ impl Work {
         self.place().0
     }
 
+    /// Puts it on GPU `id` (see [`physical_ids`]).
+    fn set_device(&mut self, id: u32) {
+        match &mut self.record {
+            GpuRecord::Kernel { device, .. }
+            | GpuRecord::Memcpy { device, .. }
+            | GpuRecord::Memset { device, .. } => *device = id,
+            _ => {}
+        }
+    }
+
     pub fn stream(&self) -> u32 {
         self.place().1
     }
@@ -149,6 +159,8 @@ pub fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
 pub struct Device {
     pub id: u32,
     pub name: String,
+    /// Its UUID, as its processes' driver gave it.
+    pub uuid: Option<String>,
     pub source: SourceKind,
     /// Processes that put work on it, in order of first sight.
     pub pids: Vec<u32>,
@@ -195,6 +207,62 @@ pub struct GpuSide {
     pub host_ops: BTreeMap<Tid, Vec<HostOp>>,
 }
 
+/// Which GPU each (process, CUDA ordinal) is, as the ids the report gives
+/// GPUs. An ordinal counts the GPUs one process may see
+/// (CUDA_VISIBLE_DEVICES), so two processes' ordinals name one GPU only
+/// when their UUIDs agree. A GPU whose UUID NVML lists takes its NVML
+/// index; any other keeps the smallest ordinal its processes gave it, the
+/// first to want an id (ordinal-only GPUs first, then by UUID) keeping it
+/// and the others numbered past every id wanted. An ordinal without a UUID
+/// (older shims, traces, uprobes) is that ordinal's GPU, for every process.
+pub fn physical_ids(
+    used: &BTreeSet<(u32, u32)>,
+    uuids: &BTreeMap<(u32, u32), String>,
+    nvml: &[NvmlDevice],
+) -> BTreeMap<(u32, u32), u32> {
+    #[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+    enum Gpu<'a> {
+        Ordinal(u32),
+        Uuid(&'a str),
+    }
+    let gpu_of = |pid: u32, ordinal: u32| {
+        uuids
+            .get(&(pid, ordinal))
+            .map_or(Gpu::Ordinal(ordinal), |u| Gpu::Uuid(u))
+    };
+    let mut wants: BTreeMap<Gpu, u32> = BTreeMap::new();
+    for &(pid, ordinal) in used {
+        let gpu = gpu_of(pid, ordinal);
+        let want = match gpu {
+            Gpu::Uuid(u) => nvml
+                .iter()
+                .find(|d| d.uuid == u)
+                .map_or(ordinal, |d| d.index),
+            Gpu::Ordinal(o) => o,
+        };
+        let w = wants.entry(gpu).or_insert(want);
+        *w = (*w).min(want);
+    }
+    let mut order: Vec<(u32, Gpu)> = wants.iter().map(|(g, &w)| (w, g.clone())).collect();
+    order.sort();
+    let mut next = order.iter().map(|x| x.0 + 1).max().unwrap_or(0);
+    let mut taken: BTreeSet<u32> = BTreeSet::new();
+    let mut ids: BTreeMap<Gpu, u32> = BTreeMap::new();
+    for (want, gpu) in order {
+        let id = if taken.insert(want) {
+            want
+        } else {
+            next += 1;
+            next - 1
+        };
+        taken.insert(id);
+        ids.insert(gpu, id);
+    }
+    used.iter()
+        .map(|&(pid, ordinal)| ((pid, ordinal), ids[&gpu_of(pid, ordinal)]))
+        .collect()
+}
+
 /// GPU records as they are read, before the timeline takes them: each kept
 /// in its place (calls by thread, work, syncs, ranges) rather than as the
 /// records themselves.
@@ -204,8 +272,9 @@ pub struct GpuRecords {
     work: Vec<Work>,
     syncs: Vec<SyncWait>,
     ranges: BTreeMap<Tid, Vec<Range>>,
-    /// Device names the sources reported.
-    names: BTreeMap<u32, String>,
+    /// Device names and UUIDs the sources reported, by (pid, ordinal).
+    names: BTreeMap<(u32, u32), String>,
+    uuids: BTreeMap<(u32, u32), String>,
     /// Times of markers: only counted, when they lie outside the recording.
     markers: Vec<u64>,
     /// A role per API id, decided once: the names repeat millions of times.
@@ -269,7 +338,10 @@ impl GpuRecords {
                 domain,
             }),
             GpuRecord::Device { id, name } => {
-                self.names.entry(id).or_insert(name);
+                self.names.entry((pid, id)).or_insert(name);
+            }
+            GpuRecord::DeviceUuid { id, uuid } => {
+                self.uuids.insert((pid, id), uuid);
             }
             GpuRecord::Marker { ts, .. } => self.markers.push(ts),
         }
@@ -328,6 +400,7 @@ impl GpuSide {
             syncs,
             ranges,
             names,
+            uuids,
             ..
         } = records;
         let mut side = GpuSide {
@@ -362,9 +435,14 @@ impl GpuSide {
                 .map(|s| s.kind)
                 .unwrap_or_default()
         };
-        let mut by_dev: BTreeMap<u32, Device> = BTreeMap::new();
         let mut work = work;
+        let used: BTreeSet<(u32, u32)> = work.iter().map(|w| (w.pid, w.device())).collect();
+        let physical = physical_ids(&used, &uuids, &session.nvml_devices);
+        let mut by_dev: BTreeMap<u32, Device> = BTreeMap::new();
         for w in &mut work {
+            if let Some(&id) = physical.get(&(w.pid, w.device())) {
+                w.set_device(id);
+            }
             let correlation = w.correlation();
             w.launch = issuer.get(&(w.pid, correlation)).copied();
             let d = by_dev.entry(w.device()).or_insert_with(|| Device {
@@ -394,10 +472,16 @@ impl GpuSide {
             session.nvml_devices.iter().map(|d| (d.index, d)).collect();
         for d in by_dev.values_mut() {
             d.work.sort_by_key(Work::start);
+            // The name and UUID a process of it gave its ordinal of it.
+            let ours = || physical.iter().filter(|&(_, &id)| id == d.id);
+            let named = ours().find_map(|(key, _)| names.get(key));
+            // (Not NVML's by index: an ordinal is an NVML index only where
+            // the process sees every GPU.)
+            d.uuid = ours().find_map(|(key, _)| uuids.get(key).cloned());
             d.name = nvml
                 .get(&d.id)
                 .map(|n| n.name.clone())
-                .or_else(|| names.get(&d.id).cloned())
+                .or_else(|| named.cloned())
                 .unwrap_or_else(|| format!("GPU {}", d.id));
         }
         side.devices = by_dev.into_values().collect();
@@ -461,5 +545,63 @@ impl GpuSide {
             .iter()
             .find(|d| d.id == id)
             .map(|d| d.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(
+        used: &[(u32, u32)],
+        uuids: &[((u32, u32), &str)],
+        nvml: &[(u32, &str)],
+    ) -> Vec<((u32, u32), u32)> {
+        let used: BTreeSet<(u32, u32)> = used.iter().copied().collect();
+        let uuids = uuids.iter().map(|&(k, u)| (k, u.to_string())).collect();
+        let nvml: Vec<NvmlDevice> = nvml
+            .iter()
+            .map(|&(index, uuid)| NvmlDevice {
+                index,
+                name: String::new(),
+                uuid: uuid.into(),
+                memory_total: 0,
+            })
+            .collect();
+        physical_ids(&used, &uuids, &nvml).into_iter().collect()
+    }
+
+    #[test]
+    fn gpus_are_told_apart_by_uuid_not_by_ordinal() {
+        // No UUIDs: an ordinal is one GPU for every process.
+        assert_eq!(
+            ids(&[(1, 0), (2, 0), (2, 1)], &[], &[]),
+            [((1, 0), 0), ((2, 0), 0), ((2, 1), 1)]
+        );
+        // Two ranks, each seeing its own GPU as 0 (CUDA_VISIBLE_DEVICES).
+        let two = [((1, 0), "GPU-b"), ((2, 0), "GPU-a")];
+        assert_eq!(
+            ids(&[(1, 0), (2, 0)], &two, &[]),
+            [((1, 0), 1), ((2, 0), 0)]
+        );
+        // Two processes sharing one GPU.
+        let one = [((1, 0), "GPU-a"), ((2, 0), "GPU-a")];
+        assert_eq!(
+            ids(&[(1, 0), (2, 0)], &one, &[]),
+            [((1, 0), 0), ((2, 0), 0)]
+        );
+        // NVML knows them: its indexes.
+        let nvml = [(3, "GPU-a"), (5, "GPU-b")];
+        assert_eq!(
+            ids(&[(1, 0), (2, 0)], &two, &nvml),
+            [((1, 0), 5), ((2, 0), 3)]
+        );
+        // One process sees both, another only the second as its 0: the
+        // second is one GPU.
+        let mixed = [((1, 0), "GPU-a"), ((1, 1), "GPU-b"), ((2, 0), "GPU-b")];
+        assert_eq!(
+            ids(&[(1, 0), (1, 1), (2, 0)], &mixed, &[]),
+            [((1, 0), 0), ((1, 1), 1), ((2, 0), 1)]
+        );
     }
 }
