@@ -556,6 +556,62 @@ fn a_cupti_that_cannot_refuse_a_buffer_is_never_refused_one() {
     assert!(life.frames.iter().any(|f| matches!(f, Frame::Lost { .. })));
 }
 
+/// Once CUDA works the shim asks the driver for its devices: each one's
+/// name and UUID (as NVML writes it) reach the profiler — a stand-in
+/// libcuda (libfakecuda.so) mapped as the process's libcuda.so.1.
+#[test]
+fn the_driver_names_each_device_and_its_uuid() {
+    let dir = scratch("driver");
+    std::fs::copy(bin("libfakecuda.so"), dir.path().join("libcuda.so.1")).unwrap();
+    // Asked at a periodic flush (every 250 ms) once records came back (a
+    // buffer comes back once all its work is done): 1.4 s, the GPU queue
+    // drained every step and idle five sixths of the time, so that some
+    // flush finds a buffer done and a later one asks.
+    let mut cmd = host_command(&[
+        "--steps",
+        "40",
+        "--gap-us",
+        "30000",
+        "--sync-every-step",
+        "--driver",
+        "libcuda.so.1",
+    ]);
+    cmd.env("LD_LIBRARY_PATH", dir.path());
+    let (frames, out) = listened(cmd);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let life = Life {
+        truth: last_json_line(&out.stdout),
+        frames,
+    };
+    let devices: Vec<(u32, &str)> = life
+        .records()
+        .filter_map(|r| match r {
+            GpuRecord::Device { id, name } => Some((*id, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(devices, [(0, "Stand-in GPU 0"), (1, "Stand-in GPU 1")]);
+    let uuids: Vec<(u32, &str)> = life
+        .records()
+        .filter_map(|r| match r {
+            GpuRecord::DeviceUuid { id, uuid } => Some((*id, uuid.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        uuids,
+        [
+            (0, "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"),
+            (1, "GPU-20212223-2425-2627-2829-2a2b2c2d2e2f")
+        ]
+    );
+    assert_eq!(life.kernels().len(), life.truth_kernels().len());
+}
+
 // ------------------------------------------------ through `gapscope run`
 
 fn gapscope_run_host(test: &str, host_args: &[&str]) -> Option<(Run, Value)> {

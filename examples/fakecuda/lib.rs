@@ -6,7 +6,10 @@
 //! - `cuLaunchKernelEx`: calls `cuLaunchKernel` for 100 µs (nested exported
 //!   calls must count once, as the outer call);
 //! - `cuStreamSynchronize`: sleeps as many µs as the stream handle's value;
-//! - `cuMemcpyHtoD_v2`: spins one ns per byte.
+//! - `cuMemcpyHtoD_v2`: spins one ns per byte;
+//! - `cuDeviceGetCount`, `cuDeviceGet`, `cuDeviceGetName`,
+//!   `cuDeviceGetUuid_v2`: two devices, "Stand-in GPU N", UUID bytes
+//!   0x10·(N+1) + i (what the CUPTI shim asks a driver once CUDA works).
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
 use std::ffi::c_void;
@@ -72,5 +75,59 @@ pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> i32 {
 #[inline(never)]
 pub extern "C" fn cuMemcpyHtoD_v2(_dst: u64, _src: *const c_void, bytes: usize) -> i32 {
     spin(Duration::from_nanos(bytes as u64));
+    0
+}
+
+const DEVICES: i32 = 2;
+
+/// # Safety
+/// Pointers as the driver API takes them: valid, and the buffer as long
+/// as said.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut i32) -> i32 {
+    // SAFETY: the caller passes a valid pointer, as the driver API requires.
+    *count = DEVICES;
+    0
+}
+
+/// # Safety
+/// Pointers as the driver API takes them: valid, and the buffer as long
+/// as said.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut i32, ordinal: i32) -> i32 {
+    if !(0..DEVICES).contains(&ordinal) {
+        return 101; // CUDA_ERROR_INVALID_DEVICE
+    }
+    // SAFETY: as above.
+    *device = ordinal;
+    0
+}
+
+/// # Safety
+/// Pointers as the driver API takes them: valid, and the buffer as long
+/// as said.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(
+    name: *mut std::ffi::c_char,
+    len: i32,
+    device: i32,
+) -> i32 {
+    let text = format!("Stand-in GPU {device}\0");
+    if len <= 0 || text.len() > len as usize {
+        return 1; // CUDA_ERROR_INVALID_VALUE
+    }
+    // SAFETY: the caller's buffer holds `len` bytes.
+    std::ptr::copy_nonoverlapping(text.as_ptr(), name as *mut u8, text.len());
+    0
+}
+
+/// # Safety
+/// Pointers as the driver API takes them: valid, and the buffer as long
+/// as said.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: i32) -> i32 {
+    let bytes: [u8; 16] = std::array::from_fn(|i| 0x10 * (device as u8 + 1) + i as u8);
+    // SAFETY: CUuuid is 16 bytes, the caller's.
+    *uuid = bytes;
     0
 }

@@ -39,6 +39,9 @@ usage: gs-cuda-host [options]
                           stand-in has handed at least one buffer to a client
   --exit normal|abort|sigkill-self
                           how the process ends (normal: return from main)
+  --driver NAME           dlopen NAME first, as the process's CUDA driver (a
+                          stand-in libcuda named libcuda.so.1 on LD_LIBRARY_PATH:
+                          the shim asks it for device names and UUIDs)
 
 The stand-in libcupti is $GS_FAKE_CUPTI, else libcupti_standin.so beside this program.
 One JSON line of ground truth goes to stdout (times on CLOCK_MONOTONIC).";
@@ -70,6 +73,7 @@ struct Opts {
     pending: u64,
     hold_ms: u64,
     exit: Exit,
+    driver: Option<String>,
 }
 
 fn parse() -> Opts {
@@ -88,6 +92,7 @@ fn parse() -> Opts {
         pending: 0,
         hold_ms: 0,
         exit: Exit::Normal,
+        driver: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -126,6 +131,7 @@ fn parse() -> Opts {
             "kineto-to" => o.kineto_to = Some(num()),
             "pending" => o.pending = num(),
             "hold-ms" => o.hold_ms = num(),
+            "driver" => o.driver = Some(value),
             "exit" => {
                 o.exit = match value.as_str() {
                     "normal" => Exit::Normal,
@@ -246,6 +252,10 @@ struct Launched {
 
 fn main() {
     let o = parse();
+    if let Some(driver) = &o.driver {
+        // Mapped for good, as a process's libcuda is.
+        open(driver, libc::RTLD_NOW | libc::RTLD_GLOBAL);
+    }
     let (cupti_path, fake) = load_fake();
     let (init_rc, init_ns) = inject();
     if o.hold_ms > 0 {
