@@ -749,6 +749,18 @@ def eval_same_losses(bare, truth):
     return True, f"all {len(a)} losses identical, bit for bit (last {float.fromhex(a[-1]):.6g})"
 
 
+def eval_uuid(rep):
+    """The UUID the shim asked the driver for, against nvidia-smi's list."""
+    got = field(rep, "gpus.0.uuid")
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"nvidia-smi: {e}"
+    listed = [l.strip() for l in out.splitlines() if l.strip()]
+    return got in listed, f"{got} ({'listed' if got in listed else 'not among ' + ', '.join(listed)})"
+
+
 def eval_report_drops(rep):
     d = field(rep, "drops.gpu_records")
     lossy = rep.get("drops", {}).get("lossy_windows_ns", [])
@@ -995,6 +1007,7 @@ def gapscope_scenarios(t, r, ctx):
             unseen = g.get("unseen_ns", 0)
             return busy + idle + unseen == alloc, f"{busy} + {idle} + unseen {unseen} = {alloc}"
         t.check("gapscope", "gapscope: busy + idle + unseen = allocated", partition)
+        t.check("gapscope", "gapscope: the GPU's UUID is one nvidia-smi lists", lambda: eval_uuid(rep))
 
         def launch_cpu():
             cc = field(rep, "gpus.0.clock_check")
