@@ -248,13 +248,7 @@ fn cpus_held_by_a_sibling_of_the_trainer_are_contention_not_input() {
         data = data.display(),
         truth = truth_path.display(),
     );
-    let r = run(
-        &dir.path().join("rec"),
-        &["-q", "--no-exports"],
-        &["sh", "-c", &script],
-    );
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let report = r.report();
+    let report = record_script(&dir.path().join("rec"), &script);
     let truth: Value =
         serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
     let g = &report["gpus"][0];

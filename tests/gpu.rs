@@ -249,13 +249,7 @@ fn gpus_of_different_processes_are_told_apart_by_uuid() {
     for (a, b, gpus) in [("GPU-1111", "GPU-2222", 2), ("GPU-1111", "GPU-1111", 1)] {
         let dir = scratch("gpu-uuid");
         let script = format!("{} & {}; wait", fake(a), fake(b));
-        let r = run(
-            &dir.path().join("rec"),
-            &["-q", "--no-exports"],
-            &["sh", "-c", &script],
-        );
-        assert_eq!(r.code(), Some(0), "{}", r.stderr());
-        let report = r.report();
+        let report = record_script(&dir.path().join("rec"), &script);
         assert_partitions(&report);
         let got = report["gpus"].as_array().unwrap();
         assert_eq!(got.len(), gpus, "{a} and {b}: {:#}", report["gpus"]);

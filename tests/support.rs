@@ -136,6 +136,14 @@ pub fn run(dir: &Path, args: &[&str], cmd: &[&str]) -> Run {
 
 /// `gapscope report PATH --format json`, parsed, checked against the
 /// contract (docs/report.schema.json).
+/// `sh -c SCRIPT` recorded quietly into `dir`: it must succeed; its report.
+#[track_caller]
+pub fn record_script(dir: &Path, script: &str) -> Value {
+    let r = run(dir, &["-q", "--no-exports"], &["sh", "-c", script]);
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    r.report()
+}
+
 pub fn report_json(path: &Path) -> Value {
     let out = Command::new(gapscope())
         .args(["report", "--format", "json"])
