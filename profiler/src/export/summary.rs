@@ -591,18 +591,7 @@ fn stack_lines<'a>(stacks: impl Iterator<Item = (String, &'a StackReport)>) -> V
 /// How one stack reads in the text report: its kind (off-CPU), and its
 /// useful frames with the kernel frame that says what it did.
 fn stack_text(s: &StackReport) -> (String, String) {
-    let mut useful: Vec<&str> = s
-        .frames
-        .iter()
-        .map(String::as_str)
-        .filter(|f| !crate::session::is_entry_frame(f))
-        .collect();
-    if useful.is_empty() {
-        // Only entry frames (inlined code): better than nothing.
-        useful = s.frames.iter().map(String::as_str).collect();
-    }
-    // Recursion and inlined wrappers repeat a name; once is enough.
-    useful.dedup();
+    let useful = readable_frames(s.frames.iter().map(String::as_str));
     let mut frames: Vec<String> = useful
         .iter()
         .take(MAX_FRAMES)
@@ -619,6 +608,21 @@ fn stack_text(s: &StackReport) -> (String, String) {
     let kind = s.kind.map(|k| format!("{} ", k.name())).unwrap_or_default();
     let kernel = kernel_note(s.kernel_frames.iter().rev().map(String::as_str));
     (kind, format!("{chain}{kernel}"))
+}
+
+/// User frames (innermost first) worth reading: without the runtime's
+/// entry frames (only those, when that is all there is: inlined code), a
+/// name repeated by recursion or inlined wrappers once.
+pub(crate) fn readable_frames<'a>(frames: impl Iterator<Item = &'a str> + Clone) -> Vec<&'a str> {
+    let mut useful: Vec<&str> = frames
+        .clone()
+        .filter(|f| !crate::session::is_entry_frame(f))
+        .collect();
+    if useful.is_empty() {
+        useful = frames.collect();
+    }
+    useful.dedup();
+    useful
 }
 
 /// What a kernel stack (root first) did, as the text shows it after the

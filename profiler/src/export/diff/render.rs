@@ -413,14 +413,7 @@ fn short_stack(frames: &[String]) -> String {
         .iter()
         .map(String::as_str)
         .partition(|f| f.ends_with("_[k]"));
-    let mut useful: Vec<&str> = user
-        .iter()
-        .rev()
-        .copied()
-        .filter(|f| !crate::session::is_entry_frame(f))
-        .collect();
-    // Recursion and inlined wrappers repeat a name; once is enough.
-    useful.dedup();
+    let useful = crate::export::summary::readable_frames(user.iter().rev().copied());
     let mut inner: Vec<&str> = marker
         .into_iter()
         .chain(useful.iter().copied().take(KEEP))
