@@ -89,7 +89,11 @@ pub enum IoDir {
 }
 
 pub fn io_dir(nr: i32) -> IoDir {
-    match syscall_name(nr).as_ref() {
+    io_dir_named(&syscall_name(nr))
+}
+
+fn io_dir_named(name: &str) -> IoDir {
+    match name {
         "read" | "pread64" | "readv" | "preadv" | "preadv2" | "recvfrom" | "recvmsg" => IoDir::Read,
         "write" | "pwrite64" | "writev" | "pwritev" | "pwritev2" | "sendto" | "sendmsg" => {
             IoDir::Write
@@ -145,28 +149,13 @@ pub fn sampled_io(kernel_frames: &[Frame]) -> Option<OffKind> {
             .iter()
             .any(|f| prefixes.iter().any(|p| f.function.starts_with(p)))
     };
-    let data = matches!(
-        call,
-        "read"
-            | "pread64"
-            | "readv"
-            | "preadv"
-            | "preadv2"
-            | "write"
-            | "pwrite64"
-            | "writev"
-            | "pwritev"
-            | "pwritev2"
-            | "recvfrom"
-            | "recvmsg"
-            | "recvmmsg"
-            | "sendto"
-            | "sendmsg"
-            | "sendmmsg"
-            | "sendfile64"
-            | "splice"
-            | "copy_file_range"
-    );
+    // The calls whose result is a byte count, and those that move data
+    // but count otherwise (messages) or between two descriptors.
+    let data = io_dir_named(call) != IoDir::None
+        || matches!(
+            call,
+            "recvmmsg" | "sendmmsg" | "sendfile64" | "splice" | "copy_file_range"
+        );
     if !data || has(&["unix_", "pipe_", "anon_pipe"]) {
         None
     } else if has(&["tcp_", "udp_", "inet_", "inet6_", "sock_", "__sock_", "sk_"]) {
