@@ -404,18 +404,20 @@ impl Run<'_> {
     }
 
     /// The feeder's piece `i` is a wait for a CPU in the middle of its own
-    /// work that `plan` removes: preempted host work that no longer runs is
-    /// not preempted either. (Left in, a disturbed recording predicts the
-    /// disturbance as if it were the rest of the run.)
+    /// work that `plan` removes — host work, or the launch calls' overhead:
+    /// work that no longer runs is not preempted either, whoever held the
+    /// CPU. (Left in, a disturbed recording predicts the disturbance as if
+    /// it were the rest of the run.)
     fn interrupts_removed(&self, i: usize, plan: &Plan) -> bool {
         let removed = |p: Option<&Piece>| {
             p.is_some_and(|p| {
                 p.thread.is_none_or(|t| t == self.feeder)
                     && plan.removes(p.cause)
-                    && self.call_at(p.start).is_none()
+                    && (p.cause == Cause::CpuLaunch || self.call_at(p.start).is_none())
             })
         };
-        let working = |p: &&Piece| p.cause != Cause::CpuContention;
+        // (A wait for a CPU is split between the loaders' and others'.)
+        let working = |p: &&Piece| !matches!(p.cause, Cause::CpuContention | Cause::InputCpu);
         let a = &self.account;
         removed(a[..i].iter().rev().take(64).find(working))
             && removed(a[i + 1..].iter().take(64).find(working))
@@ -629,7 +631,10 @@ impl Run<'_> {
                 // (loading a model, saving it) is not what a fix changes;
                 // waiting for the CPUs the loaders held is.
                 c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
-                Cause::CpuContention if inside && self.interrupts_removed(i, plan) => {}
+                Cause::CpuContention | Cause::InputCpu
+                    if inside
+                        && p.thread.is_none_or(|t| t == self.feeder)
+                        && self.interrupts_removed(i, plan) => {}
                 c => {
                     let c = if after_sync && c == Cause::CpuHost {
                         Cause::Sync
