@@ -572,6 +572,24 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		}
 	}
 
+	/* The fair class starts prev_sum_exec_runtime afresh each time it
+	 * puts a task on a CPU and has charged prev up to now before this
+	 * tracepoint (dequeue or put_prev), so the difference is what this
+	 * run cost in the kernel's own accounting. Other classes (RT,
+	 * deadline, ext) leave prev_sum_exec_runtime stale: not known. */
+	__u64 charged = 0;
+	if (flags & GS_SW_PREV_TRACKED) {
+		__u32 policy = BPF_CORE_READ(prev, policy);
+		if (policy == 0 /* NORMAL */ || policy == 3 /* BATCH */ || policy == 5 /* IDLE */) {
+			__u64 sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
+			__u64 from = BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
+			if (sum >= from) {
+				charged = sum - from;
+				flags |= GS_SW_CHARGED;
+			}
+		}
+	}
+
 	struct gs_switch *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_drop(GS_EV_SWITCH);
@@ -594,6 +612,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	e->flags = flags;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
 	e->count = count;
+	e->prev_charged = charged;
 	bpf_ringbuf_submit(e, rb_flags());
 	return 0;
 }

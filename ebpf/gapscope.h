@@ -62,6 +62,7 @@ struct gs_header {
 #define GS_SW_PREV_TRACKED 1
 #define GS_SW_NEXT_TRACKED 2
 #define GS_SW_PREEMPT 4 /* prev stays runnable: it was preempted, not blocked */
+#define GS_SW_CHARGED 8 /* prev_charged holds what the kernel charged prev's run */
 
 /* sched_switch where prev or next (or both) belong to the tracked tree.
  * header.pid/tid = prev when prev is tracked, else next. */
@@ -80,6 +81,11 @@ struct gs_switch {
 	__u8 flags;       /* GS_SW_* */
 	__u8 _pad[2];
 	__u32 count;      /* bytes a blocked read asked for (--syscalls blocking), 0 = none */
+	/* CPU time the kernel charged prev for the run that ends here (valid
+	 * with GS_SW_CHARGED). Less than the run's wall time when the CPU was
+	 * taken from it: the hypervisor ran another guest (steal), or, with
+	 * IRQ time accounting, interrupts were handled on it. */
+	__u64 prev_charged;
 };
 
 #define GS_WK_NEW 1 /* sched_wakeup_new: first wakeup of a new task */
@@ -219,7 +225,7 @@ GS_LAYOUT(gs_header, kind, 16);
 GS_LAYOUT(gs_header, cpu, 18);
 GS_LAYOUT(gs_header, size, 20);
 
-GS_LAYOUT_SIZE(gs_switch, 80);
+GS_LAYOUT_SIZE(gs_switch, 88);
 GS_LAYOUT(gs_switch, prev_pid, 24);
 GS_LAYOUT(gs_switch, prev_tid, 28);
 GS_LAYOUT(gs_switch, next_pid, 32);
@@ -232,6 +238,7 @@ GS_LAYOUT(gs_switch, fd, 68);
 GS_LAYOUT(gs_switch, fd_kind, 72);
 GS_LAYOUT(gs_switch, flags, 73);
 GS_LAYOUT(gs_switch, count, 76);
+GS_LAYOUT(gs_switch, prev_charged, 80);
 
 GS_LAYOUT_SIZE(gs_wakeup, 40);
 GS_LAYOUT(gs_wakeup, waker_pid, 24);

@@ -230,7 +230,10 @@ pub fn assert_close(what: &str, actual: u64, expected: u64, tol: f64) {
 #[track_caller]
 pub fn assert_partitions(report: &Value) {
     for t in report["threads"].as_array().expect("threads") {
-        let sum = u64_of(t, "on_cpu_ns") + u64_of(t, "runnable_ns") + off_cpu_total(t);
+        let sum = u64_of(t, "on_cpu_ns")
+            + u64_of(t, "runnable_ns")
+            + u64_of(t, "stolen_ns")
+            + off_cpu_total(t);
         assert_eq!(sum, u64_of(t, "lifetime_ns"), "thread {}", t["tid"]);
     }
 }

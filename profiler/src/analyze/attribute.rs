@@ -489,6 +489,9 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             }
         }
         let cause = match state {
+            // Whoever waited on this thread, a CPU taken from it by the
+            // hypervisor or interrupts is none of the job's doing.
+            State::Stolen => Some(Cause::CpuContention),
             State::OnCpu | State::Runnable if receiving => Some(Cause::InputCpu),
             State::OnCpu if hops == 0 && after_sync => Some(Cause::Sync),
             State::OnCpu if hops == 0 => Some(Cause::CpuHost),
@@ -994,11 +997,11 @@ mod tests {
         for (ts, s) in steps {
             match s {
                 Step::In => th.switch_in(*ts),
-                Step::Block(nr, k) => th.switch_out(*ts, &out(*nr, *k)),
+                Step::Block(nr, k) => th.switch_out(*ts, &out(*nr, *k), None),
                 Step::Preempt => {
                     let mut o = out(READ, FdKind::None);
                     o.preempted = true;
-                    th.switch_out(*ts, &o)
+                    th.switch_out(*ts, &o, None)
                 }
                 Step::Wake(w) => th.wakeup(*ts, *w),
             }
@@ -1331,7 +1334,7 @@ mod tests {
         let mut queue = ThreadTimeline::forked(QUEUE.0, QUEUE.1, 300, true);
         queue.creator = Some(WORKER);
         queue.switch_in(300);
-        queue.switch_out(390, &out(FUTEX, FdKind::None));
+        queue.switch_out(390, &out(FUTEX, FdKind::None), None);
         queue.finish(500);
         let threads = || vec![feeder.clone(), worker.clone(), queue.clone()];
         let a = run(

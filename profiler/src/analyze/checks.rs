@@ -48,7 +48,7 @@ impl ClockCheck {
 pub(crate) fn on_cpu_at(iv: &[Interval], at: u64) -> bool {
     let i = iv.partition_point(|i| i.end <= at);
     iv.get(i)
-        .is_some_and(|i| i.start <= at && matches!(i.state, State::OnCpu))
+        .is_some_and(|i| i.start <= at && matches!(i.state, State::OnCpu | State::Stolen))
 }
 
 /// Per device: kernels vs their launch calls, launch calls vs the eBPF

@@ -112,8 +112,10 @@ impl Pool {
         self.io += io;
         self.net += net;
         self.cpu += cpu;
-        self.runnable += t.runnable;
-        let work = io + net + cpu + t.runnable;
+        // A CPU taken from it (steal) is waiting for a CPU too.
+        let runnable = t.runnable + t.stolen;
+        self.runnable += runnable;
+        let work = io + net + cpu + runnable;
         if work > self.busiest {
             self.busiest = work;
             self.busiest_life = t.end.saturating_sub(t.start);

@@ -254,6 +254,7 @@ fn stack_during(
             s
         }
         Some(State::Runnable) => vec!["[waiting for a CPU]".into()],
+        Some(State::Stolen) => vec!["[CPU taken from it: steal, interrupts]".into()],
         _ => {
             // Nearest sample within 20 ms of the piece.
             let near = samples.get(&t).and_then(|v| {

@@ -225,6 +225,9 @@ pub struct ThreadReport {
     pub lifetime_ns: u64,
     pub on_cpu_ns: u64,
     pub runnable_ns: u64,
+    /// Held a CPU in the scheduler's view, but the kernel did not charge
+    /// it: hypervisor steal, or interrupts with IRQ time accounting.
+    pub stolen_ns: u64,
     pub off_cpu_ns: OffCpuNs,
     pub read_bytes: BytesReport,
     pub write_bytes: BytesReport,
@@ -354,6 +357,7 @@ fn build_thread(t: &ThreadTimeline, stacks: &Stacks, period_ns: u64) -> ThreadRe
         lifetime_ns: t.lifetime(),
         on_cpu_ns: t.on_cpu,
         runnable_ns: t.runnable,
+        stolen_ns: t.stolen,
         off_cpu_ns: OffCpuNs {
             file: off(OffKind::File),
             net: off(OffKind::Net),

@@ -509,6 +509,12 @@ fn drops_line(r: &Report) -> String {
 
 fn thread_table(r: &Report) -> Table {
     let mut header = vec!["PID", "TID", "COMM", "LIFETIME", "ON-CPU", "RUNQ"];
+    // Only where a CPU was taken from a thread (a VM's steal): a column
+    // of zeros everywhere else.
+    let stolen = r.threads.iter().any(|t| t.stolen_ns > 0);
+    if stolen {
+        header.push("STOLEN");
+    }
     header.extend(OffKind::ALL.iter().map(|k| match k {
         OffKind::File => "FILE",
         OffKind::Net => "NET",
@@ -539,6 +545,9 @@ fn thread_table(r: &Report) -> Table {
                 units::percent(t.on_cpu_ns, life),
                 units::percent(t.runnable_ns, life),
             ];
+            if stolen {
+                row.push(units::percent(t.stolen_ns, life));
+            }
             row.extend(
                 OffKind::ALL
                     .iter()

@@ -393,6 +393,7 @@ pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
             let (name, args) = match &iv.state {
                 State::OnCpu => ("running".to_string(), String::new()),
                 State::Runnable => ("runnable".to_string(), String::new()),
+                State::Stolen => ("stolen (CPU taken from it)".to_string(), String::new()),
                 State::Off(o) => (
                     format!("blocked: {}", o.kind.name()),
                     match o.syscall {

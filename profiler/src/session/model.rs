@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 /// refuse newer versions at the header rather than at an unknown record.
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
-/// and ShimInjected; 4 added CpuIdle; 5 the Window mode.
-pub const FORMAT_VERSION: u16 = 5;
+/// and ShimInjected; 4 added CpuIdle; 5 the Window mode; 6 ChargedSwitch.
+pub const FORMAT_VERSION: u16 = 6;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -493,6 +493,18 @@ pub enum Event {
         fd_kind: FdKind,
         size: u64,
     },
+    /// A `Switch` that also says how much CPU time the kernel charged
+    /// `out` for the run that ends here. Recorded instead of `Switch` when
+    /// the kernel said; less than the run's wall time when the CPU was
+    /// taken from the thread (hypervisor steal; interrupts, with IRQ time
+    /// accounting).
+    ChargedSwitch {
+        ts: u64,
+        cpu: u16,
+        out: Option<SwitchOut>,
+        in_: Option<(u32, u32)>,
+        charged: u64,
+    },
 }
 
 impl Event {
@@ -508,7 +520,8 @@ impl Event {
             | Event::Exit { ts, .. }
             | Event::Open { ts, .. }
             | Event::CudaCall { ts, .. }
-            | Event::BlockedRead { ts, .. } => *ts,
+            | Event::BlockedRead { ts, .. }
+            | Event::ChargedSwitch { ts, .. } => *ts,
         }
     }
 }

@@ -9,7 +9,7 @@ pub mod thread;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::session::{Event, FdKind, Session, ThreadIo};
+use crate::session::{Event, FdKind, Session, SwitchOut, ThreadIo};
 pub use classify::{syscall_name, OffKind};
 pub use gpu::GpuSide;
 pub use thread::{Interval, Keep, OffCpu, State, ThreadTimeline, Wanted, LONG_SYSCALL_NS};
@@ -357,23 +357,39 @@ impl Timeline {
         }
     }
 
+    fn switch(
+        &mut self,
+        ts: u64,
+        out: Option<&SwitchOut>,
+        in_: Option<(u32, u32)>,
+        charged: Option<u64>,
+    ) {
+        let keep = &self.keep;
+        if let Some(o) = out {
+            let t = thread_mut(&mut self.threads, o.pid, o.tid, ts, keep);
+            if o.preempted {
+                *t.preempted_by.entry(o.next.0).or_default() += 1;
+            }
+            t.switch_out(ts, o, charged);
+        }
+        if let Some((pid, tid)) = in_ {
+            thread_mut(&mut self.threads, pid, tid, ts, keep).switch_in(ts);
+        }
+    }
+
     /// One event into the thread and process accounts; events come in time
     /// order.
     pub fn apply(&mut self, e: &Event) {
         let keep = &self.keep;
         match e {
-            Event::Switch { ts, out, in_, .. } => {
-                if let Some(o) = out {
-                    let t = thread_mut(&mut self.threads, o.pid, o.tid, *ts, keep);
-                    if o.preempted {
-                        *t.preempted_by.entry(o.next.0).or_default() += 1;
-                    }
-                    t.switch_out(*ts, o);
-                }
-                if let Some((pid, tid)) = in_ {
-                    thread_mut(&mut self.threads, *pid, *tid, *ts, keep).switch_in(*ts);
-                }
-            }
+            Event::Switch { ts, out, in_, .. } => self.switch(*ts, out.as_ref(), *in_, None),
+            Event::ChargedSwitch {
+                ts,
+                out,
+                in_,
+                charged,
+                ..
+            } => self.switch(*ts, out.as_ref(), *in_, Some(*charged)),
             Event::Wakeup {
                 ts,
                 pid,

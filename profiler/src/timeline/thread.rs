@@ -1,6 +1,6 @@
 //! One thread's account: a state machine over its scheduler events that
-//! splits its lifetime into on-CPU, runnable and off-CPU (by kind), plus
-//! what it did in syscalls and where its stacks were.
+//! splits its lifetime into on-CPU, runnable, stolen and off-CPU (by kind),
+//! plus what it did in syscalls and where its stacks were.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -64,6 +64,11 @@ impl OffCpu {
 pub enum State {
     OnCpu,
     Runnable,
+    /// Held its CPU in the scheduler's view, but the kernel did not charge
+    /// it the time: the hypervisor ran another guest on that CPU (steal)
+    /// or, with IRQ time accounting, interrupts were handled on it. The
+    /// kernel says how much of a run, not when: kept at the run's end.
+    Stolen,
     Off(OffCpu),
 }
 
@@ -85,6 +90,13 @@ enum Cur {
     Known(State),
     Dead,
 }
+
+/// A run's wall time and the kernel's charge come from different clocks
+/// (CLOCK_MONOTONIC is slewed by NTP, the scheduler's clock is not) read a
+/// few instructions apart: a difference within this much of the run, plus
+/// [`STOLEN_FLOOR_NS`], is the clocks, not a CPU taken away.
+const STOLEN_NOISE_PPM: u64 = 1_000;
+const STOLEN_FLOOR_NS: u64 = 5_000;
 
 /// Syscalls shorter than this are only counted, not kept one by one.
 pub const LONG_SYSCALL_NS: u64 = 10_000;
@@ -214,6 +226,8 @@ pub struct ThreadTimeline {
     pub end: u64,
     pub on_cpu: u64,
     pub runnable: u64,
+    /// See [`State::Stolen`].
+    pub stolen: u64,
     pub off: BTreeMap<OffKind, u64>,
     pub syscalls: BTreeMap<i32, SyscallStat>,
     pub read_bytes: Bytes,
@@ -252,6 +266,9 @@ pub struct ThreadTimeline {
     since: u64,
     /// Latest moment the thread is known to have been on a CPU.
     last_ran: u64,
+    /// The current run began at a recorded switch-in, so its wall time is
+    /// known and can be set against what the kernel charged for it.
+    run_from_switch_in: bool,
     /// A wakeup seen while the thread was believed on-CPU.
     pending_wakeup: Option<(u64, (u32, u32))>,
 }
@@ -278,6 +295,7 @@ impl ThreadTimeline {
             end: start,
             on_cpu: 0,
             runnable: 0,
+            stolen: 0,
             off: BTreeMap::new(),
             syscalls: BTreeMap::new(),
             read_bytes: Bytes::default(),
@@ -299,6 +317,7 @@ impl ThreadTimeline {
             cur,
             since: start,
             last_ran: start,
+            run_from_switch_in: false,
             pending_wakeup: None,
         }
     }
@@ -381,6 +400,7 @@ impl ThreadTimeline {
         match &state {
             State::OnCpu => self.on_cpu += dur,
             State::Runnable => self.runnable += dur,
+            State::Stolen => self.stolen += dur,
             State::Off(o) => {
                 *self.off.entry(o.kind).or_default() += dur;
                 if o.ustack != 0 || o.kstack != 0 {
@@ -419,10 +439,23 @@ impl ThreadTimeline {
         self.cur = Cur::Known(state);
     }
 
-    pub fn switch_out(&mut self, ts: u64, out: &SwitchOut) {
+    /// `charged`: the CPU time the kernel charged the run that ends here,
+    /// when the recording says.
+    pub fn switch_out(&mut self, ts: u64, out: &SwitchOut, charged: Option<u64>) {
         if self.is_dead() {
             return;
         }
+        if let (Some(charged), true, Cur::Known(State::OnCpu)) =
+            (charged, self.run_from_switch_in, &self.cur)
+        {
+            let wall = ts.saturating_sub(self.since);
+            let stolen = wall.saturating_sub(charged);
+            if stolen > STOLEN_FLOOR_NS + wall * STOLEN_NOISE_PPM / 1_000_000 {
+                self.close(ts - stolen, State::OnCpu);
+                self.set(State::Stolen);
+            }
+        }
+        self.run_from_switch_in = false;
         self.close(ts, State::OnCpu);
         self.set(if out.preempted {
             State::Runnable
@@ -452,6 +485,7 @@ impl ThreadTimeline {
         self.close(ts, State::Runnable);
         self.set(State::OnCpu);
         self.last_ran = ts;
+        self.run_from_switch_in = true;
     }
 
     /// The thread did something only a running thread does (entered a
@@ -600,15 +634,15 @@ mod tests {
     fn states_partition_the_lifetime() {
         let mut t = ThreadTimeline::forked(1, 1, 100, true);
         t.switch_in(110); // runnable 10
-        t.switch_out(150, &blocked(0, FdKind::File)); // on 40
+        t.switch_out(150, &blocked(0, FdKind::File), None); // on 40
         t.wakeup(250, (1, 2)); // file 100
         t.switch_in(255); // runnable 5
         let mut pre = blocked(0, FdKind::None);
         pre.preempted = true;
-        t.switch_out(300, &pre); // on 45
+        t.switch_out(300, &pre, None); // on 45
         t.switch_in(320); // runnable 20
         t.exit(330); // on 10
-        t.switch_out(331, &blocked(60, FdKind::None)); // after death: ignored
+        t.switch_out(331, &blocked(60, FdKind::None), None); // after death: ignored
         assert_eq!(t.on_cpu, 95);
         assert_eq!(t.runnable, 35);
         assert_eq!(t.off[&OffKind::File], 100);
@@ -632,7 +666,7 @@ mod tests {
             fd_kind: FdKind::None,
         };
         let mut t = ThreadTimeline::seeded(&seed, 0, false);
-        t.switch_out(40, &blocked(202, FdKind::None));
+        t.switch_out(40, &blocked(202, FdKind::None), None);
         assert_eq!(t.on_cpu, 40);
         // Blocked in a pipe read at attach: off-CPU ipc until its wakeup.
         let seed = ThreadSeed {
@@ -654,10 +688,10 @@ mod tests {
         t.switch_in(10);
         let mut pre = blocked(0, FdKind::None);
         pre.preempted = true;
-        t.switch_out(20, &pre); // runnable from 20 ...
+        t.switch_out(20, &pre, None); // runnable from 20 ...
         t.evidence_of_running(25); // ... but running again by 25 (switch-in lost)
         t.evidence_of_running(30);
-        t.switch_out(40, &pre);
+        t.switch_out(40, &pre, None);
         t.finish(40);
         assert_eq!(t.on_cpu, 10 + 15);
         assert_eq!(t.runnable, 10 + 5);
@@ -680,11 +714,55 @@ mod tests {
     }
 
     #[test]
+    fn a_run_the_kernel_charged_less_for_lost_the_rest_of_its_cpu() {
+        const MS: u64 = 1_000_000;
+        let mut pre = blocked(0, FdKind::None);
+        pre.preempted = true;
+        let mut t = ThreadTimeline::forked(1, 1, 0, true);
+        t.switch_in(MS);
+        // 100 ms on the CPU by the clock, 60 ms by the kernel's charge.
+        t.switch_out(101 * MS, &pre, Some(60 * MS));
+        // A run the clocks' disagreement alone explains loses nothing.
+        t.switch_in(102 * MS);
+        t.switch_out(112 * MS, &pre, Some(10 * MS - 3_000));
+        // Charged more than the clock says: nothing taken either.
+        t.switch_in(113 * MS);
+        t.switch_out(114 * MS, &blocked(0, FdKind::File), Some(2 * MS));
+        t.finish(120 * MS);
+        assert_eq!(t.stolen, 40 * MS);
+        assert_eq!(t.on_cpu, 60 * MS + 10 * MS + MS);
+        assert_eq!(
+            t.on_cpu + t.runnable + t.stolen + t.off_total(),
+            t.lifetime()
+        );
+        let iv = t.intervals.as_ref().unwrap();
+        assert_eq!(
+            (iv[1].start, iv[1].end, &iv[1].state, &iv[2].state),
+            (MS, 61 * MS, &State::OnCpu, &State::Stolen)
+        );
+        assert_eq!(iv[2].end, 101 * MS);
+
+        // A run whose start was not seen (running at attach) has no wall
+        // time to set the charge against.
+        let seed = ThreadSeed {
+            pid: 1,
+            tid: 1,
+            comm: "x".into(),
+            state: 'R',
+            syscall: None,
+            fd_kind: FdKind::None,
+        };
+        let mut t = ThreadTimeline::seeded(&seed, 0, false);
+        t.switch_out(100 * MS, &pre, Some(MS));
+        assert_eq!((t.on_cpu, t.stolen), (100 * MS, 0));
+    }
+
+    #[test]
     fn a_wakeup_while_running_changes_nothing() {
         let mut t = ThreadTimeline::forked(1, 1, 0, false);
         t.switch_in(10);
         t.wakeup(15, (7, 7));
-        t.switch_out(20, &blocked(202, FdKind::None));
+        t.switch_out(20, &blocked(202, FdKind::None), None);
         t.wakeup(30, (7, 7));
         t.switch_in(35);
         t.finish(40);

@@ -45,6 +45,7 @@ pub mod kind {
 pub const SW_PREV_TRACKED: u8 = 1;
 pub const SW_NEXT_TRACKED: u8 = 2;
 pub const SW_PREEMPT: u8 = 4;
+pub const SW_CHARGED: u8 = 8;
 pub const WK_NEW: u8 = 1;
 pub const FORK_THREAD: u32 = 1;
 pub const OPEN_DENTRIES: i32 = 1;
@@ -78,6 +79,7 @@ pub struct Switch {
     pub flags: u8,
     pub _pad: [u8; 2],
     pub count: u32,
+    pub prev_charged: u64,
 }
 
 #[repr(C)]
@@ -211,9 +213,9 @@ macro_rules! layout {
 }
 
 layout!(Header, 24; ts @ 0, pid @ 8, tid @ 12, kind @ 16, cpu @ 18, size @ 20);
-layout!(Switch, 80; prev_pid @ 24, prev_tid @ 28, next_pid @ 32, next_tid @ 36,
+layout!(Switch, 88; prev_pid @ 24, prev_tid @ 28, next_pid @ 32, next_tid @ 36,
     prev_state @ 40, ustack @ 48, kstack @ 56, syscall @ 64, fd @ 68, fd_kind @ 72, flags @ 73,
-    count @ 76);
+    count @ 76, prev_charged @ 80);
 layout!(Wakeup, 40; waker_pid @ 24, waker_tid @ 28, target_cpu @ 32, flags @ 36);
 layout!(Syscall, 56; duration @ 24, ret @ 32, nr @ 40, fd @ 44, fd_kind @ 48);
 layout!(Sample, 40; ustack @ 24, kstack @ 32);
@@ -268,7 +270,8 @@ mod tests {
         table! {
             "gs_header" => Header { ts, pid, tid, kind, cpu, size },
             "gs_switch" => Switch { prev_pid, prev_tid, next_pid, next_tid, prev_state,
-                                    ustack, kstack, syscall, fd, fd_kind, flags, count },
+                                    ustack, kstack, syscall, fd, fd_kind, flags, count,
+                                    prev_charged },
             "gs_wakeup" => Wakeup { waker_pid, waker_tid, target_cpu, flags },
             "gs_syscall" => Syscall { duration, ret, nr, fd, fd_kind },
             "gs_sample" => Sample { ustack, kstack },

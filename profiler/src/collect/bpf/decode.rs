@@ -37,11 +37,21 @@ pub fn decode(bytes: &[u8]) -> Option<(Record, Option<Record>)> {
                     size: e.count.into(),
                 }));
             }
-            Event::Switch {
-                ts: h.ts,
-                cpu: h.cpu,
-                out,
-                in_,
+            if out.is_some() && e.flags & abi::SW_CHARGED != 0 {
+                Event::ChargedSwitch {
+                    ts: h.ts,
+                    cpu: h.cpu,
+                    out,
+                    in_,
+                    charged: e.prev_charged,
+                }
+            } else {
+                Event::Switch {
+                    ts: h.ts,
+                    cpu: h.cpu,
+                    out,
+                    in_,
+                }
             }
         }
         kind::WAKEUP => {
@@ -255,6 +265,26 @@ mod tests {
         assert_eq!(out.fd_kind, FdKind::File);
         assert!(!out.preempted);
         assert_eq!(out.ustack, 77);
+    }
+
+    #[test]
+    fn a_switch_says_what_the_kernel_charged_when_it_knows() {
+        let mut e = abi::Switch::zeroed();
+        e.h = header(kind::SWITCH, std::mem::size_of::<abi::Switch>());
+        (e.prev_pid, e.prev_tid, e.prev_charged) = (10, 11, 12_345);
+        e.flags = abi::SW_PREV_TRACKED | abi::SW_PREEMPT | abi::SW_CHARGED;
+        let Some((Record::Event(Event::ChargedSwitch { out, charged, .. }), None)) =
+            decode(bytemuck::bytes_of(&e))
+        else {
+            panic!("not a charged switch");
+        };
+        assert_eq!((out.unwrap().tid, charged), (11, 12_345));
+        // Without the flag (another scheduling class) it is not known.
+        e.flags &= !abi::SW_CHARGED;
+        assert!(matches!(
+            decode(bytemuck::bytes_of(&e)),
+            Some((Record::Event(Event::Switch { .. }), None))
+        ));
     }
 
     #[test]
