@@ -14,9 +14,9 @@
 //! its idle time split by the cause simtrain itself produced it with — the
 //! trainer's own log of what it did, its wait for each batch split by what
 //! the batch's loader reported doing meanwhile (fetching, computing, sent),
-//! and the share of its host work the kernel's schedstat says it spent
-//! waiting for a CPU counted as contention, so that the truth holds on a
-//! busy machine too.
+//! and the share of its host work the kernel did not charge it for (its
+//! CPU clock: waiting for a CPU, or a CPU the hypervisor took) counted as
+//! contention, so that the truth holds on a busy machine too.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -79,15 +79,6 @@ fn burn(ns: u64) {
         }
     }
     std::hint::black_box(x);
-}
-
-/// Time this thread has spent runnable but not running, from the kernel's
-/// schedstat (0 where schedstats are not available).
-fn run_delay() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -203,17 +194,18 @@ impl Log {
         }
     }
 
-    /// Host work of `cause`: the share of it the kernel says this thread
-    /// spent waiting for a CPU (its schedstat run delay) goes to
-    /// `cpu.contention` instead — on a busy machine that is what kept the
-    /// GPU waiting. Where in the span it waited is not known: the wait is
-    /// taken as spread evenly over it.
+    /// Host work of `cause`: the share of it the kernel did not charge this
+    /// thread for (its CPU clock) goes to `cpu.contention` instead — time
+    /// waiting for a CPU, and a CPU the hypervisor took from it (steal):
+    /// on a busy machine that is what kept the GPU waiting. Where in the
+    /// span it waited is not known: the wait is taken as spread evenly
+    /// over it.
     fn cpu_work(&mut self, cause: &'static str, work: impl FnOnce()) {
-        let (a, waited_before) = (now(), run_delay());
+        let (a, cpu_before) = (now(), thread_cpu());
         work();
-        let (b, waited_after) = (now(), run_delay());
+        let (b, cpu_after) = (now(), thread_cpu());
         if b > a {
-            let waited = waited_after.saturating_sub(waited_before).min(b - a);
+            let waited = (b - a).saturating_sub(cpu_after - cpu_before);
             self.spans.push((a, b, cause, waited));
         }
     }

@@ -489,9 +489,9 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             }
         }
         let cause = match state {
-            // Whoever waited on this thread, a CPU taken from it by the
-            // hypervisor or interrupts is none of the job's doing.
-            State::Stolen => Some(Cause::CpuContention),
+            // A CPU taken from the feeder by the hypervisor or interrupts
+            // is none of the job's doing.
+            State::Stolen if hops == 0 => Some(Cause::CpuContention),
             State::OnCpu | State::Runnable if receiving => Some(Cause::InputCpu),
             State::OnCpu if hops == 0 && after_sync => Some(Cause::Sync),
             State::OnCpu if hops == 0 => Some(Cause::CpuHost),
@@ -508,13 +508,16 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                 None
             }
             State::Runnable if hops == 0 => Some(Cause::CpuContention),
-            // A data worker waiting for a CPU: right after its I/O completed
-            // that is the I/O's tail; after a preemption, a CPU-bound loader.
-            State::Runnable => Some(match came_from.or_else(|| state_before(tl, s)) {
-                Some(State::Off(o)) if o.kind == OffKind::File => Cause::InputIo,
-                Some(State::Off(o)) if o.kind == OffKind::Net => Cause::InputNetwork,
-                _ => Cause::InputCpu,
-            }),
+            // A data worker waiting for a CPU (or whose CPU was taken):
+            // right after its I/O completed that is the I/O's tail; after a
+            // preemption, a CPU-bound loader.
+            State::Runnable | State::Stolen => {
+                Some(match came_from.or_else(|| state_before(tl, s)) {
+                    Some(State::Off(o)) if o.kind == OffKind::File => Cause::InputIo,
+                    Some(State::Off(o)) if o.kind == OffKind::Net => Cause::InputNetwork,
+                    _ => Cause::InputCpu,
+                })
+            }
             State::Off(o) => match o.kind {
                 OffKind::File => Some(Cause::InputIo),
                 OffKind::Net => Some(Cause::InputNetwork),
@@ -989,6 +992,8 @@ mod tests {
         In,
         Block(i32, FdKind),
         Preempt,
+        /// Blocks on a futex, the kernel having charged its run this much.
+        BlockCharged(u64),
         Wake(Tid),
     }
 
@@ -1003,6 +1008,7 @@ mod tests {
                     o.preempted = true;
                     th.switch_out(*ts, &o, None)
                 }
+                Step::BlockCharged(ns) => th.switch_out(*ts, &out(FUTEX, FdKind::None), Some(*ns)),
                 Step::Wake(w) => th.wakeup(*ts, *w),
             }
         }
@@ -1250,6 +1256,33 @@ mod tests {
         assert_eq!(a.get(Cause::CpuContention), 50);
         assert_eq!(a.get(Cause::CpuHost), 10 + 10);
         assert_eq!(a.get(Cause::Unattributed), 30); // woken by an untracked thread
+    }
+
+    /// The part of the feeder's run the kernel did not charge it for (the
+    /// hypervisor took the CPU) is contention, not its host work.
+    #[test]
+    fn a_cpu_taken_from_the_feeder_is_contention() {
+        const MS: u64 = 1_000_000;
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::In),
+                (200 * MS, Step::BlockCharged(160 * MS)),
+                (250 * MS, Step::Wake((99, 99))),
+                (250 * MS, Step::In),
+            ],
+            300 * MS,
+        );
+        let a = run(
+            &[(0, 100 * MS), (250 * MS, 300 * MS)],
+            &[(250 * MS, Some(FEEDER))],
+            vec![feeder],
+            BTreeMap::new(),
+            (0, 300 * MS),
+        );
+        assert_eq!(a.get(Cause::CpuHost), 60 * MS);
+        assert_eq!(a.get(Cause::CpuContention), 40 * MS);
+        assert_eq!(a.get(Cause::Unattributed), 50 * MS);
     }
 
     /// Waiting for a CPU the feeder's own loader holds is an input cost; for
