@@ -214,7 +214,7 @@ fn seed_records() -> Vec<u8> {
                 },
             ],
         }),
-        Record::Event(Event::Switch {
+        Record::Event(Event::ChargedSwitch {
             ts: t + 600,
             cpu: 0,
             out: Some(SwitchOut {
@@ -230,6 +230,7 @@ fn seed_records() -> Vec<u8> {
                 next: (0, 0),
             }),
             in_: None,
+            charged: 550,
         }),
         Record::GpuLost(crate::session::GpuLost {
             pid: 10,
