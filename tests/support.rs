@@ -226,6 +226,17 @@ pub fn assert_close(what: &str, actual: u64, expected: u64, tol: f64) {
     );
 }
 
+/// An O_DIRECT reader's storage reads in the report (`th`) are what the
+/// kernel counted for it, as the thread read them at its end (`truth`):
+/// its data, every byte from the disk, and nothing more than the kernel
+/// says it read besides (a file system's metadata).
+#[track_caller]
+pub fn assert_storage_reads(th: &Value, truth: &Value) {
+    let reported = u64_of(&th["io"], "storage_read_bytes");
+    assert_eq!(reported, u64_of(truth, "storage_read_bytes"), "{th}");
+    assert!(reported >= u64_of(truth, "bytes"), "{th}");
+}
+
 /// Every thread's account partitions its lifetime exactly (integer ns).
 #[track_caller]
 pub fn assert_partitions(report: &Value) {

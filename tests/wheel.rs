@@ -96,8 +96,8 @@ fn a_fresh_venv_with_only_pip_records_and_reports() {
     let t = truth_of(&lines, "oread")[0];
     let report = wheel_report(&gs, &rec);
     let th = thread(&report, u64_of(t, "tid"));
-    assert_eq!(u64_of(&th["io"], "storage_read_bytes"), 16 << 20);
-    assert_eq!(u64_of(&th["io"], "storage_read_bytes"), u64_of(t, "bytes"));
+    assert_eq!(u64_of(t, "bytes"), 16 << 20);
+    assert_storage_reads(th, t);
 
     // The shim the wheel carries beside its binary is the one `run` gives a
     // CUDA process (here one whose "driver" loads it without a GPU).
