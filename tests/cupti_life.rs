@@ -561,21 +561,19 @@ fn a_cupti_that_cannot_refuse_a_buffer_is_never_refused_one() {
 /// libcuda (libfakecuda.so) mapped as the process's libcuda.so.1.
 #[test]
 fn the_driver_names_each_device_and_its_uuid() {
-    let dir = scratch("driver");
-    std::fs::copy(bin("libfakecuda.so"), dir.path().join("libcuda.so.1")).unwrap();
     // Asked at a periodic flush (every 250 ms) once records came back (a
     // buffer comes back once all its work is done): 1.4 s, the GPU queue
     // drained every step and idle five sixths of the time, so that some
     // flush finds a buffer done and a later one asks.
-    let mut cmd = host_command(&[
-        "--steps",
-        "40",
-        "--gap-us",
-        "30000",
-        "--sync-every-step",
-        "--driver",
-        "libcuda.so.1",
-    ]);
+    names_each_device(&["--steps", "40", "--gap-us", "30000", "--sync-every-step"]);
+    // A process over before any periodic flush: asked at its last drain.
+    names_each_device(&["--steps", "3"]);
+}
+
+fn names_each_device(args: &[&str]) {
+    let dir = scratch("driver");
+    std::fs::copy(bin("libfakecuda.so"), dir.path().join("libcuda.so.1")).unwrap();
+    let mut cmd = host_command(&[args, &["--driver", "libcuda.so.1"]].concat());
     cmd.env("LD_LIBRARY_PATH", dir.path());
     let (frames, out) = listened(cmd);
     assert!(

@@ -544,6 +544,7 @@ fn detach_profiler(wait: Duration, exiting: bool) {
                     unsafe { register(None) };
                 }
             }
+            send_devices(s);
         }
     }
     s.set_state(State::Dormant);
@@ -713,21 +714,7 @@ fn periodic() {
             {
                 s.clock_offset.store(measure_offset(c), Ordering::Relaxed);
             }
-            if !s.devices_sent.load(Ordering::Relaxed) && s.last_end.load(Ordering::Relaxed) > 0 {
-                // CUDA works by now (a record came back): the driver can be
-                // asked for names outside its initialisation.
-                s.devices_sent.store(true, Ordering::Relaxed);
-                let devices: Vec<GpuRecord> = loader::device_names()
-                    .into_iter()
-                    .flat_map(|(id, name, uuid)| {
-                        let uuid = uuid.map(|uuid| GpuRecord::DeviceUuid { id, uuid });
-                        std::iter::once(GpuRecord::Device { id, name }).chain(uuid)
-                    })
-                    .collect();
-                if !devices.is_empty() {
-                    send(&Frame::Records(devices), 0);
-                }
-            }
+            send_devices(s);
             send_counts(s);
         }
         State::Blind => {
@@ -742,6 +729,27 @@ fn periodic() {
             }
         }
         State::Dormant => {}
+    }
+}
+
+/// The GPUs' names and UUIDs, once, as soon as CUDA works (a record came
+/// back): the driver can be asked outside its initialisation then. Asked at
+/// a periodic flush and, for a process that ends before one found a record,
+/// at the last drain.
+fn send_devices(s: &Shim) {
+    if s.devices_sent.load(Ordering::Relaxed) || s.last_end.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    s.devices_sent.store(true, Ordering::Relaxed);
+    let devices: Vec<GpuRecord> = loader::device_names()
+        .into_iter()
+        .flat_map(|(id, name, uuid)| {
+            let uuid = uuid.map(|uuid| GpuRecord::DeviceUuid { id, uuid });
+            std::iter::once(GpuRecord::Device { id, name }).chain(uuid)
+        })
+        .collect();
+    if !devices.is_empty() {
+        send(&Frame::Records(devices), 0);
     }
 }
 
