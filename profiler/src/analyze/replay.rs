@@ -1087,6 +1087,35 @@ mod tests {
         );
     }
 
+    /// A launch loop preempted between its launches: with the launch
+    /// overhead gone, so are those waits (nothing runs to be preempted); a
+    /// wait before the loop (a wake-up after the sync) or after it is not
+    /// the launches' and stays.
+    #[test]
+    fn a_preemption_between_removed_launches_goes_with_them() {
+        let mut j = Recorded::default();
+        for _ in 0..10 {
+            j.piece(MS, Cause::CpuContention, FEEDER);
+            for _ in 0..5 {
+                j.launch(MS / 10);
+                j.piece(2 * MS, Cause::CpuContention, FEEDER);
+            }
+            j.sync();
+        }
+        let fixed = j.replay(Pool::default(), &Plan::fix(Cause::CpuLaunch));
+        let contention = fixed.idle.get(&Cause::CpuContention).copied();
+        // Each step keeps its 1 ms wake-up (the first one's is start-up)
+        // and the 2 ms after its last launch, 0.5 ms of which its five
+        // kernels, launched at once, now overlap (the last one's is
+        // tear-down); the four waits between launches (8 ms) go.
+        assert_eq!(
+            contention,
+            Some(9 * MS + 9 * (2 * MS - MS / 2)),
+            "{:?}",
+            fixed.idle
+        );
+    }
+
     /// A program's last work after its GPU's (saving, exiting) waits for
     /// the replayed GPU's too: without its host work the host gets ahead of
     /// the GPU, and the exit still comes after the GPU's last work.
