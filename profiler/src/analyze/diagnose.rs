@@ -1,7 +1,7 @@
 //! Per GPU: its busy timeline and the attribution of every idle nanosecond,
 //! with the recording's lossy windows and blind spans applied.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
 use super::gpu::{gpu_timelines, GpuTimeline};
@@ -18,11 +18,24 @@ pub struct GpuDiagnosis {
 
 pub struct Feeder {
     pub tid: Tid,
+    /// Its account in time order, as [`Feeder::extend`] keeps it.
     pub account: Vec<Piece>,
+    /// Every thread its waits led to (the loaders it waited on).
+    pub waited: HashSet<Tid>,
+    /// The wait for other threads still being added to.
+    wait: Option<Wait>,
     /// Its on-CPU time per [`CPU_BUCKET_NS`] from `start`: the replay asks
     /// how much CPU it took while its loaders worked.
     cpu: Vec<u64>,
     start: u64,
+}
+
+/// A wait of the feeder for other threads, past its first piece: its time
+/// by cause, in the order the causes came, and the thread that first
+/// decided each.
+struct Wait {
+    end: u64,
+    parts: Vec<(Cause, u64, Option<Tid>)>,
 }
 
 pub const CPU_BUCKET_NS: u64 = 10_000_000;
@@ -32,8 +45,59 @@ impl Feeder {
         Feeder {
             tid,
             account: Vec::new(),
+            waited: HashSet::new(),
+            wait: None,
             cpu: Vec::new(),
             start: window_start,
+        }
+    }
+
+    /// Adds the next pieces of its account (in time order). A wait for
+    /// other threads is kept as its first piece and then its time by cause
+    /// laid end to end up to the wait's end: the replay reads no more of a
+    /// wait than that (where it began and ended, and how much of it each
+    /// cause took), and a long run's waits are millions of pieces, one per
+    /// state its loaders passed through. Call [`Feeder::close`] after the
+    /// last.
+    pub fn extend(&mut self, pieces: impl IntoIterator<Item = Piece>) {
+        for p in pieces {
+            let other = p.thread.filter(|&t| t != self.tid);
+            let Some(t) = other else {
+                self.close();
+                self.account.push(p);
+                continue;
+            };
+            self.waited.insert(t);
+            let Some(w) = self.wait.as_mut() else {
+                self.account.push(p);
+                self.wait = Some(Wait {
+                    end: p.end,
+                    parts: Vec::new(),
+                });
+                continue;
+            };
+            w.end = p.end;
+            let ns = p.end - p.start;
+            match w.parts.iter_mut().find(|x| x.0 == p.cause) {
+                Some(x) => x.1 += ns,
+                None => w.parts.push((p.cause, ns, p.thread)),
+            }
+        }
+    }
+
+    /// Ends the wait being added to, if any.
+    pub fn close(&mut self) {
+        let Some(w) = self.wait.take() else { return };
+        let total: u64 = w.parts.iter().map(|x| x.1).sum();
+        let mut at = w.end - total;
+        for (cause, ns, thread) in w.parts {
+            self.account.push(Piece {
+                start: at,
+                end: at + ns,
+                cause,
+                thread,
+            });
+            at += ns;
         }
     }
 
@@ -127,7 +191,8 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
                 let mut account = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::account(&inputs, tid, tl.start, tl.end, &mut account);
                 let mut f = Feeder::new(tid, tl.start);
-                f.account = account.pieces;
+                f.extend(account.pieces);
+                f.close();
                 f.add_cpu(&tl.threads, tl.start, tl.end);
                 f
             });
@@ -141,5 +206,53 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
     Diagnosis {
         gpus,
         lossy_windows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(start: u64, end: u64, cause: Cause, thread: Tid) -> Piece {
+        Piece {
+            start,
+            end,
+            cause,
+            thread: Some(thread),
+        }
+    }
+
+    /// A wait for the loaders keeps its first piece, then its time by
+    /// cause up to its end: where it began and ended and what each cause
+    /// took, as the replay reads it; the loaders it led to are kept apart.
+    #[test]
+    fn a_wait_for_the_loaders_is_kept_by_cause() {
+        let (me, a, b) = ((1, 1), (2, 2), (3, 3));
+        let mut f = Feeder::new(me, 0);
+        f.extend([
+            p(0, 10, Cause::CpuHost, me),
+            p(10, 12, Cause::InputIo, a),
+            p(12, 15, Cause::InputCpu, a),
+            p(15, 20, Cause::InputIo, b),
+        ]);
+        // A wait continues across calls.
+        f.extend([
+            p(20, 21, Cause::InputCpu, b),
+            p(21, 30, Cause::CpuLaunch, me),
+        ]);
+        f.extend([p(30, 35, Cause::InputIo, a)]);
+        f.close();
+        assert_eq!(
+            f.account,
+            [
+                p(0, 10, Cause::CpuHost, me),
+                p(10, 12, Cause::InputIo, a),
+                p(12, 16, Cause::InputCpu, a),
+                p(16, 21, Cause::InputIo, b),
+                p(21, 30, Cause::CpuLaunch, me),
+                p(30, 35, Cause::InputIo, a),
+            ]
+        );
+        assert_eq!(f.waited, HashSet::from([a, b]));
     }
 }

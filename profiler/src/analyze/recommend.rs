@@ -638,7 +638,7 @@ impl Evidence<'_> {
     fn loader_processes(&self, waited: &HashSet<Tid>) -> usize {
         let mut work: HashMap<u32, u64> = HashMap::new();
         for f in self.d.gpus.iter().filter_map(|g| g.feeder.as_ref()) {
-            let members = replay::loaders(f.tid, &f.account, self.tl);
+            let members = replay::loaders(f.tid, &f.waited, self.tl);
             for t in self.tl.all_threads() {
                 if members.contains(&(t.pid, t.tid)) && t.pid != f.tid.0 {
                     let off = |k| t.off.get(&k).copied().unwrap_or(0);

@@ -308,15 +308,16 @@ impl Gpu {
     }
 }
 
-/// The pool of loaders behind the feeder's waits in `account`, from their
-/// threads' times. The feeder blocks only on the worker that is behind, so
+/// The pool of loaders behind the feeder's waits (`waited`: the threads
+/// they led to, `diagnose::Feeder::waited`), from their threads' times.
+/// The feeder blocks only on the worker that is behind, so
 /// the pool is the threads its waits led to and their siblings: the other
 /// processes of the same parent and name (DataLoader's workers, forked
 /// alike), every thread of those processes, and threads of the feeder's own
 /// process named like one it waited on (a thread pool). With it, the CPU
 /// time every other recorded thread took.
-pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
-    let members = loaders(feeder, account, tl);
+pub fn pool(feeder: Tid, waited: &HashSet<Tid>, tl: &Timeline) -> (Pool, u64) {
+    let members = loaders(feeder, waited, tl);
     let mut pool = Pool::default();
     let mut elsewhere = 0;
     for t in tl.all_threads() {
@@ -330,12 +331,7 @@ pub fn pool(feeder: Tid, account: &[Piece], tl: &Timeline) -> (Pool, u64) {
 }
 
 /// The pool's threads (see [`pool`]).
-pub fn loaders(feeder: Tid, account: &[Piece], tl: &Timeline) -> HashSet<Tid> {
-    let waited: HashSet<Tid> = account
-        .iter()
-        .filter_map(|p| p.thread)
-        .filter(|&t| t != feeder)
-        .collect();
+pub fn loaders(feeder: Tid, waited: &HashSet<Tid>, tl: &Timeline) -> HashSet<Tid> {
     let processes = tl.all_processes();
     let kin = |pid: u32| {
         processes
@@ -418,8 +414,13 @@ impl Run<'_> {
                     && (p.cause == Cause::CpuLaunch || self.call_at(p.start).is_none())
             })
         };
-        // (A wait for a CPU is split between the loaders' and others'.)
-        let working = |p: &&Piece| !matches!(p.cause, Cause::CpuContention | Cause::InputCpu);
+        // (A wait for a CPU is split between the loaders' and others'.) A
+        // wait for the loaders bounds the feeder's own work, whatever its
+        // loaders did meanwhile.
+        let working = |p: &&Piece| {
+            p.thread.is_some_and(|t| t != self.feeder)
+                || !matches!(p.cause, Cause::CpuContention | Cause::InputCpu)
+        };
         let a = &self.account;
         removed(a[..i].iter().rev().take(64).find(working))
             && removed(a[i + 1..].iter().take(64).find(working))
@@ -452,10 +453,13 @@ impl Run<'_> {
         let tail = t1.saturating_sub(self.account.last().map_or(t1, |p| p.end).max(last));
         // The replayed account: (start, end, cause), in order.
         let mut log: Vec<(u64, u64, Cause)> = Vec::new();
-        let note = |log: &mut Vec<(u64, u64, Cause)>, a: u64, b: u64, c: Cause| {
-            if b > a {
-                log.push((a, b, c));
-            }
+        // Back-to-back moments of one cause are one: the outcome only sums
+        // them by cause, and a long run has millions.
+        let note = |log: &mut Vec<(u64, u64, Cause)>, a: u64, b: u64, c: Cause| match log.last_mut()
+        {
+            _ if b <= a => {}
+            Some(l) if l.1 == a && l.2 == c => l.1 = b,
+            _ => log.push((a, b, c)),
         };
         let mut after_sync = false;
         let mut ended = false;
@@ -732,7 +736,7 @@ impl<'a> Job<'a> {
             .filter_map(|g| {
                 let f = g.feeder.as_ref()?;
                 let device = tl.gpu.devices.iter().find(|x| x.id == g.gpu.device)?;
-                let (pool, elsewhere) = pool(f.tid, &f.account, tl);
+                let (pool, elsewhere) = pool(f.tid, &f.waited, tl);
                 // The CPUs the rest took while the loaders worked: the
                 // feeder's own from its time (a trainer busy importing
                 // before its loaders start took nothing from them), the

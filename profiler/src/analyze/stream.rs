@@ -175,7 +175,7 @@ impl Attributor {
                     d.out.add(p);
                 }
                 if let Some(f) = d.feeder.as_mut() {
-                    f.account.extend(account.pieces);
+                    f.extend(account.pieces);
                     f.add_cpu(&tl.threads, d.account_to, b);
                 }
                 d.account_to = b;
@@ -253,7 +253,8 @@ impl Attributor {
                 let feeder = d.feeder.map(|mut f| {
                     let mut rest = Attribution::new(Vec::new(), Vec::new(), true);
                     attribute::account(&inp, f.tid, d.account_to, self.window.1, &mut rest);
-                    f.account.extend(rest.pieces);
+                    f.extend(rest.pieces);
+                    f.close();
                     f.add_cpu(&tl.threads, d.account_to, self.window.1);
                     f
                 });
