@@ -393,7 +393,24 @@ impl Run<'_> {
     /// The feeder's call starting at or containing `t`, if it launches,
     /// synchronizes or copies.
     fn call_at(&self, t: u64) -> Option<&Call> {
-        let i = self.calls.partition_point(|c| c.start <= t);
+        self.call_before(self.calls.partition_point(|c| c.start <= t), t)
+    }
+
+    /// [`Run::call_at`] for moments in time order: `cursor` is where the
+    /// last one left off.
+    fn call_at_from(&self, t: u64, cursor: &mut usize) -> Option<&Call> {
+        if *cursor > 0 && self.calls[*cursor - 1].start > t {
+            // Back in time after all: look it up.
+            *cursor = self.calls.partition_point(|c| c.start <= t);
+        }
+        while self.calls.get(*cursor).is_some_and(|c| c.start <= t) {
+            *cursor += 1;
+        }
+        self.call_before(*cursor, t)
+    }
+
+    /// `i`: the first call starting after `t`.
+    fn call_before(&self, i: usize, t: u64) -> Option<&Call> {
         self.calls[..i]
             .iter()
             .rev()
@@ -466,6 +483,7 @@ impl Run<'_> {
         let mut skip_until = 0;
         // Where the last step began, recorded and replayed.
         let mut step = (h, h);
+        let mut ci = 0;
         let mut i = 0;
         while i < self.account.len() {
             let p = self.account[i];
@@ -529,7 +547,7 @@ impl Run<'_> {
                 h = ready;
                 continue;
             }
-            if let Some(call) = self.call_at(p.start) {
+            if let Some(call) = self.call_at_from(p.start, &mut ci) {
                 skip_until = call.end;
                 let issued = |mi: usize| {
                     mine[mi..]
