@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::account::Account;
 use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::session::Session;
@@ -19,7 +20,7 @@ pub struct GpuDiagnosis {
 pub struct Feeder {
     pub tid: Tid,
     /// Its account in time order, as [`Feeder::extend`] keeps it.
-    pub account: Vec<Piece>,
+    pub account: Account,
     /// Every thread its waits led to (the loaders it waited on).
     pub waited: HashSet<Tid>,
     /// The wait for other threads still being added to.
@@ -44,7 +45,7 @@ impl Feeder {
     pub fn new(tid: Tid, window_start: u64) -> Feeder {
         Feeder {
             tid,
-            account: Vec::new(),
+            account: Account::default(),
             waited: HashSet::new(),
             wait: None,
             cpu: Vec::new(),
@@ -64,12 +65,12 @@ impl Feeder {
             let other = p.thread.filter(|&t| t != self.tid);
             let Some(t) = other else {
                 self.close();
-                self.account.push(p);
+                self.account.push(&p, self.tid);
                 continue;
             };
             self.waited.insert(t);
             let Some(w) = self.wait.as_mut() else {
-                self.account.push(p);
+                self.account.push(&p, self.tid);
                 self.wait = Some(Wait {
                     end: p.end,
                     parts: Vec::new(),
@@ -91,12 +92,13 @@ impl Feeder {
         let total: u64 = w.parts.iter().map(|x| x.1).sum();
         let mut at = w.end - total;
         for (cause, ns, thread) in w.parts {
-            self.account.push(Piece {
+            let p = Piece {
                 start: at,
                 end: at + ns,
                 cause,
                 thread,
-            });
+            };
+            self.account.push(&p, self.tid);
             at += ns;
         }
     }
@@ -212,6 +214,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analyze::account::Who;
 
     fn p(start: u64, end: u64, cause: Cause, thread: Tid) -> Piece {
         Piece {
@@ -242,15 +245,20 @@ mod tests {
         ]);
         f.extend([p(30, 35, Cause::InputIo, a)]);
         f.close();
+        let got: Vec<(u64, u64, Cause, Who)> = f
+            .account
+            .iter()
+            .map(|m| (m.start, m.end, m.cause, m.who))
+            .collect();
         assert_eq!(
-            f.account,
+            got,
             [
-                p(0, 10, Cause::CpuHost, me),
-                p(10, 12, Cause::InputIo, a),
-                p(12, 16, Cause::InputCpu, a),
-                p(16, 21, Cause::InputIo, b),
-                p(21, 30, Cause::CpuLaunch, me),
-                p(30, 35, Cause::InputIo, a),
+                (0, 10, Cause::CpuHost, Who::Feeder),
+                (10, 12, Cause::InputIo, Who::Other),
+                (12, 16, Cause::InputCpu, Who::Other),
+                (16, 21, Cause::InputIo, Who::Other),
+                (21, 30, Cause::CpuLaunch, Who::Feeder),
+                (30, 35, Cause::InputIo, Who::Other),
             ]
         );
         assert_eq!(f.waited, HashSet::from([a, b]));

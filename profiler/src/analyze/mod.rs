@@ -4,6 +4,7 @@
 //! advice, the clock checks, NVML figures and CUDA API accounting. Renderers
 //! (`export`) read the [`Analysis`] and nothing else.
 
+pub mod account;
 pub mod align;
 pub mod api;
 pub mod attribute;

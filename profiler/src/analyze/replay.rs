@@ -34,7 +34,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::attribute::{Cause, Piece, Tid};
+use super::account::{Account, Moment, Who};
+use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use crate::timeline::gpu::{ApiRole, Call, Device};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
@@ -195,7 +196,7 @@ pub struct Run<'a> {
     pub busy: &'a [(u64, u64)],
     pub feeder: Tid,
     /// The feeder's account over the window, in time order.
-    pub account: &'a [Piece],
+    pub account: &'a Account,
     /// The feeder's CUDA calls, by start.
     pub calls: &'a [Call],
     /// The GPU's work, sorted once for every plan replayed.
@@ -424,9 +425,9 @@ impl Run<'_> {
     /// CPU. (Left in, a disturbed recording predicts the disturbance as if
     /// it were the rest of the run.)
     fn interrupts_removed(&self, i: usize, plan: &Plan) -> bool {
-        let removed = |p: Option<&Piece>| {
+        let removed = |p: Option<Moment>| {
             p.is_some_and(|p| {
-                p.thread.is_none_or(|t| t == self.feeder)
+                p.who != Who::Other
                     && plan.removes(p.cause)
                     && (p.cause == Cause::CpuLaunch || self.call_at(p.start).is_none())
             })
@@ -434,13 +435,13 @@ impl Run<'_> {
         // (A wait for a CPU is split between the loaders' and others'.) A
         // wait for the loaders bounds the feeder's own work, whatever its
         // loaders did meanwhile.
-        let working = |p: &&Piece| {
-            p.thread.is_some_and(|t| t != self.feeder)
-                || !matches!(p.cause, Cause::CpuContention | Cause::InputCpu)
+        let working = |p: &Moment| {
+            p.who == Who::Other || !matches!(p.cause, Cause::CpuContention | Cause::InputCpu)
         };
-        let a = &self.account;
-        removed(a[..i].iter().rev().take(64).find(working))
-            && removed(a[i + 1..].iter().take(64).find(working))
+        let a = self.account;
+        let near = |k: usize| a.get(k).expect("in range");
+        removed((0..i).rev().take(64).map(near).find(working))
+            && removed((i + 1..a.len()).take(64).map(near).find(working))
     }
 
     /// Recorded GPU idle time inside `[a, b)`.
@@ -485,8 +486,7 @@ impl Run<'_> {
         let mut step = (h, h);
         let mut ci = 0;
         let mut i = 0;
-        while i < self.account.len() {
-            let p = self.account[i];
+        while let Some(p) = self.account.get(i) {
             // What was issued before this moment goes now.
             while mi < mine.len() && mine[mi].issued < p.start {
                 gpu.run(h, &mine[mi]);
@@ -519,14 +519,10 @@ impl Run<'_> {
             }
             // A wait for the loaders: the whole run of pieces another thread
             // decided.
-            if p.thread.is_some_and(|t| t != self.feeder) {
+            if p.who == Who::Other {
                 let mut latency = 0;
                 let mut e = p.start;
-                while let Some(q) = self
-                    .account
-                    .get(i)
-                    .filter(|q| q.thread.is_some_and(|t| t != self.feeder))
-                {
+                while let Some(q) = self.account.get(i).filter(|q| q.who == Who::Other) {
                     if !plan.removes(q.cause) {
                         latency += q.end - q.start;
                     }
@@ -656,9 +652,7 @@ impl Run<'_> {
                 // waiting for the CPUs the loaders held is.
                 c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
                 Cause::CpuContention | Cause::InputCpu
-                    if inside
-                        && p.thread.is_none_or(|t| t == self.feeder)
-                        && self.interrupts_removed(i, plan) => {}
+                    if inside && p.who != Who::Other && self.interrupts_removed(i, plan) => {}
                 c => {
                     let c = if after_sync && c == Cause::CpuHost {
                         Cause::Sync
@@ -845,6 +839,7 @@ impl<'a> Job<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analyze::attribute::Piece;
     use crate::timeline::gpu::{CallName, Work};
     use gapscope_cupti::GpuRecord;
 
@@ -859,7 +854,7 @@ mod tests {
         at: u64,
         calls: Vec<Call>,
         work: Vec<Work>,
-        account: Vec<Piece>,
+        account: Account,
         /// When the GPU's queue empties, as recorded.
         free: u64,
         /// CPUs that sat idle while the loaders worked (None: not read).
@@ -868,12 +863,13 @@ mod tests {
 
     impl Recorded {
         fn piece(&mut self, ns: u64, cause: Cause, thread: Tid) {
-            self.account.push(Piece {
+            let p = Piece {
                 start: self.at,
                 end: self.at + ns,
                 cause,
                 thread: Some(thread),
-            });
+            };
+            self.account.push(&p, FEEDER);
             self.at += ns;
         }
 
