@@ -630,6 +630,18 @@ mod tests {
         }
     }
 
+    /// A thread /proc showed running when recording started.
+    fn running_at_attach() -> ThreadSeed {
+        ThreadSeed {
+            pid: 1,
+            tid: 1,
+            comm: "x".into(),
+            state: 'R',
+            syscall: None,
+            fd_kind: FdKind::None,
+        }
+    }
+
     #[test]
     fn states_partition_the_lifetime() {
         let mut t = ThreadTimeline::forked(1, 1, 100, true);
@@ -657,14 +669,7 @@ mod tests {
     #[test]
     fn unknown_start_is_inferred_from_first_event() {
         // Seen running at attach, first event is a switch-out: it was on-CPU.
-        let seed = ThreadSeed {
-            pid: 1,
-            tid: 1,
-            comm: "x".into(),
-            state: 'R',
-            syscall: None,
-            fd_kind: FdKind::None,
-        };
+        let seed = running_at_attach();
         let mut t = ThreadTimeline::seeded(&seed, 0, false);
         t.switch_out(40, &blocked(202, FdKind::None), None);
         assert_eq!(t.on_cpu, 40);
@@ -744,14 +749,7 @@ mod tests {
 
         // A run whose start was not seen (running at attach) has no wall
         // time to set the charge against.
-        let seed = ThreadSeed {
-            pid: 1,
-            tid: 1,
-            comm: "x".into(),
-            state: 'R',
-            syscall: None,
-            fd_kind: FdKind::None,
-        };
+        let seed = running_at_attach();
         let mut t = ThreadTimeline::seeded(&seed, 0, false);
         t.switch_out(100 * MS, &pre, Some(MS));
         assert_eq!((t.on_cpu, t.stolen), (100 * MS, 0));
