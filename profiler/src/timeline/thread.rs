@@ -67,7 +67,8 @@ pub enum State {
     /// Held its CPU in the scheduler's view, but the kernel did not charge
     /// it the time: the hypervisor ran another guest on that CPU (steal)
     /// or, with IRQ time accounting, interrupts were handled on it. The
-    /// kernel says how much of a run, not when: kept at the run's end.
+    /// kernel says how much of a run, not when: laid over the run evenly
+    /// (`spread_stolen`).
     Stolen,
     Off(OffCpu),
 }
@@ -97,6 +98,10 @@ enum Cur {
 /// [`STOLEN_FLOOR_NS`], is the clocks, not a CPU taken away.
 const STOLEN_NOISE_PPM: u64 = 1_000;
 const STOLEN_FLOOR_NS: u64 = 5_000;
+/// Stolen time is laid over its run in slices of this length, at most
+/// [`STOLEN_SLICES`] of them.
+const STOLEN_SLICE_NS: u64 = 1_000_000;
+const STOLEN_SLICES: u64 = 32;
 
 /// Syscalls shorter than this are only counted, not kept one by one.
 pub const LONG_SYSCALL_NS: u64 = 10_000;
@@ -451,8 +456,7 @@ impl ThreadTimeline {
             let wall = ts.saturating_sub(self.since);
             let stolen = wall.saturating_sub(charged);
             if stolen > STOLEN_FLOOR_NS + wall * STOLEN_NOISE_PPM / 1_000_000 {
-                self.close(ts - stolen, State::OnCpu);
-                self.set(State::Stolen);
+                self.spread_stolen(ts, stolen);
             }
         }
         self.run_from_switch_in = false;
@@ -463,6 +467,28 @@ impl ThreadTimeline {
             State::Off(OffCpu::from_switch(out))
         });
         self.pending_wakeup = None;
+    }
+
+    /// Lays `stolen` of the run that ends at `ts` over it evenly: each
+    /// [`STOLEN_SLICE_NS`] of the run (at most [`STOLEN_SLICES`] of them)
+    /// ends in its share. The kernel says how much of a run was taken, not
+    /// when; spread, it falls on the run's moments in proportion (a run
+    /// that launched work and then waited keeps its steal beside the
+    /// launch, not all of it in the wait).
+    fn spread_stolen(&mut self, ts: u64, stolen: u64) {
+        let wall = ts - self.since;
+        let slices = (wall / STOLEN_SLICE_NS).clamp(1, STOLEN_SLICES);
+        let start = self.since;
+        for k in 1..=slices {
+            // Slice k ends at start + wall·k/n with stolen·k/n taken by then.
+            let end = start + (wall as u128 * k as u128 / slices as u128) as u64;
+            let taken = (stolen as u128 * k as u128 / slices as u128) as u64;
+            let before = (stolen as u128 * (k - 1) as u128 / slices as u128) as u64;
+            self.close(end - (taken - before), State::OnCpu);
+            self.set(State::Stolen);
+            self.close(end, State::Stolen);
+            self.set(State::OnCpu);
+        }
     }
 
     pub fn switch_in(&mut self, ts: u64) {
@@ -740,12 +766,20 @@ mod tests {
             t.on_cpu + t.runnable + t.stolen + t.off_total(),
             t.lifetime()
         );
+        // Laid over the run evenly: 32 slices of 3.125 ms, each ending in
+        // 1.25 ms taken.
         let iv = t.intervals.as_ref().unwrap();
+        let run: Vec<&Interval> = iv.iter().filter(|x| x.end <= 101 * MS).skip(1).collect();
+        assert_eq!(run.len(), 64);
         assert_eq!(
-            (iv[1].start, iv[1].end, &iv[1].state, &iv[2].state),
-            (MS, 61 * MS, &State::OnCpu, &State::Stolen)
+            (run[0].start, run[0].end, &run[0].state),
+            (MS, MS + 1_875_000, &State::OnCpu)
         );
-        assert_eq!(iv[2].end, 101 * MS);
+        assert_eq!(
+            (run[1].end, &run[1].state),
+            (MS + 3_125_000, &State::Stolen)
+        );
+        assert_eq!((run[63].end, &run[63].state), (101 * MS, &State::Stolen));
 
         // A run whose start was not seen (running at attach) has no wall
         // time to set the charge against.
