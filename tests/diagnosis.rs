@@ -120,8 +120,12 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
         .max_by(|a, b| gain(a).total_cmp(&gain(b)))
         .unwrap();
     assert_eq!(gain(&recs[0]), gain(best), "{recs:#?}");
+    // One the scenario makes, or (on a machine loaded enough that another
+    // cause is as large by the truth's own count, within the tolerance) that
+    // cause.
     let first = recs[0]["cause"].as_str().unwrap();
-    assert!(expected.contains(&first), "{first}\n  {table}");
+    let as_large = share(want, first, truth_idle) >= truth_shares[0] - 5.0;
+    assert!(expected.contains(&first) || as_large, "{first}\n  {table}");
     let verdict = report["verdict"].as_str().unwrap();
     assert!(
         verdict.starts_with("More GPUs would not help until") && verdict.contains(first),
