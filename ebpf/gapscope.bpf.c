@@ -83,6 +83,47 @@ struct {
 	__type(value, struct gs_stack);
 } scratch SEC(".maps");
 
+/* CPython processes of the tree (tgid -> where things are), set by
+ * userspace when it finds one; a forked child inherits its parent's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct gs_py_proc);
+} py_procs SEC(".maps");
+
+/* The thread state last found for a thread (tid -> its address), checked
+ * at each use: thread states are freed and made again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} py_threads SEC(".maps");
+
+/* Code objects described to userspace, per process, with the name object
+ * they had: a code object freed and another made at its address has
+ * another name object, and is described again. */
+struct py_code_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 code;
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct py_code_key);
+	__type(value, __u64);
+} py_codes SEC(".maps");
+
+/* Per-CPU scratch for a code object's description (slots as `scratch`). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct gs_pycode);
+} py_scratch SEC(".maps");
+
 /* Records lost because the ring buffer was full, per enum gs_event_kind. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -131,24 +172,249 @@ static __always_inline void fill_header(struct gs_header *h, __u16 kind, __u32 s
 	h->size = size;
 }
 
+/* ------------------------------------------------------------ python */
+
+static __always_inline int read_u64(__u64 *v, __u64 addr)
+{
+	return bpf_probe_read_user(v, sizeof(*v), (const void *)addr);
+}
+
+/* A search of an interpreter's thread states for the current thread's
+ * (bpf_loop's callback state). */
+struct py_find {
+	__u64 ts;      /* the thread state to look at next, then the one found */
+	__u64 self;    /* the current thread's pthread_self (FS base) */
+	__u32 pid;
+	__u32 found;
+};
+
+static long py_find_step(__u32 i, void *arg)
+{
+	struct py_find *f = arg;
+	__u32 pid = f->pid;
+	struct gs_py_proc *py = bpf_map_lookup_elem(&py_procs, &pid);
+	__u64 id = 0;
+	if (!py || !f->ts || read_u64(&id, f->ts + py->ts_thread_id))
+		return 1;
+	if (id == f->self) {
+		f->found = 1;
+		return 1;
+	}
+	if (read_u64(&f->ts, f->ts + py->ts_next))
+		return 1;
+	return 0;
+}
+
+/* The current thread's PyThreadState in `py`'s process, or 0: the one
+ * whose thread_id is this thread's pthread_self (its FS base). */
+static __always_inline __u64 py_thread_state(struct gs_py_proc *py, __u32 pid, __u32 tid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct py_find f = {.self = BPF_CORE_READ(task, thread.fsbase), .pid = pid};
+	__u64 id = 0;
+	__u64 *cached = bpf_map_lookup_elem(&py_threads, &tid);
+	if (cached) {
+		__u64 ts = *cached;
+		if (read_u64(&id, ts + py->ts_thread_id) == 0 && id == f.self)
+			return ts;
+	}
+	__u64 interp = 0;
+	if (read_u64(&interp, py->runtime + py->interp_head) || !interp)
+		return 0;
+	if (read_u64(&f.ts, interp + py->threads_head))
+		return 0;
+	bpf_loop(GS_PY_MAX_THREADS, py_find_step, &f, 0);
+	if (!f.found)
+		return 0;
+	bpf_map_update_elem(&py_threads, &tid, &f.ts, BPF_ANY);
+	return f.ts;
+}
+
+/* The first bytes of a compact str object, and how wide its characters
+ * are; kind 0 when it is none (or not readable). */
+static __always_inline void py_str(struct gs_py_proc *py, __u64 obj, char *buf, __u32 cap,
+				   __u16 *len, __u8 *kind)
+{
+	__u32 state = 0;
+	__u64 length = 0;
+	*len = 0;
+	*kind = 0;
+	if (!obj || bpf_probe_read_user(&state, sizeof(state), (const void *)(obj + py->str_state)) ||
+	    read_u64(&length, obj + py->str_length))
+		return;
+	__u32 k = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+	if (!compact || !(k == 1 || k == 2 || k == 4))
+		return;
+	__u64 data = obj + (ascii ? py->str_ascii : py->str_compact);
+	__u64 bytes = length * k;
+	if (bytes > cap - 1)
+		bytes = cap - 1;
+	bytes &= cap - 1;
+	if (bytes && bpf_probe_read_user(buf, bytes, (const void *)data))
+		return;
+	*len = bytes;
+	*kind = k;
+}
+
+/* Describes code object `code` of process `pid` to userspace unless it
+ * already was (with the same name object). Returns whether it is a code
+ * object at all: a frame can hold something else (3.14's frames owned by
+ * the interpreter itself), which is no Python function. */
+static __always_inline int py_describe(struct gs_py_proc *py, __u32 pid, __u64 code, __u32 slot)
+{
+	struct py_code_key key = {.pid = pid, .code = code};
+	__u64 name = 0;
+	if (read_u64(&name, code + py->co_name))
+		return 0;
+	__u64 *known = bpf_map_lookup_elem(&py_codes, &key);
+	if (known && *known == name)
+		return 1;
+	__u64 type = 0;
+	if (py->code_type && (read_u64(&type, code + 8) || type != py->code_type))
+		return 0;
+	struct gs_pycode *c = bpf_map_lookup_elem(&py_scratch, &slot);
+	if (!c)
+		return 1;
+	__u64 file = 0;
+	read_u64(&file, code + py->co_file);
+	c->firstlineno = 0;
+	bpf_probe_read_user(&c->firstlineno, sizeof(c->firstlineno),
+			    (const void *)(code + py->co_firstlineno));
+	py_str(py, name, c->name, GS_PY_NAME_LEN, &c->name_len, &c->name_kind);
+	py_str(py, file, c->file, GS_PY_FILE_LEN, &c->file_len, &c->file_kind);
+	fill_header(&c->h, GS_EV_PYCODE, sizeof(*c), pid, 0, bpf_ktime_get_ns());
+	c->code = code;
+	__builtin_memset(c->_pad, 0, sizeof(c->_pad));
+	if (bpf_ringbuf_output(&events, c, sizeof(*c), rb_flags()) != 0) {
+		count_drop(GS_EV_PYCODE);
+		return 1;
+	}
+	bpf_map_update_elem(&py_codes, &key, &name, BPF_ANY);
+	return 1;
+}
+
+/* One step of a Python frame walk (bpf_loop's callback state: the
+ * callback is verified once, however many frames it walks). */
+struct py_walk {
+	__u64 frame;  /* the next frame to look at, 0 at the end */
+	__u32 pid;
+	__u32 slot;   /* which scratch stack (SCRATCH_*) */
+	__u32 n;      /* frames in the stack so far */
+	__u32 first;  /* where the Python frames start */
+	__u32 cut;    /* frames were left when the walk stopped */
+};
+
+static long py_step(__u32 i, void *arg)
+{
+	struct py_walk *w = arg;
+	__u32 pid = w->pid, slot = w->slot;
+	struct gs_py_proc *py = bpf_map_lookup_elem(&py_procs, &pid);
+	struct gs_stack *s = bpf_map_lookup_elem(&scratch, &slot);
+	__u64 f = w->frame;
+	if (!py || !s || !f)
+		return 1;
+	if (w->n >= GS_MAX_STACK_DEPTH || w->n - w->first >= GS_PY_MAX_FRAMES) {
+		w->cut = 1;
+		return 1;
+	}
+	__u8 owner = 0;
+	if (py->fr_owner != GS_PY_NONE)
+		bpf_probe_read_user(&owner, 1, (const void *)(f + py->fr_owner));
+	if (owner == py->owner_cstack) {
+		/* The frame below a C-stack shim was called from C: the
+		 * outermost of its eval-loop call. */
+		__u32 last = w->n - 1;
+		if (w->n > w->first && last < GS_MAX_STACK_DEPTH)
+			s->frames[last] |= GS_PY_ENTRY;
+	} else {
+		__u64 code = 0;
+		if (read_u64(&code, f + py->fr_code))
+			return 1;
+		code &= ~1ULL;
+		if (code && py_describe(py, pid, code, slot)) {
+			__u64 v = GS_PY_FRAME | (code & GS_PY_ADDR_MASK);
+			__u8 entry = py->every_frame_entry;
+			if (py->fr_is_entry != GS_PY_NONE)
+				bpf_probe_read_user(&entry, 1, (const void *)(f + py->fr_is_entry));
+			if (entry)
+				v |= GS_PY_ENTRY;
+			__u32 at = w->n;
+			if (at < GS_MAX_STACK_DEPTH)
+				s->frames[at] = v;
+			w->n = at + 1;
+		}
+	}
+	if (read_u64(&w->frame, f + py->fr_back)) {
+		w->cut = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* Appends the current thread's Python frames, innermost first, to the
+ * scratch stack `slot` after its `depth` native frames; returns the new
+ * depth. A global function: the verifier checks it once, on its own, not
+ * once per path of every program that captures a stack. */
+__attribute__((noinline)) int gs_py_append(__u32 pid, __u32 slot, __u32 depth)
+{
+	struct gs_py_proc *py = bpf_map_lookup_elem(&py_procs, &pid);
+	if (!py)
+		return depth;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 ts = py_thread_state(py, pid, tid);
+	__u64 f = 0;
+	if (!ts || read_u64(&f, ts + py->ts_frame))
+		return depth;
+	if (py->cframe_frame != GS_PY_NONE && (!f || read_u64(&f, f + py->cframe_frame)))
+		return depth;
+	struct py_walk w = {.frame = f, .pid = pid, .slot = slot, .n = depth, .first = depth};
+	/* Room for shim frames, which are walked but not kept. */
+	long steps = bpf_loop(GS_PY_MAX_FRAMES * 2, py_step, &w, 0);
+	if (steps == GS_PY_MAX_FRAMES * 2 && w.frame)
+		w.cut = 1;
+	if (w.cut && w.n < GS_MAX_STACK_DEPTH) {
+		struct gs_stack *s = bpf_map_lookup_elem(&scratch, &slot);
+		__u32 at = w.n;
+		if (s && at < GS_MAX_STACK_DEPTH) {
+			s->frames[at] = GS_PY_FRAME;
+			w.n = at + 1;
+		}
+	}
+	return w.n;
+}
+
 /* ---------------------------------------------------------------- stacks */
 
 /*
  * Capture a stack, send it once, return its hash (0 when there is none).
  * User stacks hash in the pid: the same addresses in two processes may be
- * different code, and userspace resolves them per process.
+ * different code, and userspace resolves them per process. A CPython
+ * process's user stacks carry its Python frames after the native ones.
  */
 static __always_inline __u64 capture_stack(void *ctx, __u32 slot, __u32 pid, int kernel)
 {
 	struct gs_stack *s = bpf_map_lookup_elem(&scratch, &slot);
 	if (!s)
 		return 0;
-	long n = bpf_get_stack(ctx, s->frames, sizeof(s->frames), kernel ? 0 : BPF_F_USER_STACK);
-	if (n <= 0)
-		return 0;
+	struct gs_py_proc *py = kernel ? NULL : bpf_map_lookup_elem(&py_procs, &pid);
+	long n;
+	if (py)
+		n = bpf_get_stack(ctx, s->frames, GS_PY_NATIVE_FRAMES * sizeof(__u64),
+				  BPF_F_USER_STACK);
+	else
+		n = bpf_get_stack(ctx, s->frames, sizeof(s->frames),
+				  kernel ? 0 : BPF_F_USER_STACK);
+	if (n < 0)
+		n = 0;
 	__u32 depth = n / sizeof(__u64);
 	if (depth > GS_MAX_STACK_DEPTH)
 		depth = GS_MAX_STACK_DEPTH;
+	if (py && depth <= GS_PY_NATIVE_FRAMES)
+		depth = gs_py_append(pid, slot, depth);
+	if (depth > GS_MAX_STACK_DEPTH)
+		depth = GS_MAX_STACK_DEPTH;
+	if (depth == 0)
+		return 0;
 
 	/* FNV-1a over the frames (and the pid for user stacks). */
 	__u64 h = 0xcbf29ce484222325ULL;
@@ -157,6 +423,9 @@ static __always_inline __u64 capture_stack(void *ctx, __u32 slot, __u32 pid, int
 	for (__u32 i = 0; i < GS_MAX_STACK_DEPTH; i++) {
 		if (i >= depth)
 			break;
+		/* A frame-pointer walk through code built without them reads
+		 * what is no return address, sometimes with the Python tag's
+		 * bit (no user code is up there): it goes, not misread. */
 		h = (h ^ s->frames[i]) * 0x100000001b3ULL;
 	}
 	h |= 1; /* never 0, which means "no stack" */
@@ -165,6 +434,9 @@ static __always_inline __u64 capture_stack(void *ctx, __u32 slot, __u32 pid, int
 		return h;
 
 	__u32 size = __builtin_offsetof(struct gs_stack, frames) + depth * sizeof(__u64);
+	/* Kept from the compiler, which knows depth's bound; the verifier
+	 * does not, after a global function returned it. */
+	asm volatile("" : "+r"(size));
 	if (size > sizeof(struct gs_stack))
 		size = sizeof(struct gs_stack);
 	fill_header(&s->h, GS_EV_STACK, size, kernel ? 0 : pid, 0, bpf_ktime_get_ns());
@@ -671,6 +943,13 @@ int gs_sched_process_fork(struct bpf_raw_tracepoint_args *ctx)
 	} else {
 		__u32 one = 1;
 		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
+		/* A forked child is the same interpreter at the same addresses
+		 * (a DataLoader worker): its frames are found from the first. */
+		struct gs_py_proc *py = bpf_map_lookup_elem(&py_procs, &parent_tgid);
+		if (py)
+			bpf_map_update_elem(&py_procs, &child_tgid, py, BPF_ANY);
+		else /* left by a process that had this pid before */
+			bpf_map_delete_elem(&py_procs, &child_tgid);
 	}
 	struct gs_fork *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -696,6 +975,8 @@ int gs_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	__u32 tgid = BPF_CORE_READ(p, tgid);
 	if (!is_tracked(tgid))
 		return 0;
+	/* Another program: userspace finds out whether it is a CPython. */
+	bpf_map_delete_elem(&py_procs, &tgid);
 	struct gs_exec *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_drop(GS_EV_EXEC);
@@ -709,7 +990,9 @@ int gs_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	const char *filename = BPF_CORE_READ(bprm, filename);
 	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), filename) < 0)
 		e->filename[0] = 0;
-	bpf_ringbuf_submit(e, rb_flags());
+	/* Userspace is woken at once: a CPython must be found before its
+	 * first Python frames run. */
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }
 
@@ -752,8 +1035,10 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 		count_drop(GS_EV_EXIT);
 	}
 	/* inflight is task storage: freed with the task. */
-	if (group_dead)
+	if (group_dead) {
 		bpf_map_delete_elem(&tracked, &tgid);
+		bpf_map_delete_elem(&py_procs, &tgid);
+	}
 	return 0;
 }
 

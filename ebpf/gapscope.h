@@ -30,6 +30,7 @@ enum gs_event_kind {
 	GS_EV_STACK = 9,
 	GS_EV_OPEN = 10,
 	GS_EV_CUDA = 11,
+	GS_EV_PYCODE = 12,
 	/* Not an event: the size of the per-kind drop counter array. */
 	GS_EV_KIND_MAX = 16,
 };
@@ -194,6 +195,74 @@ struct gs_stack {
 	__u64 frames[GS_MAX_STACK_DEPTH];
 };
 
+/*
+ * CPython frames in user stacks. A process userspace found to be a CPython
+ * gets a gs_py_proc (collect/python.rs); its stacks then carry, after the
+ * native frames, its Python frames, innermost first, each the address of
+ * its code object tagged GS_PY_FRAME, and GS_PY_ENTRY on the outermost
+ * frame of each call of the eval loop (where userspace puts them among the
+ * native frames); GS_PY_FRAME alone, outermost, when more frames were left
+ * than were walked. A code object is described once per process (gs_pycode),
+ * again if its address comes to hold another one.
+ */
+#define GS_PY_FRAME (1ULL << 63)
+#define GS_PY_ENTRY (1ULL << 62)
+#define GS_PY_ADDR_MASK ((1ULL << 56) - 1)
+#define GS_PY_MAX_FRAMES 64
+/* Native frames kept in a stack that has Python frames too: room is left
+ * for GS_PY_MAX_FRAMES of them and the mark of a walk cut short (a Python
+ * frame with no code object, GS_PY_FRAME alone). */
+#define GS_PY_NATIVE_FRAMES 62
+/* Thread states looked through for the current thread's. */
+#define GS_PY_MAX_THREADS 64
+#define GS_PY_NAME_LEN 128
+#define GS_PY_FILE_LEN 256
+/* An offset a version has no field for. */
+#define GS_PY_NONE 0xffff
+
+/* Where to find things in one CPython process (byte offsets into its
+ * structs, the version's or its _Py_DebugOffsets'). */
+struct gs_py_proc {
+	__u64 runtime;            /* address of _PyRuntime */
+	__u64 code_type;          /* address of PyCode_Type */
+	__u16 interp_head;        /* _PyRuntime: interpreters.head */
+	__u16 threads_head;       /* PyInterpreterState: its first thread state */
+	__u16 ts_next;            /* PyThreadState: next */
+	__u16 ts_thread_id;       /* PyThreadState: thread_id (pthread_self, the FS base) */
+	__u16 ts_frame;           /* PyThreadState: frame, current_frame, or cframe */
+	__u16 cframe_frame;       /* CFrame: current_frame (3.11, 3.12), else NONE */
+	__u16 fr_back;            /* frame: f_back or previous */
+	__u16 fr_code;            /* frame: f_code or f_executable (bit 0 a tag in 3.14) */
+	__u16 fr_owner;           /* _PyInterpreterFrame: owner (3.11+), else NONE */
+	__u16 fr_is_entry;        /* _PyInterpreterFrame: is_entry (3.11), else NONE */
+	__u16 co_name;            /* PyCodeObject: co_qualname (3.11+) or co_name */
+	__u16 co_file;            /* PyCodeObject: co_filename */
+	__u16 co_firstlineno;     /* PyCodeObject: co_firstlineno (int) */
+	__u16 str_state;          /* PyASCIIObject: state */
+	__u16 str_length;         /* PyASCIIObject: length */
+	__u16 str_ascii;          /* sizeof(PyASCIIObject): a compact ASCII string's bytes */
+	__u16 str_compact;        /* sizeof(PyCompactUnicodeObject): other compact strings' */
+	__u8 owner_cstack;        /* owner of a C-stack shim frame (3.12+), 0xff none */
+	__u8 every_frame_entry;   /* 3.9, 3.10: every frame is its own call of the eval loop */
+	__u8 _pad[4];
+};
+
+/* A code object seen for the first time in a process. The strings are the
+ * first bytes of CPython's own (kind: bytes per character, 1, 2 or 4; 0:
+ * not a string the unwinder can read). */
+struct gs_pycode {
+	struct gs_header h;
+	__u64 code;
+	__s32 firstlineno;
+	__u16 name_len;
+	__u16 file_len;
+	__u8 name_kind;
+	__u8 file_kind;
+	__u8 _pad[6];
+	char name[GS_PY_NAME_LEN];
+	char file[GS_PY_FILE_LEN];
+};
+
 /* Uprobe cookie of a libcuda function: which function, and which argument
  * to capture (a stream handle or a byte count). */
 #define GS_CUDA_FN(cookie) ((__u32)((cookie) & 0xffff))
@@ -302,5 +371,38 @@ GS_LAYOUT(gs_stack, hash, 24);
 GS_LAYOUT(gs_stack, nr_frames, 32);
 GS_LAYOUT(gs_stack, kernel, 36);
 GS_LAYOUT(gs_stack, frames, 40);
+
+GS_LAYOUT_SIZE(gs_py_proc, 56);
+GS_LAYOUT(gs_py_proc, runtime, 0);
+GS_LAYOUT(gs_py_proc, code_type, 8);
+GS_LAYOUT(gs_py_proc, interp_head, 16);
+GS_LAYOUT(gs_py_proc, threads_head, 18);
+GS_LAYOUT(gs_py_proc, ts_next, 20);
+GS_LAYOUT(gs_py_proc, ts_thread_id, 22);
+GS_LAYOUT(gs_py_proc, ts_frame, 24);
+GS_LAYOUT(gs_py_proc, cframe_frame, 26);
+GS_LAYOUT(gs_py_proc, fr_back, 28);
+GS_LAYOUT(gs_py_proc, fr_code, 30);
+GS_LAYOUT(gs_py_proc, fr_owner, 32);
+GS_LAYOUT(gs_py_proc, fr_is_entry, 34);
+GS_LAYOUT(gs_py_proc, co_name, 36);
+GS_LAYOUT(gs_py_proc, co_file, 38);
+GS_LAYOUT(gs_py_proc, co_firstlineno, 40);
+GS_LAYOUT(gs_py_proc, str_state, 42);
+GS_LAYOUT(gs_py_proc, str_length, 44);
+GS_LAYOUT(gs_py_proc, str_ascii, 46);
+GS_LAYOUT(gs_py_proc, str_compact, 48);
+GS_LAYOUT(gs_py_proc, owner_cstack, 50);
+GS_LAYOUT(gs_py_proc, every_frame_entry, 51);
+
+GS_LAYOUT_SIZE(gs_pycode, 432);
+GS_LAYOUT(gs_pycode, code, 24);
+GS_LAYOUT(gs_pycode, firstlineno, 32);
+GS_LAYOUT(gs_pycode, name_len, 36);
+GS_LAYOUT(gs_pycode, file_len, 38);
+GS_LAYOUT(gs_pycode, name_kind, 40);
+GS_LAYOUT(gs_pycode, file_kind, 41);
+GS_LAYOUT(gs_pycode, name, 48);
+GS_LAYOUT(gs_pycode, file, 176);
 
 #endif /* GAPSCOPE_H */

@@ -136,15 +136,35 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
 
     // What Prometheus has: the job's GPU, allocated and idle by cause.
     let ours = |m: &Value| m["command"] == "simtrain" && m["gpu"] == "0";
-    let allocated: f64 = query(prom, "gapscope_gpu_allocated_seconds_total")
-        .iter()
-        .filter(|(m, _)| ours(m))
-        .map(|x| x.1)
-        .sum();
-    let run_s = u64_of(&truth, "allocated_ns") as f64 / 1e9;
+    let scraped = |metric: &str| -> f64 {
+        query(prom, metric)
+            .iter()
+            .filter(|(m, _)| ours(m))
+            .map(|x| x.1)
+            .sum()
+    };
+    let allocated = scraped("gapscope_gpu_allocated_seconds_total");
+    let unseen = scraped("gapscope_gpu_unseen_seconds_total");
+    let (busy, idle) = (
+        scraped("gapscope_gpu_busy_seconds_total"),
+        scraped("gapscope_gpu_idle_seconds_total"),
+    );
     assert!(
-        allocated > 0.5 * run_s && allocated <= run_s,
-        "recorded {allocated:.2}s of the job's {run_s:.2}s"
+        (busy + idle + unseen - allocated).abs() < 1e-3,
+        "busy {busy} + idle {idle} + unseen {unseen} against allocated {allocated}"
+    );
+    // What the agent saw of the GPU: from the job's first recorded work
+    // (before it, from the window's start — the agent attaches its programs
+    // first, then connects to the device, which on a loaded machine takes a
+    // good part of a second — it is unseen) to the process's exit, a little
+    // after the truth's end. The job's truth covers it from when the agent
+    // connected to its device.
+    let seen = allocated - unseen;
+    let run_s = u64_of(&truth, "allocated_ns") as f64 / 1e9;
+    eprintln!("saw {seen:.2}s of the job's {run_s:.2}s ({unseen:.2}s unseen)");
+    assert!(
+        seen > 0.95 * run_s && seen <= run_s + 0.2,
+        "saw {seen:.2}s of the job's {run_s:.2}s ({unseen:.2}s unseen)"
     );
     let by_cause: Vec<(String, f64)> = query(prom, "gapscope_gpu_idle_by_cause_seconds_total")
         .into_iter()
@@ -155,16 +175,21 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
     let truth_causes = &truth["idle_by_cause_ns"];
     let truth_alloc = u64_of(&truth, "allocated_ns") as f64;
     for (cause, secs) in &by_cause {
-        let scraped = secs * 100.0 / allocated;
+        let share = secs * 100.0 / seen;
         let own = truth_causes[cause.as_str()].as_u64().unwrap_or(0) as f64 * 100.0 / truth_alloc;
-        eprintln!("{cause}: scraped {scraped:.1}%, the job's truth {own:.1}%");
+        eprintln!("{cause}: scraped {share:.1}%, the job's truth {own:.1}%");
         assert!(
-            (scraped - own).abs() <= 5.0,
-            "{cause}: Prometheus has {scraped:.1}% of allocated time, the job's ground truth {own:.1}%"
+            (share - own).abs() <= 5.0,
+            "{cause}: Prometheus has {share:.1}% of the seen time, the job's ground truth {own:.1}%"
         );
     }
-    let sync = by_cause.iter().find(|c| c.0 == "sync").unwrap().1;
-    assert!(sync * 100.0 / allocated > 40.0, "{by_cause:?}");
+    // Not vacuous: the job's own truth has its bottleneck, which the
+    // comparison above held Prometheus to. (A share fixed in advance would
+    // not hold on a busy machine: there the job's truth moves part of the
+    // idle to contention — sync 36.8%, contention 40.0% beside two busy
+    // loops.)
+    let truth_sync = u64_of(truth_causes, "sync") as f64 * 100.0 / truth_alloc;
+    assert!(truth_sync > 25.0, "the job's truth: {truth_causes}");
 
     // The exposition passes Prometheus's own linter.
     let (_, text) = http_get(agent_addr, "/metrics").unwrap();

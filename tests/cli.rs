@@ -206,3 +206,59 @@ fn recording_without_privileges_says_what_is_missing() {
     one_line_error(&stderr, "needs root or CAP_BPF and CAP_PERFMON");
     assert!(stderr.contains("hint:"), "{stderr}");
 }
+
+/// `report --code`: a rule of the user's names their own function as a
+/// region of the job, in the order given and before the built-in table. The
+/// samples the region gets are those of the stacks through the function, as
+/// the on-CPU flamegraph's folded stacks count them; a malformed rule is a
+/// one-line error and exit 2.
+#[test]
+fn report_names_the_users_own_code_with_code_rules() {
+    let session = golden_session();
+    let s = session.to_str().unwrap();
+    let folded = String::from_utf8(gapscope_stdout(&[
+        "export",
+        s,
+        "--flamegraph",
+        "cpu",
+        "--folded",
+    ]))
+    .unwrap();
+    let through_burn: u64 = folded
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| stack.split(';').any(|f| f == "simtrain::burn"))
+        .map(|(_, n)| n.parse::<u64>().unwrap())
+        .sum();
+    assert!(through_burn > 0, "{folded}");
+    let in_region = |extra: &[&str], region: &str| -> u64 {
+        let mut args = vec!["report", s, "--format", "json"];
+        args.extend_from_slice(extra);
+        let report: serde_json::Value = serde_json::from_slice(&gapscope_stdout(&args)).unwrap();
+        report["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["code"].as_array().unwrap())
+            .filter(|c| c["region"] == region)
+            .map(|c| c["samples"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(in_region(&[], "input.transform"), 0);
+    let mine = ["--code", "input.transform=sym:simtrain::burn"];
+    assert_eq!(in_region(&mine, "input.transform"), through_burn);
+    // Two rules for one frame: the first given stands.
+    let both = [
+        "--code",
+        "input.transform=sym:simtrain::burn",
+        "--code",
+        "logging=sym:simtrain::burn",
+    ];
+    assert_eq!(in_region(&both, "input.transform"), through_burn);
+    assert_eq!(in_region(&both, "logging"), 0);
+
+    let (code, stdout, stderr) = gapscope_cmd(&["report", s, "--code", "decode=py:x"]);
+    assert_eq!(code, Some(2));
+    assert!(stdout.is_empty());
+    one_line_error(&stderr, "code rule 'decode=py:x': no region 'decode'");
+}

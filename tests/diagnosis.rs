@@ -97,8 +97,18 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
         "unattributed\n  {table}"
     );
     for c in expected {
+        // A major cause: a tenth of the idle, or, where this machine made
+        // the scenario's other cause so large that the truth's own share of
+        // this one fell under that (slow storage under load: input.io 86%,
+        // sync 8.9% of the truth's idle), half of that — it is named, and
+        // the check above holds it to the truth.
+        let floor = if share(want, c, truth_idle) >= 10.0 {
+            10.0
+        } else {
+            5.0
+        };
         assert!(
-            share(got, c, idle) >= 10.0,
+            share(got, c, idle) >= floor,
             "{c} should be a major cause\n  {table}"
         );
         let rec = report["recommendations"]

@@ -65,6 +65,7 @@ fn streamed_and_whole_analyses_agree() {
         &AnalyzeOptions {
             pictures: true,
             hta: false,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -124,6 +124,7 @@ fn a_python_process_blocked_in_read_is_injected_and_reads_on() {
     assert_eq!(i.pid, pid);
     assert!(i.longest_stop < Duration::from_millis(200), "{i:?}");
     assert!(shim_mapped(pid) && !inject::wants_shim(pid));
+    assert_left_clean(pid);
     assert_eq!(tracer_of(pid), 0);
     // Loaded once: a second attach finds it.
     assert_eq!(
@@ -169,6 +170,52 @@ fn a_busy_multithreaded_process_is_injected_without_noticing() {
         .unwrap()
         .to_string();
     assert_eq!(rest.trim_end(), bare_last);
+}
+
+/// Signals aimed at the very thread gapscope takes over, one every half
+/// millisecond into the program's own handler, wait until the thread is the
+/// program's again: a handler run between gapscope's syscalls would run on
+/// gapscope's registers (once seen as "lost track of its syscall" beside a
+/// 1 ms timer). Each of 8 processes is injected, and each, which dies on any
+/// syscall error, still checks every message it passed.
+#[test]
+fn signals_at_the_taken_over_thread_wait_until_it_is_the_programs_again() {
+    for round in 0..8 {
+        let (mut child, mut out) = started(
+            Command::new(workload())
+                .args(["busy", "--pace-us", "300", "--until", "stdin"])
+                .env("GAPSCOPE_CUPTI", "/nonexistent/libcupti.so"),
+        );
+        let pid = child.id() as libc::pid_t;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_s = stop.clone();
+        let sender = std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop_s.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: tgkill with plain integers, at a child we started
+                // whose SIGALRM handler only counts.
+                unsafe { libc::syscall(libc::SYS_tgkill, pid, pid, libc::SIGALRM) };
+                sent += 1;
+                std::thread::sleep(Duration::from_micros(400));
+            }
+            sent
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let got = inject::inject(child.id(), &shim(), Limits::default());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = sender.join().unwrap();
+        assert!(
+            matches!(got, Ok(Outcome::Injected(_))),
+            "round {round}: {got:?} ({sent} signals sent)"
+        );
+        assert!(shim_mapped(child.id()));
+        assert_eq!(tracer_of(child.id()), 0);
+        child.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(child.wait().unwrap().success(), "round {round}: {rest}");
+        assert!(assert_all_messages(&rest) > 0, "{rest}");
+    }
 }
 
 /// Where injection is not allowed it says why, and touches nothing.
@@ -445,23 +492,60 @@ fn a_process_in_its_own_namespaces_is_injected() {
         std::fs::read_link("/proc/self/ns/mnt").unwrap()
     );
     std::thread::sleep(Duration::from_millis(100));
+    let tmp_before = tmp_entries(pid);
     injected(pid);
-    // It opened a copy placed in its own /tmp, removed once mapped.
+    // It loaded the shim from a memfd of its own: nothing was placed in its
+    // file system, no fd of it is left open, no page is writable and
+    // executable.
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let line = maps
         .lines()
         .find(|l| l.contains(gapscope_cupti::LIBRARY_NAME))
         .expect("the shim is mapped");
     assert!(
-        line.contains("/tmp/.gapscope-") && line.ends_with("(deleted)"),
+        line.ends_with(&format!(
+            "/memfd:{} (deleted)",
+            gapscope_cupti::LIBRARY_NAME
+        )),
         "{line}"
     );
+    assert_eq!(tmp_entries(pid), tmp_before);
+    assert_left_clean(pid);
     assert_eq!(tracer_of(pid), 0);
     child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line, "got hello\n");
     assert!(child.wait().unwrap().success());
+}
+
+/// The names in a process's own /tmp.
+fn tmp_entries(pid: u32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root/tmp"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// What an injection leaves in a process: no fd of the memfd the shim came
+/// in, and no mapping both writable and executable (the stub's page is
+/// read-only once done).
+fn assert_left_clean(pid: u32) {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let to = std::fs::read_link(e.unwrap().path()).unwrap_or_default();
+        assert!(
+            !to.to_string_lossy().contains("memfd:"),
+            "fd left open: {}",
+            to.display()
+        );
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for l in maps.lines() {
+        let perms = l.split_whitespace().nth(1).unwrap();
+        assert!(!(perms.contains('w') && perms.contains('x')), "W^X: {l}");
+    }
 }
 
 /// Builds tests/inject/regs.c into `dir`.

@@ -165,15 +165,32 @@ fn a_truncated_trace_is_a_one_line_error() {
     let dir = scratch("badtrace");
     let p = dir.path().join("trace.json");
     std::fs::write(&p, "{\"traceEvents\": [{\"ph\": \"X\", \"ts\": 1").unwrap();
+    let err = refused_in_one_line(&p);
+    assert!(err.contains("not a Kineto trace"), "{err}");
+}
+
+/// `gapscope report PATH`: it must fail, exit 1, in one line; the line.
+fn refused_in_one_line(p: &std::path::Path) -> String {
     let out = Command::new(gapscope())
         .arg("report")
-        .arg(&p)
+        .arg(p)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("not a Kineto trace"), "{err}");
+    err
+}
+
+/// `events` (JSON objects) written as a trace in `dir`; its path.
+fn trace_of(dir: &std::path::Path, events: &[String]) -> std::path::PathBuf {
+    let p = dir.join("trace.json");
+    std::fs::write(
+        &p,
+        format!("{{\"traceEvents\": [\n{}\n]}}", events.join(",\n")),
+    )
+    .unwrap();
+    p
 }
 
 #[test]
@@ -201,6 +218,54 @@ fn a_dataloader_wait_in_a_trace_is_input_of_unknown_kind() {
     assert_eq!(causes["unattributed"], 5_000, "{causes}");
     assert_eq!(causes["startup"], 10_000, "{causes}");
     assert_eq!(r["recommendations"][0]["cause"], "input.unknown");
+}
+
+/// num_workers=0 in a trace: the trainer's transforms and collation are
+/// ops inside the DataLoader's `__next__` (as torch writes them), and the
+/// GPU waits through all of it — input at any depth, as the TensorBoard
+/// plugin counts DataLoader time, not the innermost op's `cpu.host`; the
+/// first recommendation says the trainer loads its own batches.
+#[test]
+fn ops_inside_the_dataloaders_op_are_input() {
+    let dir = scratch("kineto-dl-inline");
+    // µs, per step of 1000: launch at 0-5 → kernel 10-210; __next__
+    // 210-910 holding aten::to (300-500, with aten::copy_ 350-450 inside)
+    // and aten::stack (600-800, the collation); host 910-995 outside any
+    // op; the next launch 995-1000 → kernel 1010.
+    let mut events = Vec::new();
+    for step in 0..5u64 {
+        let t = step * 1000;
+        let c = step + 1;
+        events.push(format!(r#"{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 1, "ts": {}, "dur": 5, "args": {{"correlation": {c}}}}}"#, if step == 0 { 0 } else { t - 5 }));
+        events.push(format!(r#"{{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": {}, "dur": 200, "args": {{"device": 0, "stream": 7, "correlation": {c}}}}}"#, t + 10));
+        if step < 4 {
+            events.push(format!(r#"{{"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "pid": 10, "tid": 1, "ts": {}, "dur": 700}}"#, t + 210));
+            events.push(format!(r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::to", "pid": 10, "tid": 1, "ts": {}, "dur": 200}}"#, t + 300));
+            events.push(format!(r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": 10, "tid": 1, "ts": {}, "dur": 100}}"#, t + 350));
+            events.push(format!(r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::stack", "pid": 10, "tid": 1, "ts": {}, "dur": 200}}"#, t + 600));
+            events.push(format!(r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 10, "tid": 1, "ts": {}, "dur": 85}}"#, t + 910));
+        }
+    }
+    let p = trace_of(dir.path(), &events);
+    let r = report(&[p.to_str().unwrap(), "--format", "json"]);
+    let causes = &r["gpus"][0]["idle_by_cause_ns"];
+    // Four gaps of 800 µs (210 to 1010): 700 in the DataLoader's op, 400
+    // of them in ops inside it; 85 in an op of the trainer's own; 5
+    // launching; 10 after the launch outside any op.
+    assert_eq!(causes["input.unknown"], 4 * 700_000, "{causes}");
+    assert_eq!(causes["input.cpu"], 0, "{causes}");
+    assert_eq!(causes["cpu.host"], 4 * 85_000, "{causes}");
+    assert_eq!(causes["cpu.launch"], 4 * 5_000, "{causes}");
+    assert_eq!(causes["unattributed"], 4 * 10_000, "{causes}");
+    let first = &r["recommendations"][0];
+    assert_eq!(first["cause"], "input.unknown", "{first:#}");
+    assert!(
+        first["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("The trainer loads its own batches"),
+        "{first:#}"
+    );
 }
 
 /// A trace's GPU activity as (category, kernel name, start µs, end µs),
@@ -375,7 +440,6 @@ fn the_rank_the_others_wait_for_is_the_one_least_in_collectives() {
 #[test]
 fn a_thread_seen_only_by_its_cuda_calls() {
     let dir = scratch("kineto-calls-only");
-    let p = dir.path().join("trace.json");
     // µs, thread 2 (no ops): a graph launch 0-5 → kernel 10-20; event
     // queries polling 22-38; silence until a launch at 3040-3045 → kernel
     // 3045-3055; an async copy call 3055-3060 → copy 3060-3070; 30 µs of host
@@ -399,11 +463,7 @@ fn a_thread_seen_only_by_its_cuda_calls() {
         r#"{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 2, "ts": 3100, "dur": 5, "args": {"correlation": 4}}"#.into(),
         r#"{"ph": "X", "cat": "kernel", "name": "k3", "pid": 0, "tid": 7, "ts": 3105, "dur": 10, "args": {"device": 0, "stream": 7, "correlation": 4}}"#.into(),
     ]);
-    std::fs::write(
-        &p,
-        format!("{{\"traceEvents\": [\n{}\n]}}", events.join(",\n")),
-    )
-    .unwrap();
+    let p = trace_of(dir.path(), &events);
     let r = report(&[p.to_str().unwrap(), "--format", "json"]);
     let causes = &r["gpus"][0]["idle_by_cause_ns"];
     // 20-22 host code before the first poll; 22-38 polling (the last query
@@ -460,4 +520,68 @@ fn the_replay_holds_on_real_traces() {
             assert!(wall >= busy, "{name}: {rec:#}");
         }
     }
+}
+
+/// PyTorch 1.8–1.10 wrote its categories as `Operator`, `Runtime`,
+/// `Kernel`, `Memcpy`, `Memset`, with string thread ids (`"stream 7"`):
+/// read as today's names, not as an empty trace; a category nobody reads
+/// is counted in the notes.
+#[test]
+fn old_category_names_are_read() {
+    let dir = scratch("kineto-old");
+    let p = dir.path().join("trace.json");
+    std::fs::write(
+        &p,
+        r#"{"schemaVersion": 1, "traceEvents": [
+  {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 100, "tid": "100", "ts": 0, "dur": 50},
+  {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": "100", "ts": 10, "dur": 5, "args": {"correlation": 1, "external id": 2}},
+  {"ph": "X", "cat": "Kernel", "name": "volta_sgemm", "pid": 0, "tid": "stream 7", "ts": 20, "dur": 30, "args": {"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": 1}},
+  {"ph": "X", "cat": "Runtime", "name": "cudaMemcpyAsync", "pid": 100, "tid": "100", "ts": 52, "dur": 4, "args": {"correlation": 2}},
+  {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": "stream 7", "ts": 60, "dur": 10, "args": {"device": 0, "context": 1, "stream": 7, "correlation": 2, "bytes": 4096}},
+  {"ph": "X", "cat": "Runtime", "name": "cudaMemsetAsync", "pid": 100, "tid": "100", "ts": 72, "dur": 3, "args": {"correlation": 3}},
+  {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7", "ts": 80, "dur": 5, "args": {"device": 0, "context": 1, "stream": 7, "correlation": 3, "bytes": 16}},
+  {"ph": "X", "cat": "Sampled", "name": "something", "pid": 100, "tid": "100", "ts": 1, "dur": 1}
+]}"#,
+    )
+    .unwrap();
+    let r = report(&[p.to_str().unwrap(), "--format", "json"]);
+    let gpus = r["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 1, "{r:#}");
+    let g = &gpus[0];
+    assert_eq!(u64_of(&g["kernels"], "count"), 1, "{g:#}");
+    assert_eq!(u64_of(&g["kernels"], "total_ns"), 30_000, "{g:#}");
+    assert_eq!(u64_of(&g["memsets"], "count"), 1, "{g:#}");
+    let copies = g["copies"].as_object().unwrap();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let (_, copy) = copies.iter().next().unwrap();
+    assert_eq!(u64_of(copy, "bytes"), 4096, "{copies:?}");
+    assert_eq!(u64_of(g, "busy_ns"), 45_000, "{g:#}");
+    assert!(
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("\"Sampled\" ×1")),
+        "{:#}",
+        r["notes"]
+    );
+}
+
+/// A trace with no GPU activity in any form gapscope reads fails in one
+/// line, exit 1 — never an empty report.
+#[test]
+fn a_trace_with_no_gpu_activity_is_a_one_line_error() {
+    let dir = scratch("kineto-no-gpu");
+    let p = dir.path().join("trace.json");
+    std::fs::write(
+        &p,
+        r#"{"traceEvents": [
+  {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 50},
+  {"ph": "X", "cat": "GpuKernelOfTheFuture", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5}
+]}"#,
+    )
+    .unwrap();
+    let err = refused_in_one_line(&p);
+    assert!(err.contains("no GPU activity"), "{err}");
+    assert!(err.contains("\"GpuKernelOfTheFuture\" ×1"), "{err}");
 }

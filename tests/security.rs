@@ -23,14 +23,22 @@ fn under_sudo_attach_refuses_another_users_process_unless_told() {
         return;
     }
     let _lock = recording_lock();
-    let dir = scratch("owner");
+    let scratch = scratch("owner");
+    // Under sudo, outputs are created as the user who ran it: where that
+    // user may write, here a folder of theirs.
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let user_dir = scratch.path().join("nobody");
+    std::fs::create_dir(&user_dir).unwrap();
+    std::os::unix::fs::chown(&user_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let root_only = scratch.path().join("root-only");
+    std::fs::create_dir(&root_only).unwrap();
     let mut target = Command::new("sleep").arg("30").spawn().unwrap(); // root's
-    let attach = |extra: &[&str], out: &str| {
+    let attach = |extra: &[&str], out: &std::path::Path| {
         Command::new(gapscope())
             .args(["attach", "-q", "--duration", "0.3", "-p"])
             .arg(target.id().to_string())
             .arg("-o")
-            .arg(dir.path().join(out))
+            .arg(out)
             .args(extra)
             // As if `sudo gapscope` had been run by nobody.
             .env("SUDO_UID", NOBODY.to_string())
@@ -39,7 +47,7 @@ fn under_sudo_attach_refuses_another_users_process_unless_told() {
             .output()
             .unwrap()
     };
-    let refused = attach(&[], "refused");
+    let refused = attach(&[], &user_dir.join("refused"));
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
@@ -48,11 +56,22 @@ fn under_sudo_attach_refuses_another_users_process_unless_told() {
         "{err}"
     );
     assert!(
-        !dir.path().join("refused").exists(),
+        !user_dir.join("refused").exists(),
         "nothing written when refused"
     );
 
-    let allowed = attach(&["--any-user"], "allowed");
+    // Nothing lands where the user could not write themselves, and a
+    // folder that exists is never handed to them.
+    let denied = attach(&["--any-user"], &root_only.join("out"));
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(1), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert_eq!(std::fs::read_dir(&root_only).unwrap().count(), 0);
+    let existing = attach(&["--any-user"], &root_only);
+    assert_eq!(existing.status.code(), Some(1));
+    assert_eq!(std::fs::metadata(&root_only).unwrap().uid(), 0);
+
+    let allowed = attach(&["--any-user"], &user_dir.join("allowed"));
     assert_eq!(
         allowed.status.code(),
         Some(0),
@@ -60,7 +79,7 @@ fn under_sudo_attach_refuses_another_users_process_unless_told() {
         String::from_utf8_lossy(&allowed.stderr)
     );
     // The recording belongs to the user who ran sudo, privately.
-    let rec = dir.path().join("allowed");
+    let rec = user_dir.join("allowed");
     let meta = std::fs::metadata(&rec).unwrap();
     assert_eq!(
         (meta.uid(), meta.permissions().mode() & 0o777),

@@ -49,13 +49,23 @@ fn close(what: &str, predicted: u64, measured: u64, detail: &str) {
     );
 }
 
+/// The cause a fix is predicted to leave leading.
+#[derive(Clone, Copy)]
+enum Next {
+    /// None: what is left is below a recommendation's share.
+    None,
+    Cause(&'static str),
+    /// Not a property of the workload (see the scenario).
+    Unasserted,
+}
+
 /// Records `bottleneck`, then for each cause the fixed run; each cause in
 /// `fixes` must be recommended with a prediction within the tolerance, and
 /// `next` is the cause each is predicted to leave leading (None: none).
 /// Any other cause the recording recommends is checked the same way (its
 /// `next` aside): a cause near the threshold of a recommendation comes and
 /// goes with the machine's load, and none goes unchecked when it comes.
-fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Option<&str>)]) {
+fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Next)]) {
     simtrain_data(); // made before taking the lock
     let _lock = recording_lock();
     let mut args = vec!["--bottleneck", bottleneck];
@@ -74,8 +84,8 @@ fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Option<&str>)]) {
     let others = recommended
         .iter()
         .filter(|c| !fixes.iter().any(|(f, _)| f == *c))
-        .map(|c| (*c, None));
-    for (cause, next) in fixes.iter().map(|(c, n)| (*c, Some(*n))).chain(others) {
+        .map(|c| (*c, Next::Unasserted));
+    for (cause, next) in fixes.iter().copied().chain(others) {
         let rec = recommendation(&base, cause);
         let w = &rec["what_if"];
         assert!(w.is_object(), "{rec:#}");
@@ -102,8 +112,10 @@ fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Option<&str>)]) {
             wall(&fixed),
             &detail,
         );
-        if let Some(next) = next {
-            assert_eq!(w["next_cause"].as_str(), next, "{detail}");
+        match next {
+            Next::None => assert_eq!(w["next_cause"].as_str(), None, "{detail}"),
+            Next::Cause(c) => assert_eq!(w["next_cause"].as_str(), Some(c), "{detail}"),
+            Next::Unasserted => {}
         }
         // The speedup is the prediction's, against the recorded wall.
         let speedup = wall(&base) as f64 / u64_of(w, "wall_ns") as f64;
@@ -116,40 +128,49 @@ fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Option<&str>)]) {
 
 #[test]
 fn input_io() {
-    scenario("input-io", &[], &[("input.io", None)]);
+    scenario("input-io", &[], &[("input.io", Next::None)]);
 }
 
 #[test]
 fn input_cpu() {
-    scenario("input-cpu", &[], &[("input.cpu", None)]);
+    scenario("input-cpu", &[], &[("input.cpu", Next::None)]);
 }
 
 #[test]
 fn input_network() {
-    scenario("input-network", &[], &[("input.network", None)]);
+    scenario("input-network", &[], &[("input.network", Next::None)]);
 }
 
 #[test]
 fn host_cpu() {
-    scenario("host-cpu", &[], &[("cpu.host", None)]);
+    scenario("host-cpu", &[], &[("cpu.host", Next::None)]);
 }
 
+/// What leads once launches are free is not asserted: what is left of
+/// the loaders' start (their first batches, taking the trainer's CPU) is
+/// a few percent of the fixed run, about the 3% a cause needs to be named
+/// (unbounded loaders made every batch in the first ~50 ms: 0.1 to 16 ms
+/// of ~420 ms; they now stay two batches ahead, as a DataLoader's do).
 #[test]
 fn launch() {
     // Its fixed run is short: longer, so that start-up's jitter stays small.
-    scenario("launch", &["--steps", "300"], &[("cpu.launch", None)]);
+    scenario(
+        "launch",
+        &["--steps", "300"],
+        &[("cpu.launch", Next::Unasserted)],
+    );
 }
 
 /// Taking the synchronize out does not take out the host work behind it:
 /// it now runs beside the GPU's, and what is left of the idle is host time.
 #[test]
 fn sync() {
-    scenario("sync", &[], &[("sync", Some("cpu.host"))]);
+    scenario("sync", &[], &[("sync", Next::Cause("cpu.host"))]);
 }
 
 #[test]
 fn memory() {
-    scenario("memory", &[], &[("memory", None)]);
+    scenario("memory", &[], &[("memory", Next::None)]);
 }
 
 /// Two causes that hide each other: without the slow loader the sync per
@@ -163,8 +184,8 @@ fn mixed() {
         "mixed-network",
         &[],
         &[
-            ("input.network", Some("sync")),
-            ("sync", Some("input.network")),
+            ("input.network", Next::Cause("sync")),
+            ("sync", Next::Cause("input.network")),
         ],
     );
 }

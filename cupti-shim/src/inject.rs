@@ -17,10 +17,16 @@
 //! - when the profiler leaves, activity is disabled and flushed; at exit the
 //!   GPU gets time to finish what is queued before a forced flush.
 //!
+//! `gapscope attach` brings the shim into a running process and calls
+//! `gapscope_injected` instead, with the libcupti to use (or none): an
+//! injected shim takes no setting from the process's environment, which
+//! may be a less trusted user's (a setuid program's), and neither does one
+//! in a process the kernel marks secure (`AT_SECURE`).
+//!
 //! Every `extern "C"` entry catches panics: nothing unwinds into the driver,
 //! and a failure leaves the shim doing nothing rather than the job failing.
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{
@@ -174,6 +180,51 @@ extern "C" fn monotonic_timestamp() -> u64 {
     now_monotonic()
 }
 
+/// Set when `gapscope attach` brought the shim in: the libcupti it named,
+/// if any.
+static INJECTED: OnceLock<Option<String>> = OnceLock::new();
+
+/// Called by the loader stub of `gapscope attach` once the shim is mapped
+/// (in place of the driver's `InitializeInjection`), with the libcupti to
+/// use or an empty string. Always reports success, as that one does.
+#[no_mangle]
+pub extern "C" fn gapscope_injected(cupti: *const c_char) -> c_int {
+    let _ = catch_unwind(|| {
+        let path = (!cupti.is_null())
+            // SAFETY: the stub passes a NUL-terminated string in its page.
+            .then(|| {
+                unsafe { CStr::from_ptr(cupti) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|p| !p.is_empty());
+        let _ = INJECTED.set(path);
+        init();
+    });
+    1
+}
+
+/// A setting from the process's environment, where one may be taken: not
+/// in a shim `gapscope attach` brought in, nor in a setuid or otherwise
+/// secure process (glibc's `secure_getenv` rule).
+pub(crate) fn setting(name: &str) -> Option<String> {
+    // SAFETY: getauxval has no preconditions.
+    let secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    if INJECTED.get().is_some() || secure {
+        return None;
+    }
+    std::env::var(name).ok()
+}
+
+/// The libcupti named for this process: by `gapscope attach`'s injector,
+/// or `GAPSCOPE_CUPTI` where the environment may be read.
+pub(crate) fn named_cupti() -> Option<String> {
+    match INJECTED.get() {
+        Some(named) => named.clone(),
+        None => setting("GAPSCOPE_CUPTI"),
+    }
+}
+
 /// Called by the CUDA driver inside `cuInit`. Only cheap, local work
 /// happens here — no driver calls (re-entering the driver during its own
 /// initialisation can deadlock it), no blocking beyond a bounded connect.
@@ -217,7 +268,7 @@ fn init() {
     }
     // SAFETY: registering a handler that only closes fds (async-signal-safe).
     unsafe { libc::pthread_atfork(None, None, Some(close_in_child)) };
-    match std::env::var("GAPSCOPE_SOCKET") {
+    match setting("GAPSCOPE_SOCKET").ok_or(()) {
         Ok(name) => match transport::connect(&name) {
             Ok(stream) => {
                 LINK_FD.store(stream.as_raw_fd(), Ordering::SeqCst);

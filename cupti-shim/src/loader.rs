@@ -232,7 +232,7 @@ fn candidates(driver: u32) -> (Vec<String>, Option<String>) {
     let mut c = Vec::new();
     let mut note = None;
     let already = mapped("libcupti");
-    let explicit = std::env::var("GAPSCOPE_CUPTI").ok();
+    let explicit = crate::inject::named_cupti();
     if let (Some(first), Some(asked)) = (already.first(), &explicit) {
         let same = std::fs::canonicalize(first).ok() == std::fs::canonicalize(asked).ok();
         if !same {
@@ -251,7 +251,7 @@ fn candidates(driver: u32) -> (Vec<String>, Option<String>) {
     }
     let major = driver / 1000;
     for home in [
-        std::env::var("CUDA_HOME").ok(),
+        crate::inject::setting("CUDA_HOME"),
         Some("/usr/local/cuda".into()),
     ]
     .into_iter()

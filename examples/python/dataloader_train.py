@@ -12,7 +12,18 @@ total and, of its idle time between its first and last work, how much was
 the input pipeline's: the trainer inside `next(DataLoader)`, and outside it
 waiting for a CPU (the kernel's schedstat run delay; nothing else of note
 runs here, so the CPUs were held by the loaders) — spread evenly over the
-span it was measured in, as simtrain's ground truth does. And how many of
+span it was measured in, as simtrain's ground truth does. Inside next(),
+the part it had no CPU to load with is not the loading's: the hypervisor's
+steal (this machine's /proc/stat rate over the thread's CPU time there)
+and, with num_workers=0, its waits for a CPU (no loader holds one).
+With --host-ms,
+the trainer's own work between a batch's arrival and its launches (pure
+Python): the idle spent running it, its waits for a CPU excepted (those
+are the loaders', as above), and of that the part the synchronize before
+it kept from overlapping the GPU's work (as long as the synchronize
+waited), which is the synchronize's. With num_workers=0, the loading's own CPU
+clock of its stages: decoding (PIL), the rest of `__getitem__` (fetch),
+and collating. And how many of
 the machine's CPUs sat idle during the loop (/proc/stat): what more
 workers could have had; and how many the loader workers used (the
 kernel's accounting of the joined workers).
@@ -45,7 +56,8 @@ def prepare(d, n, size):
         img = Image.fromarray(base).resize((size, size), Image.BILINEAR)
         noise = rng.integers(0, 24, (size, size, 3), dtype=np.uint8)
         arr = np.clip(np.asarray(img, dtype=np.int16) + noise, 0, 255).astype(np.uint8)
-        tmp = p + ".tmp"
+        # Tests prepare the same directory at once: each writer its own temporary.
+        tmp = f"{p}.{os.getpid()}.tmp"
         Image.fromarray(arr).save(tmp, format="PNG")
         os.replace(tmp, p)
 
@@ -63,6 +75,12 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--kernels", type=int, default=4)
     ap.add_argument("--kernel-us", type=int, default=2000)
+    ap.add_argument(
+        "--host-ms",
+        type=float,
+        default=0.0,
+        help="the trainer's own CPU work per step, between a batch's arrival and its launches",
+    )
     a = ap.parse_args()
     if a.prepare:
         prepare(a.prepare, a.images, a.size)
@@ -77,6 +95,11 @@ def main():
 
     torch.set_num_threads(1)
 
+    # The loading's own clock of its stages (CPU time, per thread): read
+    # back only where it runs in this process (num_workers=0).
+    stage_cpu = {"decode": 0, "fetch": 0, "collate": 0}
+    cpu = time.thread_time_ns
+
     class PNGs(Dataset):
         def __init__(self, d):
             self.files = sorted(
@@ -87,9 +110,24 @@ def main():
             return len(self.files)
 
         def __getitem__(self, i):
+            c0 = cpu()
             with Image.open(self.files[i]) as img:
-                arr = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
-            return torch.from_numpy(arr).permute(2, 0, 1)
+                rgb = img.convert("RGB")
+            c1 = cpu()
+            arr = np.asarray(rgb, dtype=np.float32) / 255.0
+            out = torch.from_numpy(arr).permute(2, 0, 1)
+            c2 = cpu()
+            stage_cpu["decode"] += c1 - c0
+            stage_cpu["fetch"] += c2 - c1
+            return out
+
+    from torch.utils.data import default_collate
+
+    def collate(batch):
+        c0 = cpu()
+        out = default_collate(batch)
+        stage_cpu["collate"] += cpu() - c0
+        return out
 
     gpu = ctypes.CDLL(a.lib)
     gpu.gs_simgpu_launch.restype = ctypes.c_uint64
@@ -97,13 +135,30 @@ def main():
     gpu.gs_simgpu_busy_ns.restype = ctypes.c_uint64
 
     loader = DataLoader(
-        PNGs(a.data), batch_size=a.batch, num_workers=a.workers, shuffle=False
+        PNGs(a.data),
+        batch_size=a.batch,
+        num_workers=a.workers,
+        shuffle=False,
+        collate_fn=collate,
     )
     now = time.monotonic_ns
 
-    def run_delay():
+    def sched():
+        # This thread's CPU time as the kernel charged it, and its wait for
+        # a CPU (runnable).
         with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1])
+            fields = f.read().split()
+        return int(fields[0]), int(fields[1])
+
+    def run_delay():
+        return sched()[1]
+
+    def machine_steal_ns():
+        # Time the hypervisor ran something else on this machine's vCPUs
+        # (steal), all CPUs summed.
+        with open("/proc/stat") as f:
+            ticks = f.readline().split()[1:9]
+        return int(ticks[7]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
     def machine_idle_ns():
         # idle + iowait of every CPU, in clock ticks: CPUs a worker more
@@ -112,19 +167,38 @@ def main():
             ticks = f.readline().split()[1:6]
         return (int(ticks[3]) + int(ticks[4])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
+    def host_work(cpu_ns):
+        # The trainer's own work between batches (metrics, logging, a
+        # model's Python-side bookkeeping): pure Python, until it has had
+        # cpu_ns of CPU, however long a busy machine makes that take.
+        end = time.thread_time_ns() + cpu_ns
+        x = 0
+        while time.thread_time_ns() < end:
+            for i in range(200):
+                x = (x * 31 + i) % 1000003
+        return x
+
     waits = []  # the trainer inside next(DataLoader)
     delays = []  # (start, end, ns waiting for a CPU) outside it
+    hosts = []  # (start, end, ns waiting for a CPU) of its own host work
     kernels = []  # the simulated GPU's work
     it = iter(loader)
-    loop = (now(), machine_idle_ns())
+    loop = (now(), machine_idle_ns(), machine_steal_ns())
     for _ in range(a.steps):
-        t0 = now()
+        t0, (c0, r0) = now(), sched()
         try:
             batch = next(it)
         except StopIteration:
             it = iter(loader)
             batch = next(it)
-        waits.append((t0, now()))
+        c1, r1 = sched()
+        waits.append((t0, now(), c1 - c0, r1 - r0))
+        if a.host_ms > 0:
+            h0, d0 = now(), run_delay()
+            host_work(int(a.host_ms * 1e6))
+            # The synchronize before it waited this long for the GPU.
+            hid = delays[-1][1] - delays[-1][0] if delays else 0
+            hosts.append((h0, now(), run_delay() - d0, hid))
         # A forward and backward pass: kernels the batch feeds, then a
         # synchronize (loss.item()).
         assert batch.shape[1] == 3
@@ -136,6 +210,8 @@ def main():
         delays.append((t1, now(), run_delay() - d1))
     loop_ns = max(now() - loop[0], 1)
     idle_cpus = (machine_idle_ns() - loop[1]) / loop_ns
+    # Of each vCPU's time, the share the hypervisor took.
+    steal = min((machine_steal_ns() - loop[2]) / (loop_ns * (os.cpu_count() or 1)), 0.5)
     gpu.gs_simgpu_close()
     # The loaders' CPU time, as the kernel accounted it to the workers once
     # they were joined: how many CPUs they used (a worker more needs as
@@ -156,31 +232,58 @@ def main():
     idle = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
     idle_ns = sum(e - s for s, e in idle)
     in_next = 0
+    # Inside next(), the time the trainer had no CPU to load with: the
+    # hypervisor's steal (the machine's rate, over the CPU time it was
+    # charged there) and, with no workers to hold the CPUs, its waits for
+    # one — not the loading's cost.
+    without_cpu = 0
     for s, e in idle:
-        for ws, we in waits:
-            in_next += max(0, min(e, we) - max(s, ws))
+        for ws, we, cpu_ns, waited in waits:
+            overlap = max(0, min(e, we) - max(s, ws))
+            in_next += overlap
+            lost = int(cpu_ns * steal / (1 - steal)) + (waited if a.workers == 0 else 0)
+            lost = min(lost, max(we - ws - cpu_ns, 0))
+            without_cpu += overlap * lost // max(we - ws, 1)
     held = 0
+    in_host = 0
+    hidden = 0
     for s, e in idle:
-        for ds, de, waited in delays:
+        for ds, de, waited, *_ in delays + hosts:
             overlap = max(0, min(e, de) - max(s, ds))
             held += overlap * min(waited, de - ds) // max(de - ds, 1)
+        for hs, he, waited, hid in hosts:
+            overlap = max(0, min(e, he) - max(s, hs))
+            own = overlap - overlap * min(waited, he - hs) // max(he - hs, 1)
+            # As much of it as the synchronize before waited for the GPU
+            # would have run beside the GPU's work without that wait: the
+            # synchronize's; the rest outlasts the GPU, the work's own.
+            h = min(own, hid)
+            hidden += h
+            in_host += own - h
     truth = {
         "simulated": True,
         "busy_ns": sum(e - s for s, e in busy),
         "idle_between_ns": idle_ns,
         "idle_in_next_ns": in_next,
+        "idle_in_next_without_a_cpu_ns": without_cpu,
+        "steal": steal,
         "idle_waiting_for_cpu_ns": held,
+        "idle_in_host_work_ns": in_host,
+        "idle_host_work_behind_sync_ns": hidden,
         "workers": a.workers,
         "idle_cpus": idle_cpus,
         "loader_cpus": loader_cpus,
         "torch": torch.__version__,
     }
+    if a.workers == 0:
+        truth["stage_cpu_ns"] = stage_cpu
     with open(a.truth, "w") as f:
         json.dump(truth, f)
     print(
         f"dataloader_train: SIMULATED GPU, {a.workers} workers: "
         f"{100 * in_next / max(idle_ns, 1):.1f}% of the GPU's idle inside next(DataLoader), "
-        f"{100 * held / max(idle_ns, 1):.1f}% waiting for a CPU outside it"
+        f"{100 * held / max(idle_ns, 1):.1f}% waiting for a CPU outside it, "
+        f"{100 * in_host / max(idle_ns, 1):.1f}% in its own host work"
     )
 
 

@@ -59,6 +59,8 @@ pub struct SimDevice {
     /// Records dropped on purpose (`--lose-gpu-step`), and the span they
     /// covered.
     pub lost: Option<(u64, u64, u64)>,
+    /// Dormant: when a profiler first connected (0 until then).
+    sighted: Arc<std::sync::atomic::AtomicU64>,
     /// The thread that encodes and sends what the device says, as CUPTI
     /// hands its buffers to the shim on a thread of its own: the caller
     /// only queues it, and never waits for gapscope to read (a
@@ -93,6 +95,7 @@ impl SimDevice {
             &mut greeting,
         );
         let link: Link = Arc::default();
+        let sighted: Arc<std::sync::atomic::AtomicU64> = Arc::default();
         let conn = std::env::var("GAPSCOPE_SOCKET")
             .ok()
             .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
@@ -100,7 +103,7 @@ impl SimDevice {
             Some(c) => *lock(&link) = Some(c),
             None => {
                 eprintln!("{who}: not under gapscope run: the simulated GPU waits, dormant, for gapscope attach");
-                wait_dormant(link.clone(), greeting.clone());
+                wait_dormant(link.clone(), greeting.clone(), sighted.clone());
             }
         }
         send(&link, &greeting);
@@ -122,8 +125,15 @@ impl SimDevice {
             pending: Vec::new(),
             busy: Vec::new(),
             lost: None,
+            sighted,
             sender: Some((tx, thread)),
         }
+    }
+
+    /// A dormant device: when a profiler first connected — where what a
+    /// profiler can see of the job begins.
+    pub fn sighted_at(&self) -> Option<u64> {
+        Some(self.sighted.load(std::sync::atomic::Ordering::SeqCst)).filter(|&t| t > 0)
     }
 
     /// Hands `frame` to the sending thread.
@@ -357,7 +367,7 @@ fn send(link: &Link, bytes: &[u8]) {
 /// Listens on the control socket a dormant CUPTI shim would (`gapscope
 /// attach` and the agent look for it), one profiler at a time: each gets the
 /// greeting, then the device's records from that moment until it leaves.
-fn wait_dormant(link: Link, greeting: Vec<u8>) {
+fn wait_dormant(link: Link, greeting: Vec<u8>, sighted: Arc<std::sync::atomic::AtomicU64>) {
     use gapscope_cupti::transport;
     let name = transport::local_control_socket_name(std::process::id());
     let Ok(listener) = transport::listen(&name) else {
@@ -377,7 +387,14 @@ fn wait_dormant(link: Link, greeting: Vec<u8>) {
                     continue;
                 };
                 let mut hello = greeting.clone();
-                encode(&Frame::Sighted { at: now() }, &mut hello);
+                let at = now();
+                let _ = sighted.compare_exchange(
+                    0,
+                    at,
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                );
+                encode(&Frame::Sighted { at }, &mut hello);
                 if stream.write_all(&hello).is_err() {
                     continue;
                 }

@@ -47,7 +47,8 @@ equal, as the fix a report recommends would do (what a what-if replay predicts):
   input.io       the loaders' reads take no time (the data is at hand)
   input.cpu      the loaders' decoding takes no time (done ahead, elsewhere)
   input.network  the data server answers at once
-  cpu.host       the trainer's own host work per step is gone
+  cpu.host       the trainer's own host work per step is gone (behind a
+                 synchronize: the part that outlasted the GPU's work)
   cpu.launch     each step's kernels from one CUDA graph launch
   sync           no synchronize per step (the host work after it stays, now
                  beside the GPU's work: loss.item() every N steps)
@@ -57,7 +58,9 @@ equal, as the fix a report recommends would do (what a what-if replay predicts):
 covered, as the CUPTI shim does when gapscope cannot keep up.
 
 Run it under `gapscope run` to see the diagnosis; the simulated device speaks to
-gapscope through GAPSCOPE_SOCKET.";
+gapscope through GAPSCOPE_SOCKET. Run on its own, the device waits dormant for
+`gapscope attach` or the agent, and the ground truth covers the job from when
+the first profiler connected.";
 
 const DATASET_MIB: u64 = 256;
 /// O_DIRECT read size: large reads keep the loader I/O-bound, not syscall-bound.
@@ -201,12 +204,31 @@ impl Log {
     /// span it waited is not known: the wait is taken as spread evenly
     /// over it.
     fn cpu_work(&mut self, cause: &'static str, work: impl FnOnce()) {
+        self.cpu_work_after_sync(0, cause, work);
+    }
+
+    /// Host work right after a synchronize that waited `hidden` ns for the
+    /// GPU: that much of it is the synchronize's (had the host not waited,
+    /// it would have run while the GPU worked: what overlap hides), the
+    /// rest `cause`'s own. Its wait for a CPU is spread over both.
+    fn cpu_work_after_sync(&mut self, hidden: u64, cause: &'static str, work: impl FnOnce()) {
         let (a, cpu_before) = (now(), thread_cpu());
         work();
         let (b, cpu_after) = (now(), thread_cpu());
         if b > a {
             let waited = (b - a).saturating_sub(cpu_after - cpu_before);
-            self.spans.push((a, b, cause, waited));
+            let cpu = (b - a - waited).max(1);
+            // `hidden` of its CPU time, and its share of the wait.
+            let own = hidden.min(cpu);
+            let span = own + waited * own / cpu;
+            let mid = a + span.min(b - a);
+            if mid > a {
+                self.spans.push((a, mid, "sync", waited * own / cpu));
+            }
+            if b > mid {
+                self.spans
+                    .push((mid, b, cause, waited - waited * own / cpu));
+            }
         }
     }
 
@@ -309,6 +331,9 @@ fn prepare(dir: &Path) -> PathBuf {
 /// fetching the batch's data, and when it sent it (CLOCK_MONOTONIC ns).
 const BATCH_MSG: usize = 32;
 
+/// Batches a fast loader makes before the trainer has taken any.
+const PREFETCH: u64 = 2;
+
 /// A data-loader worker: produces batches `index, index + n, ...` into `out`.
 #[allow(clippy::too_many_arguments)]
 fn worker(
@@ -322,6 +347,7 @@ fn worker(
     out: File,
     seed: u64,
     fix: Option<Fix>,
+    mut ahead: Option<File>,
 ) {
     let decode = |ns: u64| {
         if fix != Some(Fix::InputCpu) {
@@ -341,7 +367,15 @@ fn worker(
     let blocks = (DATASET_MIB << 20) / BLOCK as u64;
     let mut conn = net.map(|port| TcpStream::connect(("127.0.0.1", port)).unwrap());
     let mut step = index;
+    let mut made = 0u64;
     while step < steps {
+        if let Some(a) = ahead.as_mut().filter(|_| made >= PREFETCH) {
+            let mut token = [0u8];
+            if a.read_exact(&mut token).is_err() {
+                return;
+            }
+        }
+        made += 1;
         // When this batch's data was being fetched: the trainer's ground
         // truth splits its wait by what its loader was doing.
         let fetch_start = now();
@@ -537,20 +571,36 @@ fn main() {
         30
     };
     let mut readers = Vec::new();
+    // Fast loaders run at most PREFETCH batches ahead, as a DataLoader's
+    // workers do (prefetch_factor): unbounded, they made every batch in the
+    // first ~50 ms and took the trainer's CPU meanwhile, a burst that moved
+    // from run to run. Slow loaders are never that far ahead.
+    let mut tokens: Vec<Option<File>> = Vec::new();
     for w in 0..o.workers {
         let (r, wr) = pipe();
+        let (req_r, req_w) = if input == Input::Fast {
+            let (a, b) = pipe();
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
         let (steps, n, seed, d, fix) = (o.steps, o.workers, o.seed, data.clone(), o.fix);
         let (rfd, wfd) = (r.as_raw_fd(), wr.as_raw_fd());
+        let req_wfd = req_w.as_ref().map(|f| f.as_raw_fd());
         children.push(fork_child(move || {
             // SAFETY: in the child, this process's copies of the pipe ends.
             let out = unsafe {
                 libc::close(rfd);
+                if let Some(fd) = req_wfd {
+                    libc::close(fd);
+                }
                 File::from_raw_fd(wfd)
             };
-            worker(w, n, steps, input, reads, &d, port, out, seed, fix)
+            worker(w, n, steps, input, reads, &d, port, out, seed, fix, req_r)
         }));
         drop(wr);
         readers.push(r);
+        tokens.push(req_w);
     }
 
     let mut dev = SimDevice::connect("simtrain");
@@ -574,9 +624,14 @@ fn main() {
         let a = now();
         let step_start = a;
         let mut msg = [0u8; BATCH_MSG];
-        readers[(step % o.workers) as usize]
+        let from = (step % o.workers) as usize;
+        readers[from]
             .read_exact(&mut msg)
             .unwrap_or_else(|e| die(&format!("worker died: {e}")));
+        // Room for one more ahead (a worker done with its batches is gone).
+        if let Some(t) = tokens[from].as_mut() {
+            let _ = t.write_all(&[1]);
+        }
         let at = |i: usize| u64::from_le_bytes(msg[i * 8..i * 8 + 8].try_into().unwrap());
         log_batch_wait(&mut log, input, (a, now()), (at(1), at(2)), at(3));
 
@@ -630,10 +685,18 @@ fn main() {
                 log.cpu_work("cpu.host", || burn(9_000_000));
             }
             Bottleneck::Sync | Bottleneck::Mixed | Bottleneck::MixedNetwork => {
-                // loss.item(): wait for the GPU, then host work it cannot hide.
+                // loss.item(): wait for the GPU, then host work it cannot
+                // hide — as much of it as the wait, which without the
+                // synchronize would have overlapped the GPU's work.
                 let (a, b) = dev.synchronize();
                 log.add(a, b, "sync");
-                log.cpu_work("sync", || burn(9_000_000));
+                // Fixed host work: what outlasted the GPU's is gone.
+                let work = if o.fix == Some(Fix::Host) {
+                    (b - a).min(9_000_000)
+                } else {
+                    9_000_000
+                };
+                log.cpu_work_after_sync(b - a, "cpu.host", || burn(work));
             }
             _ => {}
         }
@@ -662,8 +725,19 @@ fn main() {
         }
     }
     let t_end = now();
+    // Run dormant, the job is the profiler's from when it connected (the
+    // agent finds jobs already running): the truth covers that part, what
+    // a recording of it can be held to.
+    let t_start = dev
+        .sighted_at()
+        .map_or(t_start, |s| s.clamp(t_start, t_end));
     let mut spans = std::mem::take(&mut dev.busy);
     union_in_place(&mut spans);
+    spans.retain_mut(|(s, e)| {
+        *s = (*s).max(t_start);
+        *e = (*e).min(t_end);
+        s < e
+    });
     let by_cause = log.idle_by_cause(&spans, t_start, t_end);
     let busy: u64 = spans.iter().map(|(s, e)| e - s).sum();
     let causes: Vec<String> = by_cause

@@ -36,6 +36,7 @@ fn analysis(s: impl Into<crate::session::Source>, pictures: bool) -> crate::anal
         &crate::analyze::AnalyzeOptions {
             pictures,
             hta: true,
+            ..Default::default()
         },
     )
     .expect("read once already")
@@ -62,6 +63,7 @@ pub fn session_file(data: &[u8]) {
                 &crate::analyze::AnalyzeOptions {
                     pictures: false,
                     hta: true,
+                    ..Default::default()
                 },
                 1,
             )

@@ -67,11 +67,17 @@ fn load_windows(dir: &Path) -> Result<Option<Loaded>, LoadError> {
     if !first_is_window {
         return Ok(None);
     }
-    let tmp = std::env::temp_dir().join(format!(
-        "gapscope-windows-{}-{}.gsz",
-        std::process::id(),
-        crate::clock::monotonic_ns()
-    ));
+    // A private scratch directory of a random name: a file of a name
+    // guessed in advance in a shared /tmp could be someone else's.
+    let tmp_parent = std::env::temp_dir();
+    let scratch_name = crate::safe_fs::random_name("gapscope-windows-");
+    let scratch = crate::output::OutDir::fresh(&tmp_parent, &scratch_name).map_err(|source| {
+        session::SessionError::Io {
+            path: tmp_parent.join(&scratch_name),
+            source,
+        }
+    })?;
+    let tmp = scratch.held_path(session::FILE_NAME);
     let mut rest = &windows[..];
     let merged = loop {
         let m = session::merge(rest, &tmp);
@@ -81,7 +87,7 @@ fn load_windows(dir: &Path) -> Result<Option<Loaded>, LoadError> {
         }
     };
     let read = merged.and_then(|_| session::read_session(&tmp));
-    let _ = std::fs::remove_file(&tmp);
+    let _ = crate::output::OutDir::named(&tmp_parent).and_then(|d| d.remove_tree(&scratch_name));
     let label = dir
         .canonicalize()
         .ok()
@@ -159,12 +165,15 @@ pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, LoadErr
                 .unwrap_or_default();
             dir.join(stem)
         };
-        crate::output::create_dir(&out).map_err(|source| crate::session::SessionError::Io {
-            path: out.clone(),
-            source,
+        let out_dir = crate::output::OutDir::named(&out).map_err(|source| {
+            crate::session::SessionError::Io {
+                path: out.clone(),
+                source,
+            }
         })?;
         let path = out.join(crate::session::FILE_NAME);
-        let mut w = SessionWriter::create(&path)?;
+        let mut w =
+            SessionWriter::create_in(std::sync::Arc::new(out_dir), crate::session::FILE_NAME)?;
         w.push(&Record::Header(s.header().clone()))?;
         for g in &s.gpu_sources {
             w.push(&Record::GpuSource(g.clone()))?;

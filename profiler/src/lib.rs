@@ -27,6 +27,7 @@ pub mod inputs;
 pub mod intervals;
 pub mod kineto;
 pub mod output;
+pub mod safe_fs;
 pub mod session;
 pub mod timeline;
 pub mod units;

@@ -32,11 +32,6 @@ enum Command {
     Run {
         #[command(flatten)]
         rec: RecordArgs,
-        /// Do not turn on CPython's perf trampoline (PYTHONPERFSUPPORT=1,
-        /// Python 3.12+; older ones ignore it), which puts Python functions
-        /// in the stacks and flamegraphs at a small cost per Python call.
-        #[arg(long)]
-        no_python_frames: bool,
         /// The command to run and its arguments (put `--` before it if its
         /// first argument starts with a dash).
         #[arg(
@@ -82,6 +77,14 @@ enum Command {
         /// kernel_wait, other), computed with HTA's rules, to compare with it.
         #[arg(long)]
         hta: bool,
+        /// Name your own code as a region of the job (input.decode,
+        /// input.transform, model.forward…): REGION=FIELD:GLOB, FIELD one
+        /// of py (a Python function's qualified name), pyfile (its file),
+        /// lib (a native frame's library), sym (its symbol); '*' at either
+        /// end of GLOB. Tried before the built-in table; repeat for more.
+        /// E.g. --code 'input.decode=py:ShardReader.decode'
+        #[arg(long, value_name = "RULE")]
+        code: Vec<String>,
         /// Write to FILE instead of stdout.
         #[arg(long, short = 'o', value_name = "FILE")]
         output: Option<PathBuf>,
@@ -223,6 +226,11 @@ enum ImportCommand {
 
 #[derive(Args, Debug)]
 struct RecordArgs {
+    /// Leave CPython's frames out of the stacks: by default the kernel side
+    /// walks them (CPython 3.9-3.14, found by itself in every process of the
+    /// tree) and the stacks, flamegraphs and timeline name Python functions.
+    #[arg(long)]
+    no_python_frames: bool,
     /// Output directory [default: ./gapscope-<pid>-<time>/]
     #[arg(long, short = 'o', value_name = "DIR")]
     output: Option<PathBuf>,
@@ -358,10 +366,11 @@ impl RecordArgs {
             gpu: !self.no_gpu,
             nvml_hz: self.nvml_hz,
             libcuda: self.libcuda.clone(),
+            cupti: self.cupti.clone(),
             any_user: false,
             inject: false,
             windows: None,
-            python_frames: false,
+            python_frames: !self.no_python_frames,
         }
     }
 }
@@ -392,18 +401,19 @@ fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>
 /// Reads the session back from disk, writes the report files beside it and
 /// prints the text report: what is printed is exactly what `report` shows.
 fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
-    let dir = rec.session.parent().unwrap_or(std::path::Path::new("."));
+    let dir = rec.dir.path();
     let a = analyze(
-        rec.session.clone(),
+        rec.dir.held_path(gapscope::session::FILE_NAME),
         &AnalyzeOptions {
             pictures: exports,
             hta: false,
+            ..Default::default()
         },
     )
     .map_err(|e| e.to_string())?;
     let v = View::new(&a);
     let partial_timeline =
-        export::write_bundle(dir, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
+        export::write_bundle(&rec.dir, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
     if !quiet {
         let mut err = std::io::stderr().lock();
         export::write(&v, &Options::new(Format::Text), &mut err).map_err(|e| e.to_string())?;
@@ -514,6 +524,7 @@ fn diff(
     let opts = AnalyzeOptions {
         pictures: true,
         hta: false,
+        ..Default::default()
     };
     let side = |p: &std::path::Path| {
         analyzed(std::slice::from_ref(&p.to_path_buf()), &opts).map_err(|e| {
@@ -609,15 +620,8 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     match cli.command {
-        Command::Run {
-            rec,
-            no_python_frames,
-            cmd,
-        } => {
-            let opts = RecordOptions {
-                python_frames: !no_python_frames,
-                ..rec.options(None)
-            };
+        Command::Run { rec, cmd } => {
+            let opts = rec.options(None);
             record(Target::Command(cmd), opts, &rec)
         }
         Command::Attach {
@@ -649,12 +653,23 @@ fn main() -> ExitCode {
             paths,
             format,
             hta,
+            code,
             output,
         } => {
             let format: Format = format.into();
+            let mut rules = gapscope::analyze::code::Rules::default();
+            for spec in &code {
+                if let Err(e) = rules.add(spec) {
+                    eprintln!(
+                        "gapscope: error: {e}; hint: `gapscope report --help` shows the form"
+                    );
+                    return ExitCode::from(2);
+                }
+            }
             let opts = AnalyzeOptions {
                 pictures: format == Format::Html,
                 hta,
+                code: rules,
             };
             match analyzed(&paths, &opts) {
                 Ok(inputs) => write_out(output.as_deref(), |w| {
@@ -743,6 +758,7 @@ fn main() -> ExitCode {
                     let opts = AnalyzeOptions {
                         pictures: true,
                         hta: false,
+                        ..Default::default()
                     };
                     let a = match analyze(source, &opts) {
                         Ok(a) => a,

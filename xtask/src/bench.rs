@@ -4,17 +4,20 @@
 //! beside gapscope where installed); bystander times a loop of cheap
 //! syscalls in a process nobody records, bare and while another process is
 //! recorded; throughput finds the highest event rate recorded without drops;
+//! python times a Python-heavy job recorded with and without walking its
+//! frames, beside CPython's own perf trampoline, and what each names;
 //! offline times `report` on synthetic sessions (1 M, 10 M and, where memory
 //! and disk allow, 100 M events) and a synthetic PyTorch trace; agent times a
 //! job alone and watched by `gapscope agent`, with the agent's own CPU and
 //! memory. One table at
 //! the end, each target marked met or not, with what bounds it when not.
 //! `cargo xtask bench offline` (any of overhead, bystander, throughput,
-//! offline, kineto, agent) runs only those.
+//! python, offline, kineto, agent) runs only those.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -1203,6 +1206,245 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
     Ok((row, OfflineRun { events, rss, size }))
 }
 
+/// A Python-heavy job: `leaf` 31 Python frames deep, for a fixed amount of
+/// work (about two CPU-seconds here), beside a thread that sleeps a
+/// millisecond 1000 times (each sleep an off-CPU stack to walk). It times
+/// itself into argv[1].
+const PYTHON_JOB: &str = "import sys, threading, time
+def leaf(n):
+    x = 0
+    for i in range(n):
+        x = (x * 31 + i) % 1000003
+    return x
+def depth(d, n):
+    return leaf(n) if d == 0 else depth(d - 1, n)
+def sleeper(k):
+    for _ in range(k):
+        time.sleep(0.001)
+t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+th = threading.Thread(target=sleeper, args=(1000,))
+th.start()
+for _ in range(700):
+    depth(30, 30000)
+th.join()
+open(sys.argv[1], 'w').write('%d %d' % (time.perf_counter_ns() - t0, time.process_time_ns() - c0))
+";
+
+/// What walking CPython's frames costs the job, against recording without
+/// them and against CPython's own perf trampoline, and what each names —
+/// on the CPython setup built with frame pointers, the one kind the
+/// trampoline works on.
+fn python(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
+    let python = root().join("target/python3.13/bin/python3.13");
+    if !python.exists() {
+        rows.push(Row {
+            case: "Python frames".into(),
+            measured: format!("{} is not built (cargo xtask setup)", python.display()),
+            target: String::new(),
+            verdict: Verdict::NotRun,
+        });
+        return Ok(());
+    }
+    let script = b.dir.join("job.py");
+    std::fs::write(&script, PYTHON_JOB)?;
+    let cmd: Vec<String> = vec![
+        python.display().to_string(),
+        script.display().to_string(),
+        b.dir.join("time").display().to_string(),
+    ];
+    eprintln!("xtask: bench: Python frames ({} rounds)", b.rounds);
+    let trampoline = |mut c: Command| {
+        c.env("PYTHONPERFSUPPORT", "1");
+        c
+    };
+    let (mut unwinder, mut without, mut tramp) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut unwinder_cpu, mut bare_walls) = (Vec::new(), Vec::new());
+    for round in 0..b.rounds {
+        let (bw, bc) = timed(b, bare(b, round, &cmd))?;
+        bare_walls.push(bw);
+        let (w, c) = timed(
+            b,
+            under_gapscope(b, &["--no-exports"], format!("py-{round}"), &cmd),
+        )?;
+        unwinder.push(w / bw);
+        unwinder_cpu.push(c / bc);
+        let (w, _) = timed(
+            b,
+            under_gapscope(
+                b,
+                &["--no-exports", "--no-python-frames"],
+                format!("py-off-{round}"),
+                &cmd,
+            ),
+        )?;
+        without.push(w / bw);
+        let (w, _) = timed(b, trampoline(bare(b, round, &cmd)))?;
+        tramp.push(w / bw);
+    }
+    // What each names: the share of the job's samples with `leaf` under
+    // `depth`, walked by the unwinder, and by the trampoline alone.
+    let (_, _) = timed(
+        b,
+        trampoline(under_gapscope(
+            b,
+            &["--no-exports", "--no-python-frames"],
+            "py-tramp".into(),
+            &cmd,
+        )),
+    )?;
+    let named = |rec: &str| -> Result<f64> {
+        let folded = b.dir.join(format!("{rec}.folded"));
+        quiet(
+            Command::new(b.bin("gapscope"))
+                .arg("export")
+                .arg(b.dir.join(rec))
+                .args(["--flamegraph", "cpu", "--folded", "-o"])
+                .arg(&folded),
+        )?;
+        let (mut with, mut all) = (0u64, 0u64);
+        for line in std::fs::read_to_string(&folded)?.lines() {
+            let Some((stack, n)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            if !stack.starts_with("python3.13") {
+                continue;
+            }
+            let n: u64 = n.parse().unwrap_or(0);
+            all += n;
+            let depth = stack.find("py::depth");
+            let leaf = stack.find("py::leaf");
+            if matches!((depth, leaf), (Some(d), Some(l)) if d < l) {
+                with += n;
+            }
+        }
+        Ok(with as f64 / all.max(1) as f64)
+    };
+    let by_unwinder = named(&format!("py-{}", b.rounds - 1))?;
+    let by_trampoline = named("py-tramp")?;
+    // Per capture, as the kernel times each run of a program.
+    let with_costs = program_costs(under_gapscope(
+        b,
+        &["--no-exports"],
+        "py-costs".into(),
+        &cmd,
+    ))?;
+    let without_costs = program_costs(under_gapscope(
+        b,
+        &["--no-exports", "--no-python-frames"],
+        "py-costs-off".into(),
+        &cmd,
+    ))?;
+    let per_run = |costs: &HashMap<String, (u64, u64)>, prog: &str| {
+        costs
+            .get(prog)
+            .filter(|c| c.1 > 0)
+            .map_or("?".to_string(), |c| {
+                format!("{:.1} µs", c.0 as f64 / c.1 as f64 / 1e3)
+            })
+    };
+    let costs = format!(
+        "per run of the cpu-clock sample program {} with the unwinder, {} without; of the \
+         context-switch program (which takes the blocked-time stacks) {} with, {} without",
+        per_run(&with_costs, "gs_sample"),
+        per_run(&without_costs, "gs_sample"),
+        per_run(&with_costs, "gs_sched_switch"),
+        per_run(&without_costs, "gs_sched_switch"),
+    );
+    let (u, w, t) = (median(unwinder), median(without), median(tramp));
+    let noise = spread(&bare_walls);
+    rows.push(Row {
+        case: format!("Python frames (median of {})", b.rounds),
+        measured: format!(
+            "recorded with the unwinder {u:.3}× wall, {:.3}× job CPU · without it {w:.3}× · \
+             (bare, not recorded) CPython's perf trampoline alone {t:.3}× · noise ±{:.1}% · \
+             samples naming leaf under depth, 31 frames deep: unwinder {:.0}%, trampoline {:.0}% \
+             (it needs an interpreter built with frame pointers; the unwinder does not) · {costs}",
+            median(unwinder_cpu),
+            noise * 100.0,
+            by_unwinder * 100.0,
+            by_trampoline * 100.0
+        ),
+        target: "≤ 1.01× wall with the unwinder".into(),
+        verdict: if u > 1.01 + noise {
+            Verdict::Missed(
+                "each sample and each blocked-time stack walks the thread's Python frames, \
+                 reading the interpreter's memory frame by frame"
+                    .into(),
+            )
+        } else {
+            Verdict::Met
+        },
+    });
+    Ok(())
+}
+
+/// Runs `cmd` (a gapscope recording) with the kernel's BPF run-time
+/// statistics on, and returns, for each BPF program, the time its runs
+/// took and their count, as last read while it was loaded.
+fn program_costs(mut cmd: Command) -> Result<HashMap<String, (u64, u64)>> {
+    const STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(STATS)?;
+    std::fs::write(STATS, "1")?;
+    let mut child = cmd.stdout(Stdio::null()).spawn()?;
+    let mut last = HashMap::new();
+    while child.try_wait()?.is_none() {
+        // Each program as last seen: they go one by one as gapscope ends.
+        last.extend(bpf_programs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(STATS, before.trim())?;
+    Ok(last)
+}
+
+/// Every loaded BPF program's name, run time (ns) and run count.
+fn bpf_programs() -> HashMap<String, (u64, u64)> {
+    // bpf(2) commands and the layout of the attributes they take
+    // (include/uapi/linux/bpf.h).
+    const PROG_GET_NEXT_ID: libc::c_long = 11;
+    const PROG_GET_FD_BY_ID: libc::c_long = 13;
+    const OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let bpf = |cmd: libc::c_long, attr: &mut [u8; 16]| -> libc::c_long {
+        // SAFETY: attr is a live 16-byte buffer, large enough for these
+        // commands' attributes.
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) }
+    };
+    let mut out = HashMap::new();
+    let mut id = 0u32;
+    loop {
+        let mut attr = [0u8; 16];
+        attr[..4].copy_from_slice(&id.to_ne_bytes());
+        if bpf(PROG_GET_NEXT_ID, &mut attr) != 0 {
+            break;
+        }
+        id = u32::from_ne_bytes(attr[4..8].try_into().unwrap());
+        let mut attr = [0u8; 16];
+        attr[..4].copy_from_slice(&id.to_ne_bytes());
+        let fd = bpf(PROG_GET_FD_BY_ID, &mut attr);
+        if fd < 0 {
+            continue;
+        }
+        // struct bpf_prog_info: name at 64, run_time_ns at 192, run_cnt at 200.
+        let mut info = [0u8; 256];
+        let mut attr = [0u8; 16];
+        attr[..4].copy_from_slice(&(fd as u32).to_ne_bytes());
+        attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
+        attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+        let ok = bpf(OBJ_GET_INFO_BY_FD, &mut attr) == 0;
+        // SAFETY: closing the fd bpf(2) just gave us.
+        unsafe { libc::close(fd as i32) };
+        if !ok {
+            continue;
+        }
+        let name = &info[64..80];
+        let name =
+            String::from_utf8_lossy(&name[..name.iter().position(|&c| c == 0).unwrap_or(16)])
+                .into_owned();
+        let word = |at: usize| u64::from_ne_bytes(info[at..at + 8].try_into().unwrap());
+        out.insert(name, (word(192), word(200)));
+    }
+    out
+}
+
 fn kineto(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     eprintln!("xtask: bench: Kineto import");
     // A generated 200 MB trace, against reading the same bytes (the floor
@@ -1390,10 +1632,11 @@ fn agent(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
 
 /// The cases, in the order they run; `cargo xtask bench CASE…` runs only
 /// those named.
-const CASES: [&str; 6] = [
+const CASES: [&str; 7] = [
     "overhead",
     "bystander",
     "throughput",
+    "python",
     "offline",
     "kineto",
     "agent",
@@ -1407,9 +1650,11 @@ pub fn bench(args: &[String]) -> Result<()> {
         );
     }
     let run = |case: &str| args.is_empty() || args.iter().any(|a| a == case);
-    if (run("overhead") || run("bystander") || run("throughput") || run("agent")) && !is_root() {
+    if (run("overhead") || run("bystander") || run("throughput") || run("python") || run("agent"))
+        && !is_root()
+    {
         bail!(
-            "the overhead, bystander, throughput and agent cases record with eBPF: sudo -E cargo xtask bench \
+            "the overhead, bystander, throughput, python and agent cases record with eBPF: sudo -E cargo xtask bench \
              (`cargo xtask bench offline kineto` needs no root)"
         );
     }
@@ -1428,7 +1673,9 @@ pub fn bench(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let mut rows = Vec::new();
     type Case = fn(&Bench, &mut Vec<Row>) -> Result<()>;
-    let cases: [Case; 6] = [overhead, bystander, throughput, offline, kineto, agent];
+    let cases: [Case; 7] = [
+        overhead, bystander, throughput, python, offline, kineto, agent,
+    ];
     for (name, case) in CASES.iter().zip(cases) {
         if run(name) {
             case(&b, &mut rows)?;

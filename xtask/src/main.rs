@@ -20,10 +20,11 @@ use anyhow::{bail, Context, Result};
 
 mod bench;
 mod python;
+mod stress;
 mod wheel;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|build|wheel|demo|test|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
+    "usage: cargo xtask <setup|build|wheel|demo|test|stress [N]|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
 
 /// The fuzz targets (fuzz/fuzz_targets/), and how many executions each gets
 /// in the gate (about 10–15 s apiece here: the targets differ in speed by
@@ -261,7 +262,7 @@ fn setup(for_tests: bool) -> Result<()> {
     fetch_cupti_wheel();
     if for_tests {
         torch_venv();
-        python::python_with_frame_pointers();
+        python::pythons();
     }
     let mut missing = missing();
     let building = missing.len();
@@ -648,6 +649,7 @@ fn dispatch() -> Result<()> {
         }
         "demo" => demo(),
         "test" => test(),
+        "stress" => stress::stress(&std::env::args().skip(2).collect::<Vec<_>>()),
         "vmlinux" => vmlinux(),
         "gpu-bundle" => gpu_bundle(),
         "bench" => bench::bench(&std::env::args().skip(2).collect::<Vec<_>>()),

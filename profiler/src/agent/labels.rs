@@ -1,7 +1,11 @@
 //! What a followed process is, in the words of the system that started it:
-//! its Slurm job and rank (from its environment), its Kubernetes pod and
-//! namespace (from its cgroup and its service-account mount), else its
-//! command. The job's name is the `workload` label: Prometheus gives every
+//! its Slurm job (from the cgroup slurmstepd put it in) and rank (from its
+//! environment), its Kubernetes pod (from its cgroup) and namespace (from
+//! its service-account volume), else its command. A process chooses its
+//! environment and its files, not its cgroup: what says which job's
+//! numbers these are comes from the cgroup, and the namespace file is read
+//! as `safe_fs` reads anything a target can plant (below its volume, no
+//! link out, no FIFO, root's, a DNS label). The job's name is the `workload` label: Prometheus gives every
 //! scraped series its own `job` (the scrape job's), and would rename ours.
 
 use std::collections::BTreeMap;
@@ -17,12 +21,73 @@ pub fn of(pid: u32) -> Labels {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let namespace = fs::read_to_string(format!(
-        "/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-    ))
-    .ok()
-    .map(|s| s.trim().to_string());
+    let namespace = pod_uid(&cgroup).and_then(|_| {
+        // A FUSE mount of the process's own could hold any read for ever.
+        crate::safe_fs::within(std::time::Duration::from_secs(1), move || {
+            pod_namespace(pid)
+        })
+        .flatten()
+    });
     from_parts(pid, &comm, &env, &cgroup, namespace)
+}
+
+/// The Kubernetes namespace in the pod's service-account volume, as the
+/// process sees it: its `serviceaccount` directory is found in its own root
+/// (`/var/run` links to `/run` in most images), the file below it only
+/// through the volume's own relative links (`namespace -> ..data/…`), on
+/// that volume, a regular file of root's, at most a DNS label.
+fn pod_namespace(pid: u32) -> Option<String> {
+    use crate::safe_fs::{self, Resolve};
+    use std::os::fd::AsFd;
+    let root = safe_fs::proc_root(pid).ok()?;
+    let sa = safe_fs::openat2(
+        root.as_fd(),
+        std::path::Path::new("var/run/secrets/kubernetes.io/serviceaccount"),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        Resolve::InRoot,
+    )
+    .ok()?;
+    let f =
+        safe_fs::open_regular_at(sa.as_fd(), "namespace".as_ref(), Resolve::BeneathLinks).ok()?;
+    if std::os::unix::fs::MetadataExt::uid(&f.metadata().ok()?) != 0 {
+        return None;
+    }
+    let bytes = safe_fs::read_capped(f, 256).ok()?;
+    let ns = String::from_utf8(bytes).ok()?.trim().to_string();
+    dns_label(&ns).then_some(ns)
+}
+
+/// An RFC 1123 label, as Kubernetes names namespaces.
+fn dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// The Slurm job whose step cgroup the process is in: `job_<id>` below
+/// slurmstepd's own cgroup (cgroup v2: `/system.slice/slurmstepd.scope/`,
+/// or `<node>_slurmstepd.scope` with several slurmds; v1: `/slurm/` or
+/// `/slurm_<node>/`). Only root makes cgroups there; a user's own
+/// delegated cgroups cannot pose as one.
+fn slurm_job(cgroup: &str) -> Option<String> {
+    cgroup.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        let mut parts = path.split('/').filter(|p| !p.is_empty());
+        let first = parts.next()?;
+        let under_slurm = match first {
+            "system.slice" => parts.next()?.ends_with("slurmstepd.scope"),
+            _ => first == "slurm" || first.starts_with("slurm_"),
+        };
+        if !under_slurm {
+            return None;
+        }
+        let part = parts.find(|p| p.starts_with("job_"))?;
+        let id = &part[4..];
+        (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_string())
+    })
 }
 
 fn environ(pid: u32) -> BTreeMap<String, String> {
@@ -70,7 +135,7 @@ fn from_parts(
     if let Some(rank) = get("SLURM_PROCID").or_else(|| get("RANK")) {
         l.insert("rank", rank);
     }
-    let job = if let Some(id) = get("SLURM_JOB_ID") {
+    let job = if let Some(id) = slurm_job(cgroup) {
         l.insert("slurm_job_id", id.clone());
         format!("slurm-{id}")
     } else if let Some(uid) = pod_uid(cgroup) {
@@ -134,6 +199,33 @@ mod tests {
             pod_uid(plain).as_deref(),
             Some("0f1e2d3c-4b5a-4c3b-9a8e-1b4f9c2e7d6a")
         );
+    }
+
+    #[test]
+    fn a_slurm_job_is_known_by_its_cgroup_never_its_environment() {
+        let spoofed = from_parts(
+            7,
+            "python",
+            &env(&[("SLURM_JOB_ID", "4242")]),
+            "0::/user.slice/user-1001.slice/user@1001.service/slurmstepd.scope/job_4242",
+            None,
+        );
+        assert_eq!(spoofed["workload"], "python-7");
+        assert!(!spoofed.contains_key("slurm_job_id"));
+        let v1 = "12:cpuset:/slurm/uid_1000/job_77/step_0\n11:memory:/slurm/uid_1000/job_77";
+        assert_eq!(slurm_job(v1).as_deref(), Some("77"));
+        let many = "0::/system.slice/node3_slurmstepd.scope/job_5/step_batch/user/task_0";
+        assert_eq!(slurm_job(many).as_deref(), Some("5"));
+    }
+
+    #[test]
+    fn a_namespace_is_a_dns_label_or_nothing() {
+        for ok in ["ml", "team-a", "a1"] {
+            assert!(dns_label(ok), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a\nb", "root:x:0:0", &"a".repeat(64)] {
+            assert!(!dns_label(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ struct Gpu {
     allocated_ns: u64,
     busy_ns: u64,
     idle_ns: u64,
+    unseen_ns: u64,
     by_cause: BTreeMap<Cause, u64>,
 }
 
@@ -63,6 +64,7 @@ impl Metrics {
             c.allocated_ns += g.allocated_ns;
             c.busy_ns += g.busy_ns;
             c.idle_ns += g.idle_ns;
+            c.unseen_ns += g.unseen_ns;
             for (cause, ns) in g.idle_by_cause_ns.entries() {
                 *c.by_cause.entry(cause).or_default() += ns;
             }
@@ -152,7 +154,7 @@ impl Metrics {
         }
 
         type GpuPick = fn(&Gpu) -> u64;
-        let per_gpu: [(&str, &str, GpuPick); 3] = [
+        let per_gpu: [(&str, &str, GpuPick); 4] = [
             (
                 "gapscope_gpu_allocated_seconds_total",
                 "GPU time held by the job while recorded.",
@@ -167,6 +169,11 @@ impl Metrics {
                 "gapscope_gpu_idle_seconds_total",
                 "GPU time held by the job and idle.",
                 |g| g.idle_ns,
+            ),
+            (
+                "gapscope_gpu_unseen_seconds_total",
+                "GPU time held by the job that could not be seen (before the job's GPU recording began, or while another CUPTI client held CUPTI): neither busy nor idle; busy + idle + unseen = allocated.",
+                |g| g.unseen_ns,
             ),
         ];
         for (name, help, pick) in per_gpu {

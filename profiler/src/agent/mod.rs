@@ -86,7 +86,7 @@ const DISCOVER_EVERY: Duration = Duration::from_secs(1);
 /// Runs until SIGINT/SIGTERM (or `stop_after`), serving metrics as it goes.
 pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
     collect::preflight::check()?;
-    crate::output::create_dir(&opts.dir).map_err(io(format!("creating {}", opts.dir.display())))?;
+    let own = own_dir(&opts.dir)?;
     let metrics = Arc::new(Mutex::new(Metrics::default()));
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -99,7 +99,7 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
             "gapscope agent: metrics on http://{}/metrics",
             listener.local_addr().map_or(addr, |a| a)
         );
-        http::serve(listener, metrics.clone());
+        http::serve(listener, metrics.clone()).map_err(io(format!("serving {addr}")))?;
     }
     // SIGUSR1: keep the flight recorder's windows.
     let dump_now = Arc::new(AtomicBool::new(false));
@@ -124,9 +124,9 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
         if looked.is_none_or(|t| t.elapsed() >= DISCOVER_EVERY) {
             looked = Some(Instant::now());
             refused.retain(|_, at| at.elapsed() < opts.window);
-            for job in jobs(opts) {
-                if !followed.contains_key(&job.pid) && !refused.contains_key(&job.pid) {
-                    followed.insert(job.pid, follow(opts, job, &stop_recording));
+            for pid in job_pids(opts) {
+                if !followed.contains_key(&pid) && !refused.contains_key(&pid) {
+                    followed.insert(pid, follow(opts, job_of(pid), &stop_recording));
                 }
             }
         }
@@ -160,7 +160,7 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
             if let Ok(mut m) = metrics.lock() {
                 m.forget_ended();
             }
-            prune(&opts.dir, opts.keep);
+            prune(&own, opts.keep);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -194,6 +194,7 @@ fn follow(opts: &AgentOptions, job: Job, stop: &Arc<AtomicBool>) -> Followed {
         gpu: true,
         nvml_hz: 1,
         libcuda: None,
+        cupti: None,
         any_user: true,
         inject: opts.inject,
         windows: Some(Windows {
@@ -248,8 +249,8 @@ fn take_window(
     }
 }
 
-/// The jobs on the node now (or the ones named).
-fn jobs(opts: &AgentOptions) -> Vec<Job> {
+/// The processes of the jobs on the node now (or the ones named).
+fn job_pids(opts: &AgentOptions) -> BTreeSet<u32> {
     let mut pids: BTreeSet<u32> = opts
         .pids
         .iter()
@@ -269,20 +270,21 @@ fn jobs(opts: &AgentOptions) -> Vec<Job> {
     if opts.pids.is_empty() && opts.cgroups.is_empty() {
         pids.extend(discover::gpu_jobs());
     }
-    pids.into_iter()
-        .map(|pid| {
-            let labels = labels::of(pid);
-            // One folder per process: the workload's name, and its pid
-            // where the name does not end with it already (ranks of a job).
-            let name = &labels["workload"];
-            let key = if name.ends_with(&format!("-{pid}")) {
-                name.clone()
-            } else {
-                format!("{name}-{pid}")
-            };
-            Job { pid, key, labels }
-        })
-        .collect()
+    pids
+}
+
+/// A job found: its labels, read once, when it is first followed.
+fn job_of(pid: u32) -> Job {
+    let labels = labels::of(pid);
+    // One folder per process: the workload's name, and its pid where the
+    // name does not end with it already (ranks of a job).
+    let name = &labels["workload"];
+    let key = if name.ends_with(&format!("-{pid}")) {
+        name.clone()
+    } else {
+        format!("{name}-{pid}")
+    };
+    Job { pid, key, labels }
 }
 
 /// A job key as a directory name.
@@ -335,23 +337,33 @@ pub fn dump(dir: &Path, out: Option<&Path>, workload: Option<&str>) -> Result<Du
         }
         let windows = crate::session::windows_in(&job.path());
         let mut rest = &windows[..];
+        let job_out = out.join(&name);
         while let Some(first) = rest.first() {
-            let to = out.join(&name).join(first.file_name().unwrap_or_default());
-            crate::output::create_dir(&to).map_err(io(format!("creating {}", to.display())))?;
-            let merged = match crate::session::merge(rest, &to.join(crate::session::FILE_NAME)) {
-                Ok(m) => m,
-                // A window just opened: nothing of it to write yet.
-                Err(crate::session::SessionError::NoHeader { .. }) => {
-                    let _ = std::fs::remove_dir_all(&to);
-                    break;
-                }
-                Err(e) => {
-                    return Err(AgentError::Io {
-                        what: format!("writing out {name}"),
-                        err: std::io::Error::other(e),
-                    })
-                }
-            };
+            let first_name = first
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let to = job_out.join(&first_name);
+            let parent = crate::output::OutDir::named(&job_out)
+                .map_err(io(format!("creating {}", job_out.display())))?;
+            let to_dir = parent
+                .subdir(&first_name)
+                .map_err(io(format!("creating {}", to.display())))?;
+            let merged =
+                match crate::session::merge(rest, &to_dir.held_path(crate::session::FILE_NAME)) {
+                    Ok(m) => m,
+                    // A window just opened: nothing of it to write yet.
+                    Err(crate::session::SessionError::NoHeader { .. }) => {
+                        let _ = parent.remove_tree(&first_name);
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(AgentError::Io {
+                            what: format!("writing out {name}"),
+                            err: std::io::Error::other(e),
+                        })
+                    }
+                };
             dumped.sessions += 1;
             dumped.windows += merged.windows;
             rest = &rest[merged.windows.max(1)..];
@@ -372,32 +384,182 @@ impl Dumped {
     }
 }
 
-/// Removes windows older than `keep` (and jobs' folders left empty).
-fn prune(dir: &Path, keep: Duration) {
-    let Ok(jobs) = std::fs::read_dir(dir) else {
+/// Marks a folder as the agent's: only a folder holding it (or a new or
+/// empty one, which gets it) is ever written in or pruned.
+const MARKER: &str = ".gapscope-agent";
+
+/// Takes `--dir` as the agent's own: made if missing; an existing one must
+/// be a directory (not a link), root's, and empty or marked as the agent's
+/// — anything else could hold files that pruning would delete. It is made
+/// private (0700), and marked.
+fn own_dir(path: &Path) -> Result<crate::output::OutDir, AgentError> {
+    use std::os::unix::fs::MetadataExt;
+    let what = || format!("using {} as the agent's folder", path.display());
+    let refuse = |why: &str| AgentError::Io {
+        what: what(),
+        err: std::io::Error::other(why.to_string()),
+    };
+    let dir = crate::output::OutDir::named(path).map_err(io(what()))?;
+    let entries = dir.entries().map_err(io(what()))?;
+    let meta = std::fs::File::from(dir.as_fd().try_clone_to_owned().map_err(io(what()))?)
+        .metadata()
+        .map_err(io(what()))?;
+    // SAFETY: geteuid has no preconditions.
+    if meta.uid() != unsafe { libc::geteuid() } {
+        return Err(refuse(&format!(
+            "it belongs to uid {}; the agent keeps its windows in a folder of its own",
+            meta.uid()
+        )));
+    }
+    if !entries.is_empty() && !entries.iter().any(|e| e == MARKER) {
+        return Err(refuse(
+            "it is not empty and was not made by the agent (no .gapscope-agent in it); \
+             name a new or empty folder",
+        ));
+    }
+    // SAFETY: fchmod of our own fd.
+    if unsafe { libc::fchmod(std::os::fd::AsRawFd::as_raw_fd(&dir.as_fd()), 0o700) } != 0 {
+        return Err(io(what())(std::io::Error::last_os_error()));
+    }
+    if !entries.iter().any(|e| e == MARKER) {
+        dir.write_file(MARKER, |w| {
+            std::io::Write::write_all(w, b"gapscope agent: windows and dumps\n")
+        })
+        .map_err(io(what()))?;
+    }
+    Ok(dir)
+}
+
+/// Whether `name` is a window's folder as `collect::windows` names them
+/// (`<unix ms>` or `<unix ms>-<n>`).
+fn window_name(name: &str) -> bool {
+    let mut parts = name.splitn(2, '-');
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    parts.next().is_some_and(digits) && parts.next().is_none_or(digits)
+}
+
+/// Removes windows older than `keep` (and jobs' folders left empty): only
+/// folders named as the agent names them, from the folder's fd down, never
+/// through a link.
+fn prune(dir: &crate::output::OutDir, keep: Duration) {
+    let Ok(jobs) = dir.entries() else {
         return;
     };
-    let jobs = jobs.flatten().filter(|e| e.file_name() != DUMPS);
-    for job in jobs.filter(|e| e.path().is_dir()) {
-        let Ok(windows) = std::fs::read_dir(job.path()) else {
+    for job in jobs {
+        if job == DUMPS || job == MARKER || file_name(&job) != job {
+            continue;
+        }
+        let Ok(job_dir) = dir.subdir_existing(&job) else {
+            continue;
+        };
+        let Ok(windows) = job_dir.entries() else {
             continue;
         };
         let mut left = 0;
-        for w in windows.flatten() {
-            let old = w
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > keep);
-            if old {
-                let _ = std::fs::remove_dir_all(w.path());
-            } else {
-                left += 1;
+        for w in windows {
+            let old = window_name(&w) && job_dir.age_of(&w).is_some_and(|age| age > keep);
+            if old && job_dir.remove_tree(&w).is_ok() {
+                continue;
             }
+            left += 1;
         }
         if left == 0 {
-            let _ = std::fs::remove_dir(job.path());
+            let _ = dir.remove_empty(&job);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// Makes the entry at `path` itself (a link too, not what it names)
+    /// an hour old.
+    fn old(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let an_hour_ago = libc::timespec {
+            tv_sec: (crate::clock::realtime_ns() / 1_000_000_000) as i64 - 3600,
+            tv_nsec: 0,
+        };
+        let times = [an_hour_ago, an_hour_ago];
+        // SAFETY: utimensat with a valid C string and two timespecs.
+        let r = unsafe {
+            libc::utimensat(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        assert_eq!(r, 0);
+    }
+
+    /// `--dir` of someone's files is refused, whatever their age; a new or
+    /// empty folder is taken (and marked, 0700), and a marked one again.
+    #[test]
+    fn the_agent_takes_only_a_folder_of_its_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let shared = t.path().join("shared");
+        std::fs::create_dir_all(shared.join("projectX/results")).unwrap();
+        std::fs::write(shared.join("projectX/results/model.bin"), "weights").unwrap();
+        let e = own_dir(&shared).unwrap_err().to_string();
+        assert!(
+            e.contains("not empty") && e.contains(".gapscope-agent"),
+            "{e}"
+        );
+        assert!(shared.join("projectX/results/model.bin").exists());
+
+        let empty = t.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+        own_dir(&empty).unwrap();
+        assert!(empty.join(MARKER).exists());
+        let mode = std::fs::metadata(&empty).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        std::fs::create_dir(empty.join("simtrain-42")).unwrap();
+        own_dir(&empty).unwrap();
+        own_dir(&t.path().join("new/agent")).unwrap();
+        assert!(t.path().join("new/agent").join(MARKER).exists());
+    }
+
+    /// Pruning removes old window folders of the agent's naming and nothing
+    /// else: not a folder of another name, not through a link.
+    #[test]
+    fn pruning_removes_only_old_windows() {
+        let t = tempfile::tempdir().unwrap();
+        let keep = t.path().join("keep");
+        std::fs::create_dir(&keep).unwrap();
+        std::fs::write(keep.join("precious"), "x").unwrap();
+        let root = t.path().join("agent");
+        let dir = own_dir(&root).unwrap();
+        let job = root.join("simtrain-42");
+        for w in ["1700000000000", "1700000000001-1", "1700000000002", "notes"] {
+            std::fs::create_dir_all(job.join(w)).unwrap();
+            std::fs::write(job.join(w).join("session.gsz"), "s").unwrap();
+        }
+        symlink(&keep, job.join("1700000000003")).unwrap();
+        for w in ["1700000000000", "1700000000001-1", "notes", "1700000000003"] {
+            old(&job.join(w));
+        }
+        prune(&dir, Duration::from_secs(600));
+        let mut left: Vec<String> = std::fs::read_dir(&job)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        // The link itself went (a window's name, old); what it pointed at
+        // did not.
+        assert_eq!(left, ["1700000000002", "notes"]);
+        assert!(keep.join("precious").exists());
+        // A job left with no windows is removed; one with anything else is not.
+        let empty_job = root.join("other-7");
+        std::fs::create_dir_all(empty_job.join("1700000000000")).unwrap();
+        old(&empty_job.join("1700000000000"));
+        prune(&dir, Duration::from_secs(600));
+        assert!(!empty_job.exists());
+        assert!(job.exists());
     }
 }

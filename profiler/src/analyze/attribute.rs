@@ -6,9 +6,12 @@
 //! Rules, for each piece of a gap:
 //! - feeder inside a CUDA call: launch → `cpu.launch`; synchronize/wait →
 //!   `sync`; copy/alloc/free → `memory`;
-//! - feeder on-CPU outside CUDA → `cpu.host`, or `sync` when the gap opened as
-//!   a synchronize returned (the host drained the GPU's queue, then fell
-//!   behind: the `.item()` pattern);
+//! - feeder on-CPU outside CUDA → by the code it runs (its samples, through
+//!   the regions of `code.rs`): input code → `input.cpu`; its own work →
+//!   `cpu.host`, except, when the gap opened as a synchronize returned (the
+//!   `.item()` pattern), as much of it as the synchronize waited for the
+//!   GPU: that much overlap would have hidden → `sync`; work outlasting it is
+//!   the work's own;
 //! - feeder runnable → `cpu.contention`;
 //! - feeder blocked on a file → `input.io`, on a socket → `input.network`,
 //!   in a page fault → `memory`;
@@ -20,6 +23,7 @@
 //!   unless the window was cut from a longer recording ([`Edges`]);
 //! - anything else: `unattributed`, shown, never hidden.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::timeline::{Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
@@ -63,6 +67,9 @@ pub struct Inputs<'a> {
     /// For threads without eBPF states (imported traces): what their host
     /// ops say, as disjoint sorted (start, end, cause) segments.
     pub ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
+    /// Which code each sampled stack is in: the feeder's own time on a CPU
+    /// is charged by the code it ran where its samples say.
+    pub code: Option<&'a super::code::CodeOf>,
     /// Where the GPU could not be seen, and where events were lost (see
     /// [`Attribution`]).
     pub blind: &'a [(u64, u64)],
@@ -73,7 +80,7 @@ pub struct Inputs<'a> {
     /// Set when a thread asked about had not yet moved past the span asked
     /// about: its states there may still change (the attribution of a
     /// recording still being replayed; see `analyze::stream`).
-    pub unsettled: Option<&'a std::cell::Cell<bool>>,
+    pub unsettled: Option<&'a Cell<bool>>,
 }
 
 #[derive(Clone, Debug)]
@@ -349,20 +356,23 @@ fn api_pieces(api: Option<&Vec<Call>>, a: u64, b: u64) -> Vec<(u64, u64, Option<
     out
 }
 
-/// Did the feeder come out of a synchronize just as the GPU went idle?
-fn gap_opened_by_sync(api: Option<&Vec<Call>>, gap_start: u64) -> bool {
-    api.is_some_and(|spans| {
-        let i = spans.partition_point(|s| s.end < gap_start.saturating_sub(SYNC_SLACK_NS));
-        spans[i..]
-            .iter()
-            .take_while(|s| s.start <= gap_start + SYNC_SLACK_NS)
-            .any(|s| s.role == ApiRole::Sync && s.end + SYNC_SLACK_NS >= gap_start)
-    })
+/// Did the feeder come out of a synchronize just as the GPU went idle? How
+/// long it waited there: the GPU work that ran while it did, which the
+/// host's next work could have overlapped had it not waited.
+fn gap_opened_by_sync(api: Option<&Vec<Call>>, gap_start: u64) -> Option<u64> {
+    let spans = api?;
+    let i = spans.partition_point(|s| s.end < gap_start.saturating_sub(SYNC_SLACK_NS));
+    spans[i..]
+        .iter()
+        .take_while(|s| s.start <= gap_start + SYNC_SLACK_NS)
+        .filter(|s| s.role == ApiRole::Sync && s.end + SYNC_SLACK_NS >= gap_start)
+        .map(|s| s.end - s.start)
+        .max()
 }
 
 fn split_gap(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attribution) {
-    let after_sync = gap_opened_by_sync(inp.api.get(&feeder), a);
-    feeder_pieces(inp, feeder, a, b, after_sync, true, out);
+    let hides = gap_opened_by_sync(inp.api.get(&feeder), a);
+    feeder_pieces(inp, feeder, a, b, hides, true, out);
 }
 
 /// What `feeder` did over `[a, b)`, GPU idle or not, by the same rules:
@@ -379,7 +389,7 @@ pub(crate) fn account(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attri
     // its loaders took from it meanwhile.
     if let Some(&(first, _)) = busy.first() {
         if at < first.min(b) {
-            feeder_pieces(inp, feeder, at, first.min(b), false, true, out);
+            feeder_pieces(inp, feeder, at, first.min(b), None, true, out);
             at = first.min(b);
         }
     }
@@ -389,29 +399,34 @@ pub(crate) fn account(inp: &Inputs, feeder: Tid, a: u64, b: u64, out: &mut Attri
     for (s, e) in gaps.take_while(|x| x.0 < b).filter(|x| x.1 > a) {
         let (s, e) = (s.max(at), e.min(b));
         if s > at {
-            feeder_pieces(inp, feeder, at, s, false, false, out);
+            feeder_pieces(inp, feeder, at, s, None, false, out);
         }
         if e > s {
-            feeder_pieces(inp, feeder, s, e, false, true, out);
+            feeder_pieces(inp, feeder, s, e, None, true, out);
         }
         at = at.max(e);
     }
     if at < b {
-        feeder_pieces(inp, feeder, at, b, false, false, out);
+        feeder_pieces(inp, feeder, at, b, None, false, out);
     }
 }
 
 /// `follow`: follow waits for other threads into what they did.
+/// `sync_hides`: the gap opened as a synchronize returned, after waiting
+/// this long for the GPU — up to that much of the feeder's own work after
+/// it is what overlap would have hidden, `sync`; the rest outlasts the GPU
+/// and is the work's own.
 fn feeder_pieces(
     inp: &Inputs,
     feeder: Tid,
     a: u64,
     b: u64,
-    after_sync: bool,
+    sync_hides: Option<u64>,
     follow: bool,
     out: &mut Attribution,
 ) {
     let api = inp.api.get(&feeder);
+    let sync_left = sync_hides.map(Cell::new);
     for (s, e, role) in api_pieces(api, a, b) {
         match role {
             Some(ApiRole::Launch) => out.add(piece(s, e, Cause::CpuLaunch, feeder)),
@@ -419,7 +434,7 @@ fn feeder_pieces(
             Some(ApiRole::Memory) => out.add(piece(s, e, Cause::Memory, feeder)),
             Some(ApiRole::Other) | None => {
                 let walk = Walk {
-                    after_sync,
+                    sync_left: sync_left.as_ref(),
                     hops: 0,
                     follow,
                     feeder_pid: feeder.0,
@@ -441,9 +456,10 @@ fn piece(start: u64, end: u64, cause: Cause, thread: Tid) -> Piece {
 
 /// How a thread's states are read.
 #[derive(Clone, Copy)]
-struct Walk {
-    /// The gap opened as a synchronize returned.
-    after_sync: bool,
+struct Walk<'a> {
+    /// The gap opened as a synchronize returned: how much of the feeder's
+    /// own work overlap would still have hidden (see [`feeder_pieces`]).
+    sync_left: Option<&'a Cell<u64>>,
     /// Wakeup edges followed so far; 0 is the feeder itself.
     hops: usize,
     /// Follow a wait for another thread into what it did.
@@ -455,14 +471,15 @@ struct Walk {
 /// Attributes `[a, b)` by what thread `t` was doing.
 fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Attribution) {
     let Walk {
-        after_sync,
+        sync_left,
         hops,
         follow,
         feeder_pid,
     } = walk;
+    let sync_left = sync_left.filter(|_| hops == 0);
     let Some(tl) = inp.threads.get(&t) else {
         match inp.ops.get(&t) {
-            Some(ops) => op_pieces(Some(ops), t, a, b, after_sync && hops == 0, out),
+            Some(ops) => op_pieces(Some(ops), t, a, b, sync_left, out),
             None => call_spacing(inp.api.get(&t), t, a, b, out),
         }
         return;
@@ -488,13 +505,43 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                 receiving = hands_batch(inp, o, t).unwrap_or(receiving);
             }
         }
+        // The feeder on a CPU: what code it ran, where its samples say.
+        let code = match (state, inp.code) {
+            (State::OnCpu, Some(c)) if hops == 0 => {
+                // A sample just after the stretch may speak for it: not
+                // settled until the thread has moved past that too.
+                if let Some(unsettled) = inp.unsettled {
+                    if tl.closed_until() < b.max(e).saturating_add(c.reach_ns()) {
+                        unsettled.set(true);
+                    }
+                }
+                // A stretch no sample speaks for (short ones between reads)
+                // takes the code of the feeder's samples over the gap.
+                tl.sample_times.as_deref().and_then(|samples| {
+                    c.during(samples, s, e)
+                        .or_else(|| c.during(samples, a.min(s), b.max(e)))
+                })
+            }
+            _ => None,
+        };
         let cause = match state {
             // A CPU taken from the feeder by the hypervisor or interrupts
             // is none of the job's doing.
             State::Stolen if hops == 0 => Some(Cause::CpuContention),
+            // Loading input itself (num_workers=0: decoding, collating),
+            // or taking a batch from the workers: input, even right after a
+            // synchronize.
+            State::OnCpu if code.is_some_and(|c| c.is_input()) => Some(Cause::InputCpu),
+            // Code of its own after a batch arrived is not receiving it.
+            State::OnCpu if code.is_some() => {
+                own_work(s, e, t, sync_left, out);
+                None
+            }
             State::OnCpu | State::Runnable if receiving => Some(Cause::InputCpu),
-            State::OnCpu if hops == 0 && after_sync => Some(Cause::Sync),
-            State::OnCpu if hops == 0 => Some(Cause::CpuHost),
+            State::OnCpu if hops == 0 => {
+                own_work(s, e, t, sync_left, out);
+                None
+            }
             // A data worker on a CPU: inside file or socket syscalls it is
             // doing I/O, otherwise preprocessing.
             State::OnCpu => {
@@ -536,7 +583,7 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                             && inp.threads.contains_key(&w) =>
                     {
                         let next = Walk {
-                            after_sync: false,
+                            sync_left: None,
                             hops: hops + 1,
                             ..walk
                         };
@@ -565,6 +612,22 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
     }
     if cur < b {
         out.add(piece(cur, b, Cause::Unattributed, t));
+    }
+}
+
+/// The feeder's own work over `[s, e)`: `cpu.host`, except the part a
+/// synchronize just before it kept from overlapping the GPU's (`sync`).
+fn own_work(s: u64, e: u64, t: Tid, sync_left: Option<&Cell<u64>>, out: &mut Attribution) {
+    let hidden = sync_left.map_or(0, |left| {
+        let n = left.get().min(e - s);
+        left.set(left.get() - n);
+        n
+    });
+    if hidden > 0 {
+        out.add(piece(s, s + hidden, Cause::Sync, t));
+    }
+    if s + hidden < e {
+        out.add(piece(s + hidden, e, Cause::CpuHost, t));
     }
 }
 
@@ -610,7 +673,7 @@ fn op_pieces(
     t: Tid,
     a: u64,
     b: u64,
-    after_sync: bool,
+    sync_left: Option<&Cell<u64>>,
     out: &mut Attribution,
 ) {
     let mut cur = a;
@@ -624,12 +687,11 @@ fn op_pieces(
             if s > cur {
                 out.add(piece(cur, s, Cause::Unattributed, t));
             }
-            let c = if after_sync && c == Cause::CpuHost {
-                Cause::Sync
+            if c == Cause::CpuHost {
+                own_work(s, e, t, sync_left, out);
             } else {
-                c
-            };
-            out.add(piece(s, e, c, t));
+                out.add(piece(s, e, c, t));
+            }
             cur = e;
         }
     }
@@ -679,9 +741,15 @@ fn call_spacing(calls: Option<&Vec<Call>>, t: Tid, a: u64, b: u64, out: &mut Att
     }
 }
 
+/// A trace's op of the DataLoader's iterator
+/// (`enumerate(DataLoader)#…__next__`).
+pub fn is_dataloader_op(name: &str) -> bool {
+    name.contains("DataLoader")
+}
+
 /// What a named host op (from a trace) means for the GPU waiting on it.
 pub fn op_cause(name: &str) -> Cause {
-    if name.contains("DataLoader") {
+    if is_dataloader_op(name) {
         Cause::InputUnknown
     } else if name == "aten::item"
         || name == "aten::_local_scalar_dense"
@@ -725,6 +793,13 @@ pub fn flatten_ops(mut ops: Vec<(u64, u64, Cause)>) -> Vec<(u64, u64, Cause)> {
         cur = cur.max(s);
         // An op overrunning its parent (clock jitter) is clipped to it.
         let e = stack.last().map_or(e, |&(pe, _)| e.min(pe));
+        // Inside the DataLoader's op the trainer is loading input, whatever
+        // op it runs and at any depth (num_workers=0: transforms and
+        // collation as ops), as the TensorBoard plugin counts it.
+        let c = match stack.last() {
+            Some(&(_, Cause::InputUnknown)) => Cause::InputUnknown,
+            _ => c,
+        };
         stack.push((e, c));
     }
     while let Some((end, top)) = stack.pop() {
@@ -1065,6 +1140,7 @@ mod tests {
             io_tally,
             api: &api,
             ops: &ops,
+            code: None,
             blind: &[],
             lossy: &[],
             keep_pieces: true,
@@ -1179,12 +1255,14 @@ mod tests {
             api,
             (100, 500),
         );
-        // Gap 200-420: sync 200-220; host 220-300 after the sync returned →
-        // sync; memcpy 300-350; host 350-380 → sync again (same gap); launch 380-420.
-        assert_eq!(a.get(Cause::Sync), 20 + 80 + 30);
+        // Gap 200-420: sync 200-220; host 220-300 after a sync that waited
+        // 70: its first 70 overlap would have hidden → sync, the 10 past
+        // them host; memcpy 300-350; host 350-380, past what the sync could
+        // hide → host; launch 380-420.
+        assert_eq!(a.get(Cause::Sync), 20 + 70);
         assert_eq!(a.get(Cause::Memory), 50);
         assert_eq!(a.get(Cause::CpuLaunch), 40);
-        assert_eq!(a.get(Cause::CpuHost), 0);
+        assert_eq!(a.get(Cause::CpuHost), 10 + 30);
     }
 
     #[test]
@@ -1608,10 +1686,12 @@ mod tests {
     }
 
     #[test]
-    fn nested_ops_flatten_to_the_innermost() {
+    fn nested_ops_flatten_to_the_innermost_inside_the_dataloader_input() {
         let f = flatten_ops(vec![
             (0, 100, Cause::CpuHost),      // ProfilerStep#1
             (10, 40, Cause::InputUnknown), // enumerate(DataLoader)...__next__
+            (15, 30, Cause::CpuHost),      // a transform inside it
+            (20, 25, Cause::CpuHost),      // and an op inside that
             (50, 60, Cause::Sync),         // aten::item
             (55, 58, Cause::CpuHost),      // aten::_local_scalar_dense's child
         ]);

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::account::Account;
 use super::attribute::{self, Attribution, Cause, Inputs, Piece, Tid};
+use super::code::CodeOf;
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::session::Session;
 use crate::timeline::{State, ThreadTimeline, Timeline};
@@ -163,7 +164,7 @@ pub(crate) fn op_causes(tl: &Timeline) -> HashMap<Tid, Vec<(u64, u64, Cause)>> {
 
 /// `tl` must have been built with intervals. `keep_pieces`: see
 /// [`Inputs::keep_pieces`].
-pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosis {
+pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &CodeOf) -> Diagnosis {
     let ops = op_causes(tl);
     let lossy_windows = super::loss::lossy_windows(session);
     let blind_windows = super::loss::blind_windows(session);
@@ -183,6 +184,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool) -> Diagnosi
                 io_tally: &tl.io_tally,
                 api: &tl.gpu.calls,
                 ops: &ops,
+                code: Some(code),
                 blind: &blind_windows,
                 lossy: &lossy_windows,
                 keep_pieces,

@@ -10,6 +10,7 @@ pub mod api;
 pub mod attribute;
 pub mod cause;
 pub mod checks;
+pub mod code;
 pub mod diagnose;
 pub mod gpu;
 pub mod hta;
@@ -18,6 +19,7 @@ pub mod nvml;
 mod python;
 pub mod recommend;
 pub mod replay;
+pub mod stages;
 pub mod stats;
 pub mod steps;
 pub mod stream;
@@ -37,7 +39,7 @@ use crate::timeline::{BuildOptions, Timeline};
 /// still seeded at random so that a crafted file cannot make it quadratic.
 pub type RecordMap<K, V> = ahash::AHashMap<K, V>;
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct AnalyzeOptions {
     /// Keep every thread state, sample and long syscall even without GPU
     /// data: the flamegraphs and the timeline export draw them. Without
@@ -45,6 +47,9 @@ pub struct AnalyzeOptions {
     pub pictures: bool,
     /// Also reproduce HTA's per-stream idle breakdown.
     pub hta: bool,
+    /// How stacks are named as regions of the job's code: the built-in
+    /// table and the user's rules (`--code`).
+    pub code: code::Rules,
 }
 
 /// What the recording says about itself.
@@ -113,6 +118,10 @@ pub struct Analysis {
     /// The recording's own notes, then the analysis's.
     pub notes: Vec<String>,
     pub hta: Option<BTreeMap<u32, hta::StreamIdle>>,
+    /// The rules the stacks' code regions are read with.
+    pub code: code::Rules,
+    /// The input pipeline by stage, where samples were in input code.
+    pub stages: Option<stages::InputStages>,
 }
 
 /// The pipeline: session → timeline → attribution → advice. Takes the
@@ -166,6 +175,7 @@ pub fn analyze_settling_every(
             let gpu = GpuSide::from_records(&mut session, records);
             let mut timeline = Timeline::begin_with(&session, gpu, build(intervals));
             timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
+            let code = code_of(&session, opts);
             // With the recording's end known, idle gaps are attributed as
             // the events pass them, and the states behind let go (the
             // pictures keep every state: they draw them all).
@@ -178,6 +188,7 @@ pub fn analyze_settling_every(
                         attribute::Edges::of(&session),
                         &loss::blind_windows(&session),
                         loss::lossy_windows(&session),
+                        code,
                     )
                 });
             let mut events = 0u64;
@@ -205,6 +216,11 @@ pub fn analyze_settling_every(
     }
 }
 
+/// Which code each sampled stack is in, by the options' rules.
+fn code_of(session: &Session, opts: &AnalyzeOptions) -> code::CodeOf {
+    code::CodeOf::new(&session.symbols, &opts.code, session.header().sample_hz)
+}
+
 /// Events replayed between two attempts to attribute what they passed.
 const SETTLE_EVERY: u64 = 4096;
 
@@ -220,7 +236,7 @@ fn conclude(
     let (diagnosis, clock_checks) = match attributor {
         Some(a) => a.finish(&timeline),
         None => (
-            diagnose::diagnose(&session, &timeline, opts.pictures),
+            diagnose::diagnose(&session, &timeline, opts.pictures, &code_of(&session, opts)),
             checks::clock_checks(&timeline),
         ),
     };
@@ -230,7 +246,17 @@ fn conclude(
     };
     let nr_cpus = session.header().nr_cpus;
     let collector_cpu = session.collector.map_or(0, |c| c.cpu_ns);
-    let advice = recommend::build(nr_cpus, collector_cpu, &timeline, &diagnosis, &names);
+    let stages = stages::of(&timeline, &names, &opts.code, session.header().sample_hz);
+    let advice = recommend::build(
+        recommend::Context {
+            nr_cpus,
+            collector_cpu_ns: collector_cpu,
+            stages: stages.as_ref(),
+        },
+        &timeline,
+        &diagnosis,
+        &names,
+    );
     let nvml = diagnosis
         .gpus
         .iter()
@@ -282,6 +308,8 @@ fn conclude(
         api,
         notes,
         hta,
+        code: opts.code.clone(),
+        stages,
     }
 }
 

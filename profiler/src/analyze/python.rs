@@ -1,13 +1,13 @@
-//! Python in the recording, and whether its functions can be named.
+//! Python in the recording, and whether its functions were named.
 //!
-//! A stack through CPython shows the interpreter's C functions
-//! (`_PyEval_EvalFrameDefault`…), not the Python functions it ran. CPython
-//! 3.12+ can put each Python function on the native stack as a small
-//! trampoline of its own and list them in a perf map (`/tmp/perf-PID.map`)
-//! when its perf trampoline is on (`PYTHONPERFSUPPORT=1`, which `run` sets,
-//! or `-X perf`); the symbolizer reads that map, and the stacks show
-//! `py::Dataset.__getitem__:…/data.py`. Older Pythons cannot: the report
-//! says so rather than leave people wondering where their functions went.
+//! A native stack through CPython shows the interpreter's C functions
+//! (`_PyEval_EvalFrameDefault`…), not the Python functions it ran. The
+//! recorder walks the interpreter's own frames (CPython 3.9–3.14) and puts
+//! them in the stacks as `py::Dataset.__getitem__:…/data.py`, where the
+//! eval loop ran them. When a process that ran Python was sampled and none
+//! of its stacks names a Python function, the report says so, and why it
+//! may be, rather than leave people wondering where their functions went
+//! (a version the unwinder cannot walk is said by the recording itself).
 
 use std::collections::BTreeMap;
 
@@ -57,26 +57,19 @@ pub fn notes(maps: &[ProcMaps], names: &Names) -> Vec<String> {
     let sampled = |pid: u32| names.stacks.values().any(|s| s.pid == pid && !s.kernel);
     let mut out = Vec::new();
     for ((major, minor), pids) in by_version {
+        if !pids.iter().any(|&p| sampled(p)) || pids.iter().any(|&p| named(names, p)) {
+            continue;
+        }
         let list = pids
             .iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(", ");
-        let who = format!("Python {major}.{minor} (pid {list})");
-        if (major, minor) < (3, 12) {
-            out.push(format!(
-                "{who}: its Python functions are not in the stacks and flamegraphs, only the \
-                 interpreter's C functions: naming them needs CPython's perf trampoline, in \
-                 Python 3.12 and later (gapscope run turns it on with PYTHONPERFSUPPORT=1)"
-            ));
-        } else if pids.iter().any(|&p| sampled(p)) && !pids.iter().any(|&p| named(names, p)) {
-            out.push(format!(
-                "{who}: no Python function was named in its stacks: it ran without its perf \
-                 trampoline (start it with PYTHONPERFSUPPORT=1 or -X perf; gapscope run sets \
-                 it unless --no-python-frames), or its perf map (/tmp/perf-PID.map) was not \
-                 readable; an interpreter built without frame pointers also cuts stacks short"
-            ));
-        }
+        out.push(format!(
+            "Python {major}.{minor} (pid {list}): no Python function was named in its stacks, \
+             only the interpreter's C functions: it was recorded with --no-python-frames, or \
+             its interpreter could not be walked (the notes say why)"
+        ));
     }
     out
 }

@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
-use crate::analyze::attribute::{ApiRole, Cause, Tid};
+use crate::analyze::attribute::{is_dataloader_op, ApiRole, Cause, Tid};
 use crate::analyze::diagnose::Diagnosis;
 use crate::analyze::replay;
+use crate::analyze::stages::InputStages;
 use crate::analyze::Names;
 use crate::timeline::{OffKind, Timeline};
 use crate::units;
@@ -281,13 +282,22 @@ const REPLAY_FIDELITY: f64 = 0.10;
 
 /// `nr_cpus`: the recorded machine's CPUs (0 when not recorded);
 /// `collector_cpu_ns`: what recording them took of them.
-pub fn build(
-    nr_cpus: u32,
-    collector_cpu_ns: u64,
-    tl: &Timeline,
-    d: &Diagnosis,
-    names: &Names,
-) -> Advice {
+/// What the advice needs beyond the timeline and its diagnosis.
+pub struct Context<'a> {
+    pub nr_cpus: u32,
+    /// gapscope's own CPU time while recording (the replay leaves it out).
+    pub collector_cpu_ns: u64,
+    /// The input pipeline by stage: an input recommendation names the
+    /// slowest.
+    pub stages: Option<&'a InputStages>,
+}
+
+pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice {
+    let Context {
+        nr_cpus,
+        collector_cpu_ns,
+        stages,
+    } = cx;
     if d.gpus.is_empty() {
         return Advice {
             recommendations: Vec::new(),
@@ -317,6 +327,7 @@ pub fn build(
         names,
         tl,
         d,
+        stages,
     };
     let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns);
     // Each with the time it would give back, to order them: as replayed
@@ -491,6 +502,7 @@ struct Evidence<'a> {
     names: &'a Names,
     tl: &'a Timeline,
     d: &'a Diagnosis,
+    stages: Option<&'a InputStages>,
 }
 
 fn top_threads(involved: &HashMap<Tid, u64>, n: usize) -> Vec<Tid> {
@@ -500,6 +512,60 @@ fn top_threads(involved: &HashMap<Tid, u64>, n: usize) -> Vec<Tid> {
 }
 
 impl Evidence<'_> {
+    /// Time the threads in `set` spent in ops nested inside a DataLoader
+    /// op (a trace's record of loading inline), and the ops that took
+    /// most of it.
+    fn ops_inside_the_dataloader(&self, set: &HashSet<Tid>) -> (u64, Vec<String>) {
+        let mut by: HashMap<&str, u64> = HashMap::new();
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        for (tid, ops) in &self.tl.gpu.host_ops {
+            if !set.contains(tid) {
+                continue;
+            }
+            let loaders: Vec<(u64, u64)> = ops
+                .iter()
+                .filter(|o| is_dataloader_op(&o.name))
+                .map(|o| (o.start, o.end))
+                .collect();
+            for o in ops.iter().filter(|o| !is_dataloader_op(&o.name)) {
+                if loaders.iter().any(|&(s, e)| s <= o.start && o.end <= e) {
+                    *by.entry(&o.name).or_default() += o.end - o.start;
+                    spans.push((o.start, o.end));
+                }
+            }
+        }
+        // Nested ops count once: a child's time is in its parent's.
+        let total = crate::intervals::total(&crate::intervals::union(spans));
+        let mut top: Vec<(&str, u64)> = by.into_iter().collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let ops = top.iter().take(3).map(|(n, _)| n.to_string()).collect();
+        (total, ops)
+    }
+
+    /// The input pipeline's slowest CPU stage: an evidence line (its share
+    /// and top functions) and a sentence on fixing it.
+    fn slowest_stage(&self) -> Option<(String, String)> {
+        let stages = self.stages?;
+        let s = stages.stages.iter().find(|s| s.stage != "read")?;
+        let name = s.stage.strip_prefix("input.").unwrap_or(&s.stage);
+        let functions = s.functions_said();
+        let line = format!(
+            "slowest input stage: {name}, {:.0}% of the input pipeline's time over {} thread(s){}",
+            s.pct,
+            stages.threads,
+            if functions.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", functions.join(", "))
+            }
+        );
+        let fix = format!(
+            " The slowest stage is {name}: {}.",
+            crate::analyze::stages::fixes(&s.stage)
+        );
+        Some((line, fix))
+    }
+
     fn who(&self, t: Tid) -> String {
         let comm = self
             .tl
@@ -757,18 +823,17 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             )
         }
         Cause::InputCpu => {
-            // The trainer's own part: receiving batches, and waiting for
-            // CPUs its loaders held.
-            let feeders: HashSet<Tid> = ev
-                .d
-                .gpus
-                .iter()
-                .filter_map(|g| g.feeder.as_ref().map(|f| f.tid))
-                .collect();
+            // The trainer's own part: loading batches itself, receiving
+            // them, and waiting for CPUs its loaders held.
+            let feeders: HashSet<Tid> =
+                ev.d.gpus
+                    .iter()
+                    .filter_map(|g| g.feeder.as_ref().map(|f| f.tid))
+                    .collect();
             let trainer: u64 = feeders.iter().filter_map(|f| involved.get(f)).sum();
             if trainer > 0 {
                 e.push(format!(
-                    "{} of it the trainer's own: receiving batches (unpickling, rebuilding tensors) or waiting for CPUs its loaders held",
+                    "{} of it the trainer's own: loading batches itself, receiving them (unpickling, rebuilding tensors) or waiting for CPUs its loaders held",
                     units::duration(trainer / ev.d.gpus.len().max(1) as u64)
                 ));
             }
@@ -783,10 +848,24 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
                 .copied()
                 .collect();
             e.extend(ev.hot_stack(&loader_threads));
+            let stage = ev.slowest_stage();
+            e.extend(stage.as_ref().map(|(line, _)| line.clone()));
+            let stage_fix = stage.map(|(_, fix)| fix).unwrap_or_default();
             let n = ev.loader_processes(&loaders);
+            let all: u64 = involved.values().sum();
+            if n == 0 || trainer * 10 >= all * 9 {
+                // num_workers=0: the trainer decodes while the GPU waits
+                // (a helper it once ran, ldconfig for ctypes, is no loader).
+                return (
+                    format!(
+                        "The trainer loads its own batches (DataLoader num_workers=0): the GPU waits while it reads, decodes and collates each one. Set num_workers toward the {cpus} (and pin_memory=True, persistent_workers=True) so that batches are made while the GPU works.{stage_fix}"
+                    ),
+                    e,
+                );
+            }
             let crowded = ev.nr_cpus > 0 && n as u32 >= ev.nr_cpus;
             format!(
-                "Data loading is CPU-bound (decode, augmentation in {n} loader process(es), {cpus}).{} Keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.",
+                "Data loading is CPU-bound (decode, augmentation in {n} loader process(es), {cpus}).{} Keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.{stage_fix}",
                 if crowded {
                     " The loaders already hold every CPU, the trainer's included: more workers will not help; give the job more CPUs."
                 } else {
@@ -799,6 +878,18 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             "The input pipeline waits on the network. Prefetch more (prefetch_factor, more workers), fetch shards in parallel, cache them on local disk, or move the data next to the GPUs.".into()
         }
         Cause::InputUnknown => {
+            let (inside, ops) = ev.ops_inside_the_dataloader(&set);
+            if inside > 0 {
+                e.push(format!(
+                    "{} of the trainer's own ops ran inside the DataLoader's ({}): it made the batches itself",
+                    units::duration(inside),
+                    ops.join(", ")
+                ));
+                return (
+                    "The trainer loads its own batches (DataLoader num_workers=0): its transforms and collation run inside the DataLoader's op while the GPU waits. Set num_workers toward the CPUs available (and pin_memory=True, persistent_workers=True) so that batches are made while the GPU works; record the job with `gapscope run` to see which stage (read, decode, transform, collate) is slowest.".into(),
+                    e,
+                );
+            }
             "The training loop waits for its DataLoader. This trace cannot tell storage, preprocessing or network apart (no off-CPU data; record the job with `gapscope run` to find out); first try more num_workers, prefetch_factor and persistent_workers=True, and pin_memory=True.".into()
         }
         Cause::CpuHost => {

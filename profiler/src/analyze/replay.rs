@@ -479,7 +479,10 @@ impl Run<'_> {
             Some(l) if l.1 == a && l.2 == c => l.1 = b,
             _ => log.push((a, b, c)),
         };
-        let mut after_sync = false;
+        // How much of the feeder's own work after a synchronize that waited
+        // is still the synchronize's (what overlap would have hidden; as
+        // the attribution charges it).
+        let mut sync_left = 0u64;
         let mut ended = false;
         let mut skip_until = 0;
         // Where the last step began, recorded and replayed.
@@ -560,7 +563,7 @@ impl Run<'_> {
                         };
                         note(&mut log, h, h + cost, Cause::CpuLaunch);
                         h += cost;
-                        after_sync = false;
+                        sync_left = 0;
                         for _ in 0..issued(mi) {
                             gpu.run(h, &mine[mi]);
                             mi += 1;
@@ -580,7 +583,7 @@ impl Run<'_> {
                         if !plan.removes(Cause::Sync) {
                             let w = h.max(gpu.awaited(call.end));
                             note(&mut log, h, w, Cause::Sync);
-                            after_sync = w > h;
+                            sync_left = w - h;
                             h = w;
                         }
                     }
@@ -650,15 +653,26 @@ impl Run<'_> {
                 // Host work before the first GPU work or after the last
                 // (loading a model, saving it) is not what a fix changes;
                 // waiting for the CPUs the loaders held is.
+                // Host work behind a synchronize: as much of it as the
+                // synchronize waited is the synchronize's, the rest the
+                // host's stall (as attributed) — all that taking the
+                // stall out removes.
+                Cause::CpuHost if sync_left > 0 => {
+                    let hidden = sync_left.min(d);
+                    sync_left -= hidden;
+                    let rest = if inside && plan.removes(Cause::CpuHost) {
+                        0
+                    } else {
+                        d - hidden
+                    };
+                    note(&mut log, h, h + hidden, Cause::Sync);
+                    note(&mut log, h + hidden, h + hidden + rest, Cause::CpuHost);
+                    h += hidden + rest;
+                }
                 c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
                 Cause::CpuContention | Cause::InputCpu
                     if inside && p.who != Who::Other && self.interrupts_removed(i, plan) => {}
                 c => {
-                    let c = if after_sync && c == Cause::CpuHost {
-                        Cause::Sync
-                    } else {
-                        c
-                    };
                     note(&mut log, h, h + d, c);
                     h += d;
                 }
@@ -955,10 +969,18 @@ mod tests {
             j.piece(9 * MS, Cause::CpuHost, FEEDER);
         }
         let recorded = j.at;
-        assert_eq!(
-            j.replay(Pool::default(), &Plan::default()).wall_ns,
-            recorded
-        );
+        let as_recorded = j.replay(Pool::default(), &Plan::default());
+        assert_eq!(as_recorded.wall_ns, recorded);
+        // The GPU's idle after each sync: as much of the host work as the
+        // sync waited (6 ms) is the sync's, the rest the host's — what
+        // taking either out gives back.
+        let idle = |o: &Outcome, c| o.idle.get(&c).copied().unwrap_or(0);
+        assert_eq!(idle(&as_recorded, Cause::Sync), 9 * 6 * MS);
+        assert_eq!(idle(&as_recorded, Cause::CpuHost), 9 * 3 * MS);
+        // Taking out the host's stall: 3 ms a step, what outlasted the GPU.
+        let host_fixed = j.replay(Pool::default(), &Plan::fix(Cause::CpuHost));
+        assert_eq!(host_fixed.wall_ns, recorded - 9 * 3 * MS);
+        assert_eq!(idle(&host_fixed, Cause::CpuHost), 0);
         let fixed = j.replay(Pool::default(), &Plan::fix(Cause::Sync));
         // Ten launches and host work back to back, the last kernel's tail
         // hidden behind the last host work.

@@ -13,6 +13,7 @@ use gapscope_cupti::GpuRecord;
 
 use super::attribute::{self, Attribution, Cause, Inputs, Tid};
 use super::checks::{on_cpu_at, ClockCheck};
+use super::code::CodeOf;
 use super::diagnose::{Diagnosis, Feeder, GpuDiagnosis};
 use super::gpu::{gpu_timelines, GpuTimeline};
 use crate::timeline::Timeline;
@@ -42,6 +43,7 @@ fn inputs<'a>(
     work: &'a [(u64, Option<Tid>)],
     tl: &'a Timeline,
     ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
+    code: &'a CodeOf,
     window: (u64, u64),
     unsettled: Option<&'a Cell<bool>>,
 ) -> Inputs<'a> {
@@ -54,6 +56,7 @@ fn inputs<'a>(
         io_tally: &tl.io_tally,
         api: &tl.gpu.calls,
         ops,
+        code: Some(code),
         blind: &[],
         lossy: &[],
         keep_pieces: true,
@@ -83,6 +86,7 @@ pub struct Attributor {
     ops: HashMap<Tid, Vec<(u64, u64, Cause)>>,
     /// Where events were lost (see [`Attribution`]).
     lossy: Vec<(u64, u64)>,
+    code: CodeOf,
 }
 
 impl Attributor {
@@ -95,6 +99,7 @@ impl Attributor {
         edges: attribute::Edges,
         blind: &[(u64, u64)],
         lossy: Vec<(u64, u64)>,
+        code: CodeOf,
     ) -> Attributor {
         let mut checks: BTreeMap<u32, ClockCheck> = BTreeMap::new();
         let mut launches = Vec::new();
@@ -140,6 +145,7 @@ impl Attributor {
             checks,
             ops: super::diagnose::op_causes(tl),
             lossy,
+            code,
         }
     }
 
@@ -147,6 +153,7 @@ impl Attributor {
     /// then lets the timeline forget what lies behind.
     pub fn settle(&mut self, tl: &mut Timeline, now: u64) {
         let mut forget = u64::MAX;
+        let (ops, code, window) = (&self.ops, &self.code, self.window);
         for d in &mut self.devices {
             while d.next + 1 < d.spans.len() {
                 let (a, b) = (d.spans[d.next].1, d.spans[d.next + 1].0);
@@ -154,14 +161,7 @@ impl Attributor {
                     break;
                 }
                 let unsettled = Cell::new(false);
-                let inp = inputs(
-                    &d.spans,
-                    &d.work,
-                    tl,
-                    &self.ops,
-                    self.window,
-                    Some(&unsettled),
-                );
+                let inp = inputs(&d.spans, &d.work, tl, ops, code, window, Some(&unsettled));
                 let mut gap = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
                 let mut account = Attribution::new(Vec::new(), Vec::new(), true);
@@ -235,11 +235,12 @@ impl Attributor {
                 .and_then(|t| t.intervals.as_deref());
             self.check(l, states.map(|iv| on_cpu_at(iv, l.at)));
         }
+        let (ops, code, window) = (&self.ops, &self.code, self.window);
         let gpus = self
             .devices
             .into_iter()
             .map(|mut d| {
-                let inp = inputs(&d.spans, &d.work, tl, &self.ops, self.window, None);
+                let inp = inputs(&d.spans, &d.work, tl, ops, code, window, None);
                 let (head, tail) = attribute::edges(self.window, &d.spans);
                 d.out.add(head);
                 while d.next + 1 < d.spans.len() {

@@ -89,19 +89,6 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
 }
 
 /// Forks a child that will exec `argv` with `env` once released.
-/// Turns on CPython's perf trampoline for a started command (3.12+; older
-/// ones ignore the variable), so that Python functions are on the native
-/// stack and in the interpreter's perf map, which the symbolizer reads. A
-/// value the user set stays; true when gapscope set it.
-pub fn python_frames(env: &mut Vec<(OsString, OsString)>) -> bool {
-    const VAR: &str = "PYTHONPERFSUPPORT";
-    if env.iter().any(|(k, _)| k == VAR) {
-        return false;
-    }
-    env.push((VAR.into(), "1".into()));
-    true
-}
-
 pub fn spawn_paused(argv: &[String], env: &[(OsString, OsString)]) -> Result<Paused, LaunchError> {
     let program = argv.first().ok_or(LaunchError::Empty)?;
     let path = resolve(program)?;

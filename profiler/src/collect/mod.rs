@@ -4,6 +4,7 @@
 //! processes that exited are symbolized along the way, see `sink`).
 
 pub mod bpf;
+mod elf;
 pub mod gpu;
 pub mod inject;
 pub mod launch;
@@ -11,6 +12,7 @@ pub mod nvml;
 pub mod pidns;
 pub mod preflight;
 pub mod procfs;
+pub mod python;
 mod signals;
 mod sink;
 mod status;
@@ -20,12 +22,14 @@ pub mod windows;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::clock;
+use crate::output::OutDir;
 use crate::session::{
     Drops, Footer, Mode, Record, SessionError, SessionHeader, SessionWriter, StopReason, FILE_NAME,
 };
@@ -62,17 +66,19 @@ pub struct RecordOptions {
     /// A libcuda to watch with uprobes (the fallback for processes without
     /// the shim); `attach` also finds the tree's own libcuda by itself.
     pub libcuda: Option<PathBuf>,
-    /// `attach` to a process of another user.
+    /// The libcupti to use (`--cupti`): in `run`'s environment, and passed
+    /// to shims `attach` injects (which read no environment).
+    pub cupti: Option<PathBuf>,
+    /// `attach` to a process of another user, or one running with more
+    /// rights than its user (setuid): injected too.
     pub any_user: bool,
     /// `attach`: bring the CUPTI shim into GPU processes without it.
     pub inject: bool,
     /// Cut the recording into windows (the agent); `out_dir` is then the
     /// folder of windows. Attach only.
     pub windows: Option<windows::Windows>,
-    /// `run`: turn on CPython's perf trampoline (`PYTHONPERFSUPPORT=1`,
-    /// 3.12+), which names Python functions in stacks; the perf maps it
-    /// writes go once their processes have exited and been symbolized
-    /// (unless the variable was the user's own).
+    /// Walk the frames of the CPython processes of the tree (the kernel
+    /// side's Python unwinder, see `python`).
     pub python_frames: bool,
 }
 
@@ -80,6 +86,8 @@ pub struct RecordOptions {
 #[derive(Clone, Debug)]
 pub struct Recording {
     pub session: PathBuf,
+    /// The session's directory, held open: the reports go beside it.
+    pub dir: Arc<OutDir>,
     pub reason: StopReason,
     /// The target's exit code, shell style, when it exited during recording.
     pub exit_code: Option<i32>,
@@ -140,6 +148,20 @@ impl AsRawFd for Readable {
     }
 }
 
+/// Whether the process a pidfd holds is still alive (signal 0 through it).
+fn alive(pidfd: &OwnedFd) -> bool {
+    // SAFETY: signal 0 through our own pidfd only checks.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}
+
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall; the returned fd is owned by us.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -188,19 +210,21 @@ fn nix_uname() -> (String, String) {
 /// Records `target` into `opts.out_dir/session.gsz`.
 pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordError> {
     preflight::check()?;
-    // Refuse a bad target before anything is created.
+    // Under sudo, gapscope watches only the invoking user's processes
+    // (attach) unless told otherwise: that user, then.
+    let you = crate::output::invoking_uid();
+    let guard = (you != 0 && !opts.any_user).then_some(you);
+    // Refuse a bad target before anything is created. A running one is
+    // pinned first: its owner is checked of the process the pidfd holds,
+    // never of another that took its number meanwhile.
+    let mut pinned = None;
     match &target {
         Target::Command(argv) => {
             launch::resolve(argv.first().ok_or(LaunchError::Empty)?)?;
         }
         Target::Pid(pid) => {
-            if !procfs::exists(*pid) {
-                return Err(RecordError::NoSuchProcess(*pid));
-            }
-            // Root can see every process; under sudo, gapscope watches
-            // only the invoking user's unless told otherwise.
-            let you = crate::output::invoking_uid();
-            if you != 0 && !opts.any_user {
+            let pidfd = pidfd_open(*pid).map_err(|_| RecordError::NoSuchProcess(*pid))?;
+            if let Some(you) = guard {
                 match procfs::owner_uid(*pid) {
                     Some(owner) if owner != you => {
                         return Err(RecordError::NotYours {
@@ -213,8 +237,15 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                     _ => {}
                 }
             }
+            if !alive(&pidfd) {
+                return Err(RecordError::NoSuchProcess(*pid));
+            }
+            pinned = Some(pidfd);
         }
     }
+    // Started first: it reads the kernel's symbol table while the programs
+    // load, not beside the job.
+    let mut symbolizer = Some(symbolize::Worker::start());
     let mut tracer = Tracer::load(&opts.tracer)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -236,7 +267,6 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
     }
     let mut gpu_listener = None;
     let mut env = opts.env.clone();
-    let tidy_perf_maps = opts.python_frames && launch::python_frames(&mut env);
     if opts.gpu {
         if let Target::Command(_) = &target {
             match gpu_environment(&mut env) {
@@ -266,11 +296,16 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             if opts.gpu {
                 // Before the command runs: a uprobe set on the library's
                 // file is in place in every mapping of it from the first.
-                let libs = opts.libcuda.iter().cloned().collect();
+                let libs = opts
+                    .libcuda
+                    .iter()
+                    .map(|p| (p.clone(), p.display().to_string()))
+                    .collect();
                 watch_libcuda(&mut tracer, libs, &mut notes);
             }
             let mut sink = Sink::new(writer, pid);
-            sink.tidy_perf_maps = tidy_perf_maps;
+            sink.symbolize_with(symbolizer.take());
+            sink.python_frames = opts.python_frames;
             sink.push(Record::Header(header(
                 Mode::Run,
                 pid,
@@ -294,13 +329,20 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             (sink, pidfd, Some(pid))
         }
         Target::Pid(pid) => {
-            let pidfd = pidfd_open(pid).map_err(|_| RecordError::NoSuchProcess(pid))?;
+            let pidfd = pinned.take().expect("pinned above");
             let writer = match (&opts.windows, &opts.out_dir) {
                 (Some(_), Some(dir)) => windows::create(dir)?,
                 _ => open_session(opts, pid)?,
             };
             tracer.attach()?;
+            // Still the process checked, now that the programs are loaded.
+            if !alive(&pidfd) {
+                return Err(RecordError::NoSuchProcess(pid));
+            }
             let mut sink = Sink::new(writer, pid);
+            sink.symbolize_with(symbolizer.take());
+            sink.guard = guard;
+            sink.python_frames = opts.python_frames;
             // Every window begins again with what the recording said so
             // far: only then is it kept.
             if opts.windows.is_some() {
@@ -327,12 +369,23 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
                 for p in procfs::descendants(pid) {
                     if sink.live.insert(p) {
                         tracer.track(p)?;
-                        seed_process(&mut sink, p);
+                        let whole = sink.judge(p);
+                        seed_process(&mut sink, p, whole);
                     }
                 }
             }
             if opts.gpu && opts.inject {
-                inject_shims(&mut sink, &mut notes);
+                let limits = inject::Limits {
+                    // The agent follows every user's jobs; it never enters
+                    // one running with more rights than its user.
+                    privileged: opts.any_user && opts.windows.is_none(),
+                    cupti: opts
+                        .cupti
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into_owned()),
+                    ..inject::Limits::default()
+                };
+                inject_shims(&mut sink, &mut notes, &limits);
             }
             (sink, pidfd, None)
         }
@@ -342,7 +395,11 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         // A running tree: the libcuda its processes have mapped, and any
         // named.
         let mut libs = libcuda_in_use(&sink);
-        libs.extend(opts.libcuda.iter().cloned());
+        libs.extend(
+            opts.libcuda
+                .iter()
+                .map(|p| (p.clone(), p.display().to_string())),
+        );
         watch_libcuda(&mut tracer, libs, &mut notes);
     }
     for note in notes {
@@ -363,36 +420,56 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
     ))
 }
 
-/// Sets the libcuda uprobes on each of `libs`, saying what came of it in
-/// `notes`.
-fn watch_libcuda(tracer: &mut Tracer, mut libs: Vec<PathBuf>, notes: &mut Vec<String>) {
+/// Sets the libcuda uprobes on each of `libs` (the file to attach to, and
+/// its name for the user), saying what came of it in `notes`.
+fn watch_libcuda(tracer: &mut Tracer, mut libs: Vec<(PathBuf, String)>, notes: &mut Vec<String>) {
     libs.sort();
-    libs.dedup();
-    for lib in libs {
+    libs.dedup_by(|a, b| a.0 == b.0);
+    for (lib, shown) in libs {
         match tracer.attach_libcuda(&lib) {
             Ok(0) => notes.push(format!(
-                "{}: none of the watched CUDA driver functions found",
-                lib.display()
+                "{shown}: none of the watched CUDA driver functions found"
             )),
             Ok(n) => notes.push(format!(
-                "watching {n} CUDA driver functions in {} with uprobes: processes without the shim get an approximate GPU timeline (API calls, no kernel times)",
-                lib.display()
+                "watching {n} CUDA driver functions in {shown} with uprobes: processes without the shim get an approximate GPU timeline (API calls, no kernel times)"
             )),
-            Err(e) => notes.push(format!("cannot watch {}: {e}", lib.display())),
+            Err(e) => notes.push(format!("cannot watch {shown}: {e}")),
         }
     }
 }
 
-/// libcuda files mapped by the tree's processes (from the maps snapshots).
-fn libcuda_in_use(sink: &Sink) -> Vec<PathBuf> {
-    sink.mapped()
-        .filter(|r| {
-            std::path::Path::new(&r.path)
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so"))
-        })
-        .map(|r| PathBuf::from(&r.path))
-        .collect()
+/// Largest libcuda read to find its functions (a real one is ~50–100 MiB).
+const LIBCUDA_MAX: u64 = 1 << 30;
+
+/// libcuda files mapped by the tree's processes (from the maps snapshots),
+/// once per file: each is named by a mapping of it
+/// (`/proc/PID/map_files/…`), the inode the process mapped, never by the
+/// path its maps show (in its mount namespace another file than in ours,
+/// or by now a FIFO or a file of any size).
+fn libcuda_in_use(sink: &Sink) -> Vec<(PathBuf, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (pid, r) in sink.mapped() {
+        let named = std::path::Path::new(&r.path)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so"));
+        if !named {
+            continue;
+        }
+        let Ok(m) = crate::safe_fs::open_mapping(pid, r.start, r.end).and_then(|f| f.metadata())
+        else {
+            continue;
+        };
+        if m.len() > LIBCUDA_MAX || !seen.insert((m.dev(), m.ino())) {
+            continue;
+        }
+        out.push((
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", r.start, r.end)),
+            r.path.clone(),
+        ));
+    }
+    out
 }
 
 /// This process's CPU time and peak RSS so far (children excluded: the
@@ -445,19 +522,28 @@ fn gpu_environment(env: &mut Vec<(OsString, OsString)>) -> Result<gpu::GpuListen
     Ok(listener)
 }
 
-/// The output directory: `-o DIR`, or `gapscope-<pid>-<time>/` here.
-pub fn default_out_dir(pid: u32) -> PathBuf {
+/// The name of a run's directory when `-o` names none:
+/// `gapscope-<pid>-<time>`.
+pub fn default_out_name(pid: u32) -> String {
     let stamp = clock::utc(clock::realtime_ns())
         .trim_end_matches(" UTC")
         .replace(['-', ':'], "")
         .replace(' ', "-");
-    PathBuf::from(format!("gapscope-{pid}-{stamp}"))
+    format!("gapscope-{pid}-{stamp}")
 }
 
+/// The session of a run: in `-o DIR`, or in a directory made fresh here
+/// (never one that exists already: it could be planted).
 fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordError> {
-    let dir = opts.out_dir.clone().unwrap_or_else(|| default_out_dir(pid));
-    crate::output::create_dir(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
-    Ok(SessionWriter::create(&dir.join(FILE_NAME))?)
+    let dir = match &opts.out_dir {
+        Some(d) => OutDir::named(d).map_err(io_err(format!("creating {}", d.display())))?,
+        None => {
+            let name = default_out_name(pid);
+            OutDir::fresh(std::path::Path::new("."), &name)
+                .map_err(io_err(format!("creating {name}")))?
+        }
+    };
+    Ok(SessionWriter::create_in(Arc::new(dir), FILE_NAME)?)
 }
 
 /// Brings the CUPTI shim into the tree's GPU processes that run without
@@ -465,12 +551,12 @@ fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordE
 /// cannot, says why (they are then watched with uprobes).
 /// GPU activity of an injected process exists only from when its shim
 /// records: the time before is marked unseen (by its stream), never idle.
-fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>) {
+fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>, limits: &inject::Limits) {
     let mut pids: Vec<u32> = sink
         .live
         .iter()
         .copied()
-        .filter(|&p| inject::gpu_process(p))
+        .filter(|&p| !sink.withheld.contains(&p) && inject::gpu_process(p))
         .collect();
     if pids.is_empty() {
         return;
@@ -484,7 +570,7 @@ fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>) {
     };
     pids.sort_unstable();
     for pid in pids {
-        match inject::inject(pid, &shim, inject::Limits::default()) {
+        match inject::inject(pid, &shim, limits.clone()) {
             Ok(inject::Outcome::Injected(i)) => {
                 sink.push(Record::ShimInjected(crate::session::ShimInjected {
                     pid,
@@ -535,8 +621,9 @@ fn push_thread_io(sink: &mut Sink, pid: u32, tid: u32, start: bool) {
     }
 }
 
-/// Writes what is known of a process that existed before recording.
-fn seed_process(sink: &mut Sink, pid: u32) {
+/// Writes what is known of a process that existed before recording; its
+/// open files and memory maps only if `whole` (see `Sink::judge`).
+fn seed_process(sink: &mut Sink, pid: u32, whole: bool) {
     if let Some(info) = procfs::process_info(pid) {
         sink.push(Record::Process(info));
     }
@@ -545,6 +632,9 @@ fn seed_process(sink: &mut Sink, pid: u32) {
             sink.push(Record::Thread(seed));
         }
         push_thread_io(sink, pid, tid, true);
+    }
+    if !whole {
+        return;
     }
     for fd in procfs::fd_paths(pid) {
         sink.push(Record::FdPath(fd));
@@ -601,6 +691,7 @@ async fn event_loop(
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut status = status::StatusLine::new(opts.status_line);
     read_cpu_idle(&mut sink);
+    install_python(tracer, &mut sink);
     // The header and seeds go to disk now: a crash from here on still leaves
     // a readable session.
     sink.writer.flush()?;
@@ -650,6 +741,7 @@ async fn event_loop(
                     status.update(started.elapsed(), sink.events, drops, sink.live.len());
                 }
             }
+            _ = tokio::time::sleep(PYTHON_POLL), if sink.watching_python() => sink.poll_python(),
             Some(record) = gpu_rx.recv() => route(&mut sink, closing.as_mut(), record),
             _ = exited.readable() => break StopReason::TargetExited,
             _ = sleep_until(deadline) => break StopReason::Duration,
@@ -697,13 +789,28 @@ async fn event_loop(
                 }
             }
         }
+        install_python(tracer, &mut sink);
         if sink.error.is_some() {
             break StopReason::Interrupted;
         }
     };
     status.clear();
-    // The window ends now, not after the GPU streams have drained below.
-    let end_ns = clock::monotonic_ns();
+    // Another signal from here on gives up on the symbols still being read.
+    sink.give_up = Some(signals.arm());
+    // The window ends now, not after the GPU streams have drained below;
+    // a target that exited ended it when the kernel saw it leave, however
+    // late a busy loop got to its pidfd (under load, tens of ms: a longer
+    // job than the one recorded).
+    let now_ns = clock::monotonic_ns();
+    let end_ns = match reason {
+        StopReason::TargetExited => {
+            tracer.drain(|b| sink.handle(b));
+            sink.target_exited_ns
+                .filter(|&t| t >= sink.window_start && t <= now_ns)
+                .unwrap_or(now_ns)
+        }
+        _ => now_ns,
+    };
     read_cpu_idle(&mut sink);
     sink.cpu_while_recording = own_cost().cpu_ns.saturating_sub(window_cpu_from);
 
@@ -730,6 +837,22 @@ async fn event_loop(
         }
     }
     finish(tracer, sink, end_ns, reason, exit_code, target_left_running)
+}
+
+/// How often a python just exec'd is looked at until its libpython is
+/// mapped.
+const PYTHON_POLL: Duration = Duration::from_millis(2);
+
+/// Tells the kernel side where the frames of the CPython processes the sink
+/// found since the last call are.
+fn install_python(tracer: &mut Tracer, sink: &mut Sink) {
+    for (pid, py) in sink.take_python() {
+        if let Err(e) = tracer.set_python(pid, &py) {
+            sink.push(Record::Note(format!(
+                "process {pid}: its Python frames cannot be walked ({e})"
+            )));
+        }
+    }
 }
 
 /// A GPU-side record to the window it belongs in: while the window cut last
@@ -779,7 +902,8 @@ fn cut(
     header.mode = Mode::Window;
     sink.push(Record::Header(header));
     for &pid in &live {
-        seed_process(sink, pid);
+        let whole = !sink.withheld.contains(&pid);
+        seed_process(sink, pid, whole);
     }
     let alive: std::collections::HashSet<u32> = live.iter().copied().collect();
     let sticky = sink
@@ -812,12 +936,15 @@ fn seal(tracer: &mut Tracer, sink: &mut Sink, cpu_ns: u64) -> Drops {
         .drops()
         .map(|d| sink.drops_record(&d))
         .unwrap_or_default();
-    sink.finish_symbols();
+    // The counters at the window's end, before the symbols (which take
+    // long under load, while a process that outlives the recording reads
+    // on: a test's target was counted a 4 MiB pass past the window).
     for pid in sorted(&sink.live) {
         for tid in procfs::threads(pid) {
             push_thread_io(sink, pid, tid, false);
         }
     }
+    sink.finish_symbols();
     sink.push(Record::Cost(crate::session::CollectorCost {
         cpu_ns,
         peak_rss_bytes: own_cost().peak_rss_bytes,
@@ -872,10 +999,12 @@ fn finish(
         return Err(e.into());
     }
     let session = sink.writer.path().to_path_buf();
+    let dir = sink.writer.dir().clone();
     let events = sink.events;
     sink.writer.finish()?;
     Ok(Recording {
         session,
+        dir,
         reason,
         exit_code,
         events,

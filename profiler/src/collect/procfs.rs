@@ -32,6 +32,66 @@ pub fn owner_uid(pid: u32) -> Option<u32> {
     fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
 }
 
+/// `buf.len()` bytes of process `pid`'s memory at `addr`.
+pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: the local iovec covers `buf`; the remote one is only read.
+    let n = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
+    match n {
+        n if n as usize == buf.len() => Ok(()),
+        -1 => Err(std::io::Error::last_os_error()),
+        _ => Err(std::io::ErrorKind::UnexpectedEof.into()),
+    }
+}
+
+/// Who a process runs as: its user and group ids as the kernel lists them
+/// (real, effective, saved, file system) and the owner of its /proc entry
+/// (root when the kernel marks it not dumpable).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uids: Vec<u32>,
+    pub gids: Vec<u32>,
+    pub owner: u32,
+}
+
+impl Credentials {
+    /// Whether it runs as `uid` and nothing more: every user id that, one
+    /// group throughout (not setgid), and dumpable.
+    pub fn all_of(&self, uid: u32) -> bool {
+        !self.uids.is_empty()
+            && self.uids.iter().all(|&u| u == uid)
+            && self.gids.windows(2).all(|w| w[0] == w[1])
+            && self.owner == uid
+    }
+}
+
+pub fn credentials(pid: u32) -> Option<Credentials> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = |key: &str| -> Vec<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| {
+                v.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Some(Credentials {
+        uids: ids("Uid:"),
+        gids: ids("Gid:"),
+        owner: owner_uid(pid)?,
+    })
+}
+
 /// `root` and every process below it, breadth first.
 pub fn descendants(root: u32) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
@@ -95,6 +155,12 @@ pub fn process_info(pid: u32) -> Option<ProcessInfo> {
 pub fn thread_seed(pid: u32, tid: u32) -> Option<ThreadSeed> {
     let base = format!("/proc/{pid}/task/{tid}");
     let (comm, state, _) = stat_of(Path::new(&format!("{base}/stat")))?;
+    // A zombie (a worker that finished and waits to be reaped) runs no code
+    // and holds no CPU: seeded, it would read as a thread running for the
+    // whole recording, one that kept the CPU from the threads waiting.
+    if matches!(state, 'Z' | 'X' | 'x') {
+        return None;
+    }
     // "<nr> <arg0> ..." while in a syscall, "running" or "-1 ..." otherwise.
     let syscall_line = fs::read_to_string(format!("{base}/syscall")).unwrap_or_default();
     let mut fields = syscall_line.split_whitespace();
@@ -262,6 +328,24 @@ pub fn parse_maps(text: &str) -> Vec<MapRange> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child that exited and was not reaped yet is no thread to record.
+    #[test]
+    fn a_zombie_is_not_seeded() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let zombie =
+            || stat_of(Path::new(&format!("/proc/{pid}/stat"))).is_some_and(|s| s.1 == 'Z');
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !zombie() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(zombie());
+        assert_eq!(thread_seed(pid, pid), None);
+        child.wait().unwrap();
+        let me = std::process::id();
+        assert!(thread_seed(me, me).is_some());
+    }
 
     #[test]
     fn io_counters_of_this_thread_follow_its_reads() {

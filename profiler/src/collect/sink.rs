@@ -13,6 +13,7 @@
 //! at the end; some Symbols records just come earlier in the file.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bpf::{abi, decode};
@@ -46,6 +47,11 @@ const DEAD_BATCH: usize = 64;
 /// after that record (microseconds; one drain later at most).
 const DEAD_GRACE: Duration = Duration::from_secs(1);
 
+/// The most a recording's end waits for its last symbols: reading a
+/// target's files may hang (a FUSE file system it mounted); the session is
+/// whole without them.
+const SYMBOLS_AT_END: Duration = Duration::from_secs(60);
+
 /// Maps snapshots kept per process. A process that keeps mapping new code
 /// (a JIT) gets a new snapshot whenever a stack falls outside the last one,
 /// up to one per [`MAPS_REFRESH`]; past this many, its waiting stacks are
@@ -53,6 +59,10 @@ const DEAD_GRACE: Duration = Duration::from_secs(1);
 /// every address it can still have on a stack. 32 snapshots of a few
 /// hundred ranges are a few MiB at most.
 const MAX_SNAPSHOTS: usize = 32;
+
+/// How long after its exec a python is watched for its libpython (the
+/// loader maps it within milliseconds).
+const PYTHON_WATCH: Duration = Duration::from_secs(1);
 
 /// What is kept of one process of the tree.
 #[derive(Default)]
@@ -62,8 +72,15 @@ struct ProcState {
     snapshots: Vec<Vec<MapRange>>,
     /// When its maps were last read.
     read_at: Option<Instant>,
+    /// The same, on the recording's clock (CLOCK_MONOTONIC ns).
+    read_ns: u64,
     /// When it exited.
     exited: Option<Instant>,
+    /// Its mapped files and perf map, held from when first read (None
+    /// until its maps are read).
+    files: Option<symbolize::ProcFiles>,
+    /// The CPython found in it since its last exec (None: none found yet).
+    python: Option<Option<super::python::Found>>,
 }
 
 pub struct Sink {
@@ -83,6 +100,8 @@ pub struct Sink {
     pub malformed: u64,
     /// The target's exit code as the kernel reported it (shell style).
     pub target_exit: Option<i32>,
+    /// When the kernel saw the target's last thread leave.
+    pub target_exited_ns: Option<u64>,
     /// First write error; recording stops when set.
     pub error: Option<SessionError>,
     /// Live processes whose libcuda calls the uprobes have seen.
@@ -103,14 +122,24 @@ pub struct Sink {
     /// (cumulative), and as counted when this window began.
     gpu_drops_seen: HashMap<u32, (u64, u64)>,
     gpu_drops_base: HashMap<u32, (u64, u64)>,
-    /// Remove the perf maps CPython writes, once their processes have
-    /// exited and been symbolized: gapscope turned the trampoline on, and a
-    /// job that forks DataLoader workers every epoch would otherwise fill
-    /// /tmp with them.
-    pub tidy_perf_maps: bool,
-    /// Exited processes whose perf maps go once the symbol batches handed
-    /// over until then are done (the last that could read them).
-    perf_maps_after: Vec<(u64, u32)>,
+    /// Mapped files held open, by inode, shared between processes.
+    inodes: symbolize::Inodes,
+    /// Under the sudo rule (the invoking user's processes only): that user.
+    /// A process of the tree with other credentials (a setuid program a
+    /// child ran) is recorded without its address space: no maps, stacks,
+    /// files or perf map of it reach the session.
+    pub guard: Option<u32>,
+    /// Processes recorded without their address space (see `guard`).
+    pub withheld: HashSet<u32>,
+    /// When symbolizing at the end gives up (a second signal).
+    pub give_up: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Look for CPython in the processes and walk their frames.
+    pub python_frames: bool,
+    /// CPython processes found and not yet told to the kernel side.
+    python_new: Vec<(u32, abi::PyProc)>,
+    /// Pythons just exec'd whose libpython is not mapped yet, until when
+    /// they are looked at again ([`Sink::poll_python`]).
+    python_watch: HashMap<u32, Instant>,
     batches_submitted: u64,
     batches_done: u64,
 }
@@ -128,6 +157,7 @@ impl Sink {
             events: 0,
             malformed: 0,
             target_exit: None,
+            target_exited_ns: None,
             error: None,
             uprobed: HashSet::new(),
             cpu_while_recording: 0,
@@ -138,33 +168,42 @@ impl Sink {
             malformed_base: 0,
             gpu_drops_seen: HashMap::new(),
             gpu_drops_base: HashMap::new(),
-            tidy_perf_maps: false,
-            perf_maps_after: Vec::new(),
+            inodes: symbolize::Inodes::new(),
+            guard: None,
+            withheld: HashSet::new(),
+            give_up: None,
+            python_frames: true,
+            python_new: Vec::new(),
+            python_watch: HashMap::new(),
             batches_submitted: 0,
             batches_done: 0,
         }
     }
 
-    /// `pids` have exited: their perf maps may go once every symbol batch
-    /// handed over so far is done.
-    fn perf_maps_done(&mut self, pids: &[u32]) {
-        if self.tidy_perf_maps {
-            let after = self.batches_submitted;
-            self.perf_maps_after
-                .extend(pids.iter().map(|&pid| (after, pid)));
-        }
+    /// Lets go of the files no process or batch holds any more.
+    fn tidy(&mut self) {
+        self.inodes.retain(|_, f| f.strong_count() > 0);
     }
 
-    /// Removes the perf maps no batch still needs.
-    fn tidy(&mut self) {
-        let done = self.batches_done;
-        self.perf_maps_after.retain(|&(after, pid)| {
-            if after > done {
-                return true;
-            }
-            symbolize::remove_python_perf_map(pid);
-            false
-        });
+    /// Whether process `pid` may be recorded with its address space: under
+    /// the sudo rule, only if every id of it is the invoking user's and the
+    /// kernel lets that user look into it (dumpable). Judged when it is
+    /// first seen and whenever it execs (a setuid program changes them).
+    pub fn judge(&mut self, pid: u32) -> bool {
+        let Some(uid) = self.guard else {
+            return true;
+        };
+        let ok = procfs::credentials(pid).is_some_and(|c| c.all_of(uid));
+        if !ok && self.withheld.insert(pid) {
+            // Whatever was kept of it before goes unwritten.
+            self.procs.remove(&pid);
+            self.stacks.retain(|_, s| s.pid != pid);
+            self.push(Record::Note(format!(
+                "process {pid} runs with other credentials than yours (setuid, or another \
+                 user's): recorded without its stacks and memory maps"
+            )));
+        }
+        ok
     }
 
     pub fn push(&mut self, mut record: Record) {
@@ -202,20 +241,107 @@ impl Sink {
         std::mem::replace(&mut self.writer, writer)
     }
 
-    /// Every executable mapping of the snapshots held now.
-    pub fn mapped(&self) -> impl Iterator<Item = &MapRange> {
-        self.procs
-            .values()
-            .flat_map(|p| &p.snapshots)
-            .flat_map(|ranges| ranges.iter())
+    /// Every executable mapping of the snapshots held now, with its pid.
+    pub fn mapped(&self) -> impl Iterator<Item = (u32, &MapRange)> {
+        self.procs.iter().flat_map(|(&pid, p)| {
+            p.snapshots
+                .iter()
+                .flat_map(move |ranges| ranges.iter().map(move |r| (pid, r)))
+        })
     }
 
-    /// Snapshots a process's executable mappings now.
+    /// Snapshots a process's executable mappings now, holding the files
+    /// they map open for symbolization.
     pub fn snapshot_maps(&mut self, pid: u32) {
-        self.procs.entry(pid).or_default().read_at = Some(Instant::now());
-        if let Some(ranges) = procfs::exec_maps(pid) {
+        if self.withheld.contains(&pid) {
+            return;
+        }
+        let read_ns = crate::clock::monotonic_ns();
+        let ranges = procfs::exec_maps(pid);
+        self.snapshot_of(pid, ranges, read_ns);
+    }
+
+    /// Whether a python just exec'd is being watched for its libpython.
+    pub fn watching_python(&self) -> bool {
+        !self.python_watch.is_empty()
+    }
+
+    /// Looks again at each python just exec'd whose interpreter is in a
+    /// libpython the loader had not mapped yet: found within milliseconds
+    /// of its exec, before it runs a line of Python (a stack that fell
+    /// outside its maps would find it too, but only on a later capture,
+    /// and a thread that blocks for good at start-up makes none).
+    pub fn poll_python(&mut self) {
+        let now = Instant::now();
+        let watched: Vec<(u32, Instant)> =
+            self.python_watch.iter().map(|(&p, &d)| (p, d)).collect();
+        for (pid, deadline) in watched {
+            let done = match self.procs.get(&pid) {
+                Some(p) => p.exited.is_some() || p.python.is_some() || now >= deadline,
+                None => true,
+            };
+            if done {
+                self.python_watch.remove(&pid);
+                continue;
+            }
+            let read_ns = crate::clock::monotonic_ns();
+            let Some(ranges) = procfs::exec_maps(pid) else {
+                self.python_watch.remove(&pid);
+                continue;
+            };
+            let last = self.procs.get(&pid).and_then(|p| p.snapshots.last());
+            if last != Some(&ranges) {
+                self.snapshot_of(pid, Some(ranges), read_ns);
+            }
+        }
+    }
+
+    fn snapshot_of(&mut self, pid: u32, ranges: Option<Vec<MapRange>>, read_ns: u64) {
+        let p = self.procs.entry(pid).or_default();
+        p.read_at = Some(Instant::now());
+        p.read_ns = read_ns;
+        if let Some(ranges) = ranges {
+            let files = p.files.get_or_insert_with(|| symbolize::ProcFiles::of(pid));
+            files.hold(pid, &ranges, &mut self.inodes);
+            // Looked for again at each snapshot until found: right after an
+            // exec the loader may not have mapped libpython yet.
+            if self.python_frames && p.python.is_none() {
+                let found = super::python::discover(pid, &ranges, |r| files.file(r.start, r.end));
+                if found.is_some() {
+                    p.python = Some(found.clone());
+                    self.python_found(pid, found.as_ref());
+                } else if super::python::awaits_libpython(&ranges) {
+                    self.python_watch
+                        .entry(pid)
+                        .or_insert_with(|| Instant::now() + PYTHON_WATCH);
+                }
+            }
             self.store_maps(ProcMaps { pid, ranges });
         }
+    }
+
+    /// What was found of CPython in process `pid`: the kernel side is told
+    /// where its frames are, or the session why they cannot be walked.
+    fn python_found(&mut self, pid: u32, found: Option<&super::python::Found>) {
+        match found {
+            Some(super::python::Found::Python { proc, .. }) => self.python_new.push((pid, *proc)),
+            Some(super::python::Found::Unsupported { version, why }) => {
+                let v = version.map_or(String::new(), |(a, b)| format!(" {a}.{b}"));
+                self.push(Record::Note(format!(
+                    "Python{v} (pid {pid}): its Python functions are not in the stacks: {why}"
+                )));
+            }
+            None => {}
+        }
+    }
+
+    /// CPython processes found since the last call, to tell the kernel side:
+    /// those that have not exited (whose entry the kernel side removed at
+    /// the exit, and whose pid may be another process's next).
+    pub fn take_python(&mut self) -> Vec<(u32, abi::PyProc)> {
+        let mut found = std::mem::take(&mut self.python_new);
+        found.retain(|(pid, _)| self.procs.get(pid).is_none_or(|p| p.exited.is_none()));
+        found
     }
 
     fn store_maps(&mut self, maps: ProcMaps) {
@@ -228,8 +354,8 @@ impl Sink {
         p.snapshots.push(maps.ranges);
         if p.snapshots.len() > MAX_SNAPSHOTS {
             let stacks = self.take_stacks(|s| !s.kernel && s.pid == pid);
-            let maps = self.maps_of(stacks.values());
-            self.submit(stacks, maps);
+            let (maps, files) = self.maps_of(stacks.values());
+            self.submit(stacks, maps, files);
             let p = self.procs.get_mut(&pid).expect("stored above");
             p.snapshots.drain(..p.snapshots.len() - 1);
         }
@@ -246,6 +372,23 @@ impl Sink {
 
     /// Handles one raw ring-buffer record.
     pub fn handle(&mut self, bytes: &[u8]) {
+        if abi::read::<abi::Header>(bytes).is_some_and(|h| h.kind == abi::kind::PYCODE) {
+            self.events += 1;
+            match super::bpf::decode_pycode(bytes) {
+                Some((pid, code, c)) => {
+                    if !self.withheld.contains(&pid) {
+                        self.procs
+                            .entry(pid)
+                            .or_default()
+                            .files
+                            .get_or_insert_with(symbolize::ProcFiles::default)
+                            .describe(code, c);
+                    }
+                }
+                None => self.malformed += 1,
+            }
+            return;
+        }
         let Some((record, extra)) = decode(bytes) else {
             self.malformed += 1;
             return;
@@ -260,6 +403,7 @@ impl Sink {
     fn handle_record(&mut self, record: Record) {
         self.events += 1;
         match &record {
+            Record::Stack(s) if self.withheld.contains(&s.pid) => {}
             Record::Stack(s) if !s.kernel => {
                 let (exited, fresh) = match self.procs.get(&s.pid) {
                     Some(p) => (
@@ -276,6 +420,7 @@ impl Sink {
             }
             Record::Stack(s) => self.pend(s.clone()),
             Record::Event(Event::Fork {
+                ts,
                 pid,
                 parent_pid,
                 thread: false,
@@ -283,7 +428,7 @@ impl Sink {
                 ..
             }) => {
                 self.live.insert(*pid);
-                let (pid, parent_pid, comm) = (*pid, *parent_pid, comm.clone());
+                let (ts, pid, parent_pid, comm) = (*ts, *pid, *parent_pid, comm.clone());
                 // A pid used again: the process that had it is gone, and
                 // its stacks are symbolized with its own maps first.
                 if self.procs.get(&pid).is_some_and(|p| p.exited.is_some()) {
@@ -296,14 +441,36 @@ impl Sink {
                     comm,
                     argv: Vec::new(),
                 }));
+                if !self.judge(pid) {
+                    return;
+                }
                 // A fork starts with its parent's mappings: inherit the
-                // snapshot so a child that exits quickly still symbolizes.
-                let inherited = self
-                    .procs
-                    .get(&parent_pid)
-                    .and_then(|p| p.snapshots.last())
-                    .cloned();
-                if let Some(ranges) = inherited {
+                // snapshot so a child that exits quickly still symbolizes —
+                // if it was read before the fork. Maps are read when their
+                // event is handled, which can be after the parent exec'd
+                // again (a shell script that forks subshells, then execs
+                // python: its subshells are no Python processes).
+                let inherited = self.procs.get(&parent_pid).and_then(|p| {
+                    if p.read_ns > ts {
+                        return None;
+                    }
+                    Some((
+                        p.snapshots.last()?.clone(),
+                        p.files.as_ref().map(|f| f.forked(pid)),
+                        p.python.clone(),
+                    ))
+                });
+                if let Some((ranges, files, python)) = inherited {
+                    // Its interpreter is its parent's, at the same
+                    // addresses: the kernel side copied it at the fork,
+                    // unless the parent was found after the fork (then
+                    // it is told here).
+                    if let Some(Some(super::python::Found::Python { proc, .. })) = &python {
+                        self.python_new.push((pid, *proc));
+                    }
+                    let child = self.procs.entry(pid).or_default();
+                    child.files = files;
+                    child.python = python;
                     self.store_maps(ProcMaps { pid, ranges });
                 }
                 return;
@@ -314,7 +481,16 @@ impl Sink {
                 if let Some(info) = procfs::process_info(pid) {
                     self.push(Record::Process(info));
                 }
-                self.snapshot_maps(pid);
+                // An exec may change who it runs as; what its maps held
+                // before is another program's.
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.files = None;
+                    p.python = None;
+                }
+                self.python_watch.remove(&pid);
+                if self.judge(pid) {
+                    self.snapshot_maps(pid);
+                }
                 return;
             }
             Record::Event(Event::CudaCall { pid, .. }) if self.uprobed.insert(*pid) => {
@@ -333,6 +509,7 @@ impl Sink {
                 }));
             }
             Record::Event(Event::Exit {
+                ts,
                 pid,
                 status,
                 group_dead: true,
@@ -343,6 +520,7 @@ impl Sink {
                 self.procs.entry(*pid).or_default().exited = Some(Instant::now());
                 if *pid == self.target_pid {
                     self.target_exit = Some(launch::exit_code_of(*status));
+                    self.target_exited_ns = Some(*ts);
                 }
             }
             _ => {}
@@ -373,8 +551,8 @@ impl Sink {
             self.snapshot_maps(pid);
         }
         let stacks = std::mem::take(&mut self.stacks);
-        let maps = self.maps_of(stacks.values());
-        self.submit(stacks, maps);
+        let (maps, files) = self.maps_of(stacks.values());
+        self.submit(stacks, maps, files);
     }
 
     /// Removes and returns the waiting stacks that `f` selects.
@@ -391,20 +569,33 @@ impl Sink {
             .collect()
     }
 
-    /// The snapshots of the processes whose user stacks these are.
-    fn maps_of<'a>(&self, stacks: impl Iterator<Item = &'a Stack>) -> Vec<ProcMaps> {
+    /// The snapshots and files of the processes whose user stacks these
+    /// are.
+    fn maps_of<'a>(
+        &self,
+        stacks: impl Iterator<Item = &'a Stack>,
+    ) -> (Vec<ProcMaps>, HashMap<u32, symbolize::ProcFiles>) {
         let mut pids: Vec<u32> = stacks.filter(|s| !s.kernel).map(|s| s.pid).collect();
         pids.sort_unstable();
         pids.dedup();
-        pids.into_iter()
+        let procs: Vec<(u32, &ProcState)> = pids
+            .into_iter()
             .filter_map(|pid| Some((pid, self.procs.get(&pid)?)))
+            .collect();
+        let files = procs
+            .iter()
+            .filter_map(|(pid, p)| Some((*pid, p.files.clone()?)))
+            .collect();
+        let maps = procs
+            .into_iter()
             .flat_map(|(pid, p)| {
                 p.snapshots.iter().map(move |ranges| ProcMaps {
                     pid,
                     ranges: ranges.clone(),
                 })
             })
-            .collect()
+            .collect();
+        (maps, files)
     }
 
     /// Symbolizes the waiting stacks of exited processes `pids` and forgets
@@ -412,30 +603,52 @@ impl Sink {
     fn retire(&mut self, pids: &[u32]) {
         let set: HashSet<u32> = pids.iter().copied().collect();
         let stacks = self.take_stacks(|s| !s.kernel && set.contains(&s.pid));
-        let maps = self.forget(pids.iter().copied());
-        self.submit(stacks, maps);
-        self.perf_maps_done(pids);
+        let (maps, files) = self.forget(pids.iter().copied());
+        self.submit(stacks, maps, files);
     }
 
-    /// Forgets the processes `pids`, returning their maps snapshots.
-    fn forget(&mut self, pids: impl IntoIterator<Item = u32>) -> Vec<ProcMaps> {
-        pids.into_iter()
-            .filter_map(|pid| Some((pid, self.procs.remove(&pid)?)))
-            .flat_map(|(pid, p)| {
+    /// Forgets the processes `pids`, returning their maps snapshots and
+    /// files.
+    fn forget(
+        &mut self,
+        pids: impl IntoIterator<Item = u32>,
+    ) -> (Vec<ProcMaps>, HashMap<u32, symbolize::ProcFiles>) {
+        let mut files = HashMap::new();
+        let mut maps = Vec::new();
+        for pid in pids {
+            let Some(p) = self.procs.remove(&pid) else {
+                continue;
+            };
+            if let Some(f) = p.files {
+                files.insert(pid, f);
+            }
+            maps.extend(
                 p.snapshots
                     .into_iter()
-                    .map(move |ranges| ProcMaps { pid, ranges })
-            })
-            .collect()
+                    .map(move |ranges| ProcMaps { pid, ranges }),
+            );
+        }
+        (maps, files)
     }
 
-    fn submit(&mut self, stacks: HashMap<u64, Stack>, maps: Vec<ProcMaps>) {
+    /// The worker to symbolize batches on, started before the sink (when
+    /// None, one is started at the first batch).
+    pub fn symbolize_with(&mut self, worker: Option<symbolize::Worker>) {
+        self.symbolizer = worker;
+    }
+
+    fn submit(
+        &mut self,
+        stacks: HashMap<u64, Stack>,
+        maps: Vec<ProcMaps>,
+        files: HashMap<u32, symbolize::ProcFiles>,
+    ) {
         if stacks.is_empty() {
             return;
         }
         self.symbolizer
             .get_or_insert_with(symbolize::Worker::start)
-            .submit(stacks, maps);
+            .submit(stacks, maps, files);
         self.batches_submitted += 1;
     }
 
@@ -466,10 +679,9 @@ impl Sink {
                 .collect();
             let (with, without): (Vec<u32>, Vec<u32>) =
                 ripe.into_iter().partition(|pid| waiting.contains(pid));
-            for &pid in &without {
-                self.procs.remove(&pid);
+            for pid in &without {
+                self.procs.remove(pid);
             }
-            self.perf_maps_done(&without);
             if with.len() >= DEAD_BATCH {
                 self.retire(&with);
             }
@@ -481,7 +693,27 @@ impl Sink {
         let done = match (wait, &mut self.symbolizer) {
             (_, None) => return,
             (false, Some(w)) => w.ready(),
-            (true, Some(_)) => self.symbolizer.take().expect("matched").finish(),
+            (true, Some(_)) => {
+                let give_up = self.give_up.clone();
+                let stop = move || {
+                    give_up
+                        .as_ref()
+                        .is_some_and(|g| g.load(std::sync::atomic::Ordering::SeqCst))
+                };
+                let (done, left) = self
+                    .symbolizer
+                    .take()
+                    .expect("matched")
+                    .finish(Instant::now() + SYMBOLS_AT_END, &stop);
+                if left > 0 {
+                    self.push(Record::Note(format!(
+                        "symbolization stopped (a second signal, or {}s passed): {left} batch(es) \
+                         of stacks left without names",
+                        SYMBOLS_AT_END.as_secs()
+                    )));
+                }
+                done
+            }
         };
         self.batches_done += done.len() as u64;
         for symbols in done {
@@ -498,14 +730,8 @@ impl Sink {
         let stacks = std::mem::take(&mut self.stacks);
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
-        let exited: Vec<u32> = pids
-            .iter()
-            .copied()
-            .filter(|pid| self.procs[pid].exited.is_some())
-            .collect();
-        let maps = self.forget(pids);
-        self.submit(stacks, maps);
-        self.perf_maps_done(&exited);
+        let (maps, files) = self.forget(pids);
+        self.submit(stacks, maps, files);
         self.write_symbols(true);
     }
 
@@ -614,6 +840,31 @@ mod tests {
     /// most a batch of them, where keeping every process's stacks and maps
     /// to the end would hold all, and every stack still resolves through
     /// the maps of the process it came from.
+    /// A child inherits its parent's maps only if they were read before it
+    /// was forked: read later, they may be of a program the parent exec'd
+    /// since (a shell's subshells are not the python it became).
+    #[test]
+    fn a_child_inherits_only_maps_read_before_its_fork() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink_in(dir.path());
+        let parent = FAKE;
+        sink.live.insert(parent);
+        let forked_at = crate::clock::monotonic_ns();
+        sink.store_maps(ProcMaps {
+            pid: parent,
+            ranges: special(0x1000, "[python]".into()),
+        });
+        sink.procs.get_mut(&parent).unwrap().read_ns = forked_at + 1;
+        let mut early = fork(FAKE + 1, parent);
+        if let Record::Event(Event::Fork { ts, .. }) = &mut early {
+            *ts = forked_at;
+        }
+        sink.handle_record(early);
+        assert!(!sink.procs.contains_key(&(FAKE + 1)));
+        sink.handle_record(fork(FAKE + 2, parent));
+        assert_eq!(sink.procs[&(FAKE + 2)].snapshots.len(), 1);
+    }
+
     #[test]
     fn short_lived_processes_do_not_accumulate() {
         const PROCESSES: u64 = 10_000;
@@ -783,6 +1034,7 @@ mod tests {
                 pid,
                 ranges: special(0x1000, "[a]".into()),
             }],
+            &HashMap::new(),
         );
         let written: Vec<crate::session::Symbols> = crate::session::SessionReader::open(&path)
             .unwrap()

@@ -201,12 +201,14 @@ impl Closing {
             events: self.events,
         }));
         let session = self.writer.path().to_path_buf();
+        let dir = self.writer.dir().clone();
         let finished = match self.error.take() {
             Some(e) => Err(e),
             None => self.writer.finish(),
         };
         let _ = done.send(finished.map_err(RecordError::from).map(|()| Recording {
             session,
+            dir,
             reason: StopReason::Duration,
             exit_code: None,
             events: self.events,
@@ -219,9 +221,12 @@ impl Closing {
 /// The session file of a new window under `dir`.
 pub fn create(dir: &std::path::Path) -> Result<SessionWriter, RecordError> {
     let dir = window_dir(dir);
-    crate::output::create_dir(&dir)
+    let out = crate::output::OutDir::named(&dir)
         .map_err(super::io_err(format!("creating {}", dir.display())))?;
-    Ok(SessionWriter::create(&dir.join(FILE_NAME))?)
+    Ok(SessionWriter::create_in(
+        std::sync::Arc::new(out),
+        FILE_NAME,
+    )?)
 }
 
 #[cfg(test)]

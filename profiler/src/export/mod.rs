@@ -15,7 +15,6 @@ pub mod trace;
 pub use crate::units;
 
 use std::io::{self, Write};
-use std::path::Path;
 
 use crate::analyze::Analysis;
 pub use flame::FlameKind;
@@ -128,8 +127,11 @@ pub fn bundle_timeline_window(start: u64, end: u64) -> Option<(u64, u64)> {
 /// timeline beside the session; `exports: false` writes the text, markdown
 /// and JSON reports only. Returns a line for the user when the timeline
 /// covers part of the recording only.
-pub fn write_bundle(dir: &Path, v: &View, exports: bool) -> io::Result<Option<String>> {
-    use crate::output::write_file;
+pub fn write_bundle(
+    dir: &crate::output::OutDir,
+    v: &View,
+    exports: bool,
+) -> io::Result<Option<String>> {
     let a = v.analysis;
     let mut outputs = vec![
         ("report.txt".to_string(), Options::new(Format::Text)),
@@ -155,7 +157,7 @@ pub fn write_bundle(dir: &Path, v: &View, exports: bool) -> io::Result<Option<St
         ));
     }
     for (name, opts) in &outputs {
-        write_file(&dir.join(name), |mut w| write(v, opts, &mut w))?;
+        dir.write_file(name, |mut w| write(v, opts, &mut w))?;
     }
     if !exports {
         return Ok(None);
@@ -167,7 +169,7 @@ pub fn write_bundle(dir: &Path, v: &View, exports: bool) -> io::Result<Option<St
             secs(s),
             secs(e),
             secs(end),
-            dir.display()
+            dir.path().display()
         )
     }))
 }

@@ -29,6 +29,9 @@ pub struct Report {
     /// The idle time in the units a team budgets in (absent without GPU
     /// data).
     pub idle_cost: Option<IdleCost>,
+    /// The input pipeline by stage (absent where no sample was in input
+    /// code).
+    pub input_stages: Option<crate::analyze::stages::InputStages>,
     /// CUDA API time per host thread, from the GPU sources.
     pub cuda_api: Vec<ApiThread>,
     /// Host waits in CUDA synchronization calls, by kind.
@@ -238,6 +241,18 @@ pub struct ThreadReport {
     pub syscalls: Vec<SyscallReport>,
     pub on_cpu_stacks: Vec<StackReport>,
     pub off_cpu_stacks: Vec<StackReport>,
+    /// Its time on a CPU by the region of the job's code its samples were
+    /// in (analyze::code), most first; empty when no sample was in one.
+    pub code: Vec<CodeReport>,
+}
+
+/// A thread's samples in one region of the job's code.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CodeReport {
+    pub region: crate::analyze::code::Region,
+    pub samples: u64,
+    /// Its samples times the sampling period.
+    pub on_cpu_ns: u64,
 }
 
 pub use super::gpu_report::{ApiThread, GpuReport, SyncReport};
@@ -272,6 +287,7 @@ pub struct InjectionReport {
 /// them, addresses where it did not.
 struct Stacks<'a> {
     names: &'a Names,
+    rules: &'a crate::analyze::code::Rules,
 }
 
 impl Stacks<'_> {
@@ -287,6 +303,27 @@ impl Stacks<'_> {
             None => vec!["[stack lost]".into()],
         }
     }
+}
+
+/// A thread's samples by region of code, most first.
+fn code_regions(t: &ThreadTimeline, stacks: &Stacks, period_ns: u64) -> Vec<CodeReport> {
+    let mut by: HashMap<crate::analyze::code::Region, u64> = HashMap::new();
+    for (&(u, _), &n) in &t.samples {
+        let region = stacks.names.frames(u).and_then(|f| stacks.rules.stack(f));
+        if let Some(r) = region {
+            *by.entry(r).or_default() += n;
+        }
+    }
+    let mut out: Vec<CodeReport> = by
+        .into_iter()
+        .map(|(region, samples)| CodeReport {
+            region,
+            samples,
+            on_cpu_ns: samples * period_ns,
+        })
+        .collect();
+    out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.region.cmp(&b.region)));
+    out
 }
 
 fn frame_name(f: &Frame) -> String {
@@ -382,6 +419,7 @@ fn build_thread(t: &ThreadTimeline, stacks: &Stacks, period_ns: u64) -> ThreadRe
         syscalls,
         on_cpu_stacks,
         off_cpu_stacks,
+        code: code_regions(t, stacks, period_ns),
     }
 }
 
@@ -399,7 +437,10 @@ pub fn build(a: &Analysis) -> Report {
     let tl = &a.timeline;
     let facts = &a.facts;
     let header = &facts.header;
-    let stacks = Stacks { names: &a.names };
+    let stacks = Stacks {
+        names: &a.names,
+        rules: &a.code,
+    };
     let period_ns = 1_000_000_000 / header.sample_hz.max(1);
 
     let threads: Vec<ThreadReport> = tl
@@ -483,6 +524,7 @@ pub fn build(a: &Analysis) -> Report {
         },
         threads,
         idle_cost: IdleCost::of(&gpu.gpus),
+        input_stages: a.stages.clone(),
         gpus: gpu.gpus,
         recommendations: a.advice.recommendations.clone(),
         verdict: a.advice.verdict.clone(),

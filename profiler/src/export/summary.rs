@@ -159,6 +159,7 @@ fn blocks(r: &Report) -> Vec<Block> {
     }
     gpu_blocks(r, &mut b);
     advice_blocks(r, &mut b);
+    stage_blocks(r, &mut b);
 
     if !r.threads.is_empty() {
         b.push(Block::Heading(
@@ -206,6 +207,14 @@ fn blocks(r: &Report) -> Vec<Block> {
     if !sys.is_empty() {
         b.push(Block::Heading("Top syscalls by time".into()));
         b.push(Block::Bullets(sys));
+    }
+
+    let code = code_lines(r);
+    if !code.is_empty() {
+        b.push(Block::Heading(
+            "Time on a CPU by code (share of each thread's samples)".into(),
+        ));
+        b.push(Block::Bullets(code));
     }
 
     let on = top_stacks(r, |t| &t.on_cpu_stacks);
@@ -330,6 +339,40 @@ fn advice_blocks(r: &Report, b: &mut Vec<Block>) {
         bullets.extend(rec.evidence.iter().cloned());
         b.push(Block::Bullets(bullets));
     }
+}
+
+/// The input pipeline by stage, slowest first, with its top functions.
+fn stage_blocks(r: &Report, b: &mut Vec<Block>) {
+    let Some(st) = &r.input_stages else { return };
+    b.push(Block::Heading(format!(
+        "Input pipeline by stage ({} thread(s) ran input code)",
+        st.threads
+    )));
+    let lines = st
+        .stages
+        .iter()
+        .map(|s| {
+            let what = if s.stage == "read" {
+                "blocked reading files"
+            } else {
+                "on CPU"
+            };
+            let functions = s.functions_said();
+            format!(
+                "{} {:.1}% — {} {}{}",
+                s.stage,
+                s.pct,
+                units::duration(s.ns),
+                what,
+                if functions.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", functions.join(" · "))
+                }
+            )
+        })
+        .collect();
+    b.push(Block::Bullets(lines));
 }
 
 fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
@@ -564,6 +607,38 @@ fn thread_table(r: &Report) -> Table {
             format!("… and {hidden} shorter-lived or idle threads (all are in --format json)")
         }),
     }
+}
+
+/// Threads whose samples were in named regions of the job's code, most
+/// sampled first: each region's share of the thread's samples.
+fn code_lines(r: &Report) -> Vec<String> {
+    let mut threads: Vec<&ThreadReport> = r.threads.iter().filter(|t| !t.code.is_empty()).collect();
+    threads.sort_by_key(|t| std::cmp::Reverse(t.samples));
+    threads
+        .into_iter()
+        .take(MAX_DETAIL_THREADS)
+        .map(|t| {
+            let named: u64 = t.code.iter().map(|c| c.samples).sum();
+            let mut parts: Vec<String> = t
+                .code
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} {}",
+                        c.region.name(),
+                        units::percent(c.samples, t.samples)
+                    )
+                })
+                .collect();
+            if t.samples > named {
+                parts.push(format!(
+                    "other {}",
+                    units::percent(t.samples - named, t.samples)
+                ));
+            }
+            format!("{}: {}", who(t), parts.join(" · "))
+        })
+        .collect()
 }
 
 fn top_stacks(r: &Report, pick: impl Fn(&ThreadReport) -> &Vec<StackReport>) -> Vec<String> {

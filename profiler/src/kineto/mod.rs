@@ -49,6 +49,45 @@ fn cbid_of(domain: ApiDomain, name: &str) -> u32 {
     gapscope_cupti::cbid::cbid_of(domain, name).unwrap_or(u32::MAX)
 }
 
+/// The categories torch has written, 1.8 to today, by what they hold:
+/// PyTorch 1.8–1.10 wrote `Kernel`, `Memcpy`, `Memset`, `Runtime`,
+/// `Operator`; later ones `kernel`, `gpu_memcpy`, `cuda_runtime`, `cpu_op`…
+/// (the TensorBoard plugin reads them case-blind, as here). None: a
+/// category gapscope does not read.
+fn category(cat: &str) -> Option<&'static str> {
+    Some(match cat.to_ascii_lowercase().as_str() {
+        "kernel" => "kernel",
+        "gpu_memcpy" | "memcpy" => "gpu_memcpy",
+        "gpu_memset" | "memset" => "gpu_memset",
+        "cuda_runtime" | "runtime" => "cuda_runtime",
+        "cuda_driver" | "driver" => "cuda_driver",
+        "cpu_op" | "operator" => "cpu_op",
+        "python_function" | "python" => "python_function",
+        "user_annotation" => "user_annotation",
+        _ => return None,
+    })
+}
+
+/// Categories that carry nothing gapscope reads, counted apart from those it
+/// does not know: GPU-side copies of annotations, flow arrows, memory
+/// events, the trace's own marks.
+fn passed_over(cat: &str) -> bool {
+    matches!(
+        cat.to_ascii_lowercase().as_str(),
+        "gpu_user_annotation"
+            | "cuda_sync"
+            | "ac2g"
+            | "async"
+            | "trace"
+            | "cpu_instant_event"
+            | "memory"
+            | "overhead"
+    )
+}
+
+/// Distinct unknown categories counted (a trace could name millions).
+const UNKNOWN_CATEGORIES: usize = 32;
+
 /// Reads a trace into a session.
 pub fn import(path: &Path) -> Result<Session, KinetoError> {
     let mut s = Session::default();
@@ -67,10 +106,20 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
     let mut hi = 0u64;
     let mut cpu_pids: HashMap<u32, usize> = HashMap::new();
     let mut gpu_pids: Vec<u32> = Vec::new();
+    let mut unknown: BTreeMap<String, u64> = BTreeMap::new();
+    let mut gpu_work = 0u64;
     let meta = parse::read_events(path, |e| {
         if e.ph != "X" {
             return;
         }
+        let Some(cat) = category(&e.cat) else {
+            if !passed_over(&e.cat)
+                && (unknown.len() < UNKNOWN_CATEGORIES || unknown.contains_key(&e.cat))
+            {
+                *unknown.entry(e.cat.clone()).or_default() += 1;
+            }
+            return;
+        };
         let (Some(ts), dur) = (e.ts_ns(), e.dur_ns().unwrap_or(0)) else {
             return;
         };
@@ -84,7 +133,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         let device = args.device.unwrap_or(pid);
         let stream = args.stream.unwrap_or(tid);
         let context = args.context.unwrap_or(0);
-        let record = match e.cat.as_str() {
+        let record = match cat {
             "kernel" => {
                 let dim = |v: &Option<Vec<i64>>| {
                     let v = v.as_deref().unwrap_or(&[]);
@@ -129,7 +178,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
                 memory_kind: 0,
             }),
             "cuda_runtime" | "cuda_driver" => {
-                let domain = if e.cat == "cuda_runtime" {
+                let domain = if cat == "cuda_runtime" {
                     ApiDomain::Runtime
                 } else {
                     ApiDomain::Driver
@@ -147,7 +196,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             }
             "cpu_op" | "python_function" | "user_annotation" => {
                 *cpu_pids.entry(pid).or_default() += 1;
-                let (name, cat) = (intern(e.name), intern(e.cat));
+                let (name, cat) = (intern(e.name), intern(cat.to_string()));
                 s.host_ops.push(HostOp {
                     pid,
                     tid,
@@ -161,6 +210,9 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             _ => None,
         };
         if let Some(r) = record {
+            if !matches!(r, GpuRecord::Api { .. }) {
+                gpu_work += 1;
+            }
             if matches!(r, GpuRecord::Api { .. }) {
                 s.gpu.push((pid, r));
             } else {
@@ -179,6 +231,34 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             reason: "no complete events (ph \"X\") with timestamps".into(),
         });
     }
+    let unknown_note = (!unknown.is_empty()).then(|| {
+        let mut by: Vec<(&String, &u64)> = unknown.iter().collect();
+        by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let list: Vec<String> = by
+            .iter()
+            .take(8)
+            .map(|(c, n)| format!("{c:?} ×{n}"))
+            .collect();
+        format!(
+            "{} event(s) of categories gapscope does not read were left out: {}",
+            unknown.values().sum::<u64>(),
+            list.join(", ")
+        )
+    });
+    // A trace holding GPU activity in a form not read would otherwise be
+    // an empty report: the worst answer to a valid input.
+    if gpu_work == 0 {
+        return Err(KinetoError::Format {
+            path: path.display().to_string(),
+            reason: format!(
+                "no GPU activity (kernels, copies or memsets) in it{}",
+                unknown_note
+                    .as_ref()
+                    .map(|n| format!("; {n}"))
+                    .unwrap_or_default()
+            ),
+        });
+    }
     // The host process: the one with the most host-side events.
     let host = cpu_pids
         .iter()
@@ -191,10 +271,8 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         }
     }
     let mut names: BTreeMap<u32, String> = BTreeMap::new();
-    for d in &meta.device_properties {
-        if let (Some(id), Some(name)) = (d["id"].as_u64(), d["name"].as_str()) {
-            names.insert(id as u32, name.to_string());
-        }
+    for (id, name) in meta.devices {
+        names.insert(id as u32, name);
     }
     for (id, name) in names {
         s.gpu.push((host, GpuRecord::Device { id, name }));
@@ -210,14 +288,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let rank = meta
-        .distributed_info
-        .as_ref()
-        .and_then(|d| d["rank"].as_u64());
-    let world = meta
-        .distributed_info
-        .as_ref()
-        .and_then(|d| d["world_size"].as_u64());
+    let (rank, world) = (meta.rank, meta.world_size);
     s.header = Some(SessionHeader {
         gapscope_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: Mode::Kineto,
@@ -253,6 +324,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         s.rank = Some(crate::session::Rank { rank, world });
         s.notes.push(format!("rank {rank} of {world}"));
     }
+    s.notes.extend(unknown_note);
     s.notes.push(
         "imported from a PyTorch profiler trace: no off-CPU data, so input waits cannot be split into storage, \
          preprocessing or network, and CPU contention and blocked threads cannot be seen (record with \

@@ -86,11 +86,12 @@ pub fn resolve_path(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 
-    fn header() -> SessionHeader {
+    /// A header for sessions built in tests.
+    pub(crate) fn header() -> SessionHeader {
         SessionHeader {
             gapscope_version: "test".into(),
             mode: Mode::Run,

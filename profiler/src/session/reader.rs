@@ -11,9 +11,32 @@ use super::{
     CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_COMPRESSED, MAX_CHUNK_RAW,
 };
 
+/// How many times the bytes read so far a session's chunks may unpack to,
+/// all together. The writer's chunks (postcard records through zstd level
+/// 3) unpack 5.0 times in the golden recording (5.6 its most compressible
+/// chunk), 3.4 in gs-synth's sessions, and 9.7 for the most regular stream
+/// a recorder could write (a wakeup every nanosecond). Only records that
+/// repeat exactly, which no recording writes (each event has its own time),
+/// go far past it: 32 Mi empty notes compress 12 000 times.
+const MAX_RATIO: u64 = 64;
+/// What any file may unpack to whatever its size: a small file's ratio
+/// (one short chunk, zstd's fixed overhead) says little.
+const FREE_RAW: u64 = 4 << 20;
+/// Bytes of frames a file's symbol records may expand to (every stack
+/// holds a copy of its frames), per byte of the file, and whatever its
+/// size: one 64 KiB name indexed a million times would be 64 GiB.
+const MAX_SYMBOL_RATIO: u64 = 1024;
+const FREE_SYMBOLS: u64 = 64 << 20;
+/// Distinct notes kept, and the longest kept whole: a recording writes a
+/// few per process it saw, each a line.
+const MAX_NOTES: usize = 256;
+const MAX_NOTE_LEN: usize = 4 << 10;
+
 /// Streams records out of a session file. A damaged or cut-off tail ends the
 /// stream and is reported through [`SessionReader::truncated`], never as a
-/// panic: everything before it is still good.
+/// panic: everything before it is still good. A file that would unpack to
+/// far more than a recording does ends it too, before the chunk is
+/// unpacked, and is reported through [`SessionReader::refused`].
 pub struct SessionReader {
     input: BufReader<File>,
     path: PathBuf,
@@ -21,6 +44,9 @@ pub struct SessionReader {
     chunk: Vec<u8>,
     pos: usize,
     truncated: Option<String>,
+    refused: Option<String>,
+    /// Raw bytes of the chunks read so far.
+    unpacked: u64,
     done: bool,
 }
 
@@ -54,6 +80,8 @@ impl SessionReader {
             chunk: Vec::new(),
             pos: 0,
             truncated: None,
+            refused: None,
+            unpacked: 0,
             done: false,
         })
     }
@@ -61,6 +89,25 @@ impl SessionReader {
     /// Why the stream ended early, if it did.
     pub fn truncated(&self) -> Option<&str> {
         self.truncated.as_deref()
+    }
+
+    /// Why the stream was cut short on purpose, if it was: the file
+    /// unpacks to more than any recording does.
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    /// [`SessionReader::refused`] as the error a reader of the whole file
+    /// returns.
+    fn refusal(&self) -> Option<SessionError> {
+        self.refused
+            .as_ref()
+            .map(|why| refused(self.path.clone(), why.clone()))
+    }
+
+    /// Bytes of the file read so far (its header and whole chunks).
+    pub fn bytes_read(&self) -> u64 {
+        self.offset
     }
 
     fn stop(&mut self, why: String) {
@@ -127,6 +174,21 @@ impl SessionReader {
             self.stop(format!("undecodable chunk at byte {}", self.offset));
             return false;
         }
+        // Checked once the size is known to be the frame's own (a flipped
+        // bit in the header is damage, above, not a bomb), and before
+        // anything is unpacked.
+        let read = self.offset + (CHUNK_HEADER_LEN + len as usize) as u64;
+        let unpacked = self.unpacked + u64::from(raw_len);
+        if unpacked > read.saturating_mul(MAX_RATIO).saturating_add(FREE_RAW) {
+            self.refused = Some(format!(
+                "refused: its first {read} bytes would unpack to {unpacked}, more than \
+                 {MAX_RATIO} times as many (recordings unpack 3-10 times): a decompression \
+                 bomb, not a recording"
+            ));
+            self.done = true;
+            return false;
+        }
+        self.unpacked = unpacked;
         match zstd::bulk::decompress(&compressed, raw_len as usize) {
             Ok(raw) if raw.len() == raw_len as usize => self.chunk = raw,
             _ => {
@@ -246,7 +308,7 @@ pub fn check(path: &Path) -> Result<(), SessionError> {
     match reader.next() {
         Some(Record::Header(_)) => Ok(()),
         Some(_) => Err(SessionError::NoHeader { path }),
-        None => Err(SessionError::Empty { path }),
+        None => Err(reader.refusal().unwrap_or(SessionError::Empty { path })),
     }
 }
 
@@ -406,7 +468,9 @@ fn read_records(
     let mut s = Session::default();
     let mut first = true;
     let mut records = 0u64;
-    for record in reader.by_ref() {
+    let mut notes = Notes::default();
+    let mut symbol_bytes = 0u64;
+    while let Some(record) = reader.next() {
         records += 1;
         if first {
             if !matches!(record, Record::Header(_)) {
@@ -431,15 +495,36 @@ fn read_records(
                 s.drops = d;
             }
             Record::Symbols(sym) => {
+                let limit = reader
+                    .bytes_read()
+                    .saturating_mul(MAX_SYMBOL_RATIO)
+                    .saturating_add(FREE_SYMBOLS);
                 for (hash, idx) in sym.stacks {
-                    let frames = idx
+                    let frames: Vec<Frame> = idx
                         .iter()
-                        .filter_map(|&i| sym.frames.get(i as usize).cloned())
+                        .filter_map(|&i| sym.frames.get(i as usize))
+                        .take_while(|f| {
+                            symbol_bytes += frame_bytes(f);
+                            symbol_bytes <= limit
+                        })
+                        .cloned()
                         .collect();
+                    if symbol_bytes > limit {
+                        return Err(refused(
+                            path,
+                            format!(
+                                "refused: its symbols would expand to more than {limit} \
+                                 bytes ({MAX_SYMBOL_RATIO} times the {} bytes read, plus {} \
+                                 MiB): not a recording",
+                                reader.bytes_read(),
+                                FREE_SYMBOLS >> 20
+                            ),
+                        ));
+                    }
                     s.symbols.insert(hash, frames);
                 }
             }
-            Record::Note(n) => s.notes.push(n),
+            Record::Note(n) => notes.add(&mut s.notes, n),
             Record::End(f) => s.footer = Some(f),
             Record::GpuSource(g) => s.gpu_sources.push(g),
             Record::Gpu(b) => match gpu.as_mut() {
@@ -466,11 +551,68 @@ fn read_records(
             Record::CpuIdle(c) => s.cpu_idle.push(c),
         }
     }
+    if let Some(e) = reader.refusal() {
+        return Err(e);
+    }
     if first {
         return Err(SessionError::Empty { path });
     }
+    notes.finish(&mut s.notes);
     s.truncated = reader.truncated().map(str::to_string);
     Ok((s, records))
+}
+
+/// A file refused by a cap, as the one-line error its reader returns (the
+/// session error that carries a reason).
+fn refused(path: PathBuf, why: String) -> SessionError {
+    SessionError::Io {
+        path,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+    }
+}
+
+/// What a copy of `f` holds.
+fn frame_bytes(f: &Frame) -> u64 {
+    (std::mem::size_of::<Frame>() + f.function.len() + f.module.len()) as u64
+}
+
+/// A session's notes as read: each once, at most [`MAX_NOTES`] of them,
+/// each cut to [`MAX_NOTE_LEN`].
+#[derive(Default)]
+struct Notes {
+    seen: std::collections::HashSet<String>,
+    left_out: u64,
+}
+
+impl Notes {
+    fn add(&mut self, notes: &mut Vec<String>, mut n: String) {
+        if n.len() > MAX_NOTE_LEN {
+            let mut end = MAX_NOTE_LEN;
+            while !n.is_char_boundary(end) {
+                end -= 1;
+            }
+            n.truncate(end);
+            n.push('…');
+        }
+        if self.seen.contains(&n) {
+            return;
+        }
+        if notes.len() >= MAX_NOTES {
+            self.left_out += 1;
+            return;
+        }
+        self.seen.insert(n.clone());
+        notes.push(n);
+    }
+
+    fn finish(self, notes: &mut Vec<String>) {
+        if self.left_out > 0 {
+            notes.push(format!(
+                "{} further notes left out (only {MAX_NOTES} different ones are kept)",
+                self.left_out
+            ));
+        }
+    }
 }
 
 fn finish(s: &mut Session) {
@@ -588,4 +730,179 @@ pub(crate) fn sanitize(s: &mut Session) -> usize {
     s.gpu_blind.retain(|b| span(b.start, b.end));
     s.drop_readings.retain(|d| ok(d.ts));
     before - (s.events.len() + s.gpu.len() + s.host_ops.len() + s.nvml.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{wrap_records, SessionWriter, Symbols};
+
+    fn header() -> Record {
+        Record::Header(crate::session::tests::header())
+    }
+
+    fn encode(records: &[Record]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for r in records {
+            postcard::to_io(r, &mut raw).unwrap();
+        }
+        raw
+    }
+
+    /// A chunk as the writer frames one.
+    fn chunk(raw: &[u8]) -> Vec<u8> {
+        // wrap_records frames a whole file; its chunk follows the header.
+        wrap_records(raw)[FILE_HEADER_LEN..].to_vec()
+    }
+
+    fn refusal_of(path: &Path) -> String {
+        match read_session(path) {
+            Err(SessionError::Io { source, .. }) => source.to_string(),
+            Err(e) => panic!("not refused: {e}"),
+            Ok(s) => panic!("not refused: read {} notes", s.notes.len()),
+        }
+    }
+
+    #[test]
+    fn an_empty_note_bomb_is_refused_before_it_is_unpacked() {
+        // An empty note is two bytes (variant 9, length 0); 32 Mi of them
+        // compress to a few KB and would be 2.6 GB as strings.
+        assert_eq!(encode(&[Record::Note(String::new())]), [9, 0]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bomb.gsz");
+        let mut w = SessionWriter::create(&path).unwrap();
+        w.push(&header()).unwrap();
+        w.finish().unwrap();
+        let header_end = std::fs::metadata(&path).unwrap().len();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend(chunk(&[9u8, 0].repeat(32 << 20)));
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(bytes.len() < 16 << 10);
+
+        let mut reader = SessionReader::open(&path).unwrap();
+        assert!(matches!(reader.next(), Some(Record::Header(_))));
+        assert!(reader.next().is_none());
+        assert!(reader.refused().unwrap().contains("decompression bomb"));
+        // The bomb's chunk was never taken in.
+        assert_eq!(reader.bytes_read(), header_end);
+
+        let why = refusal_of(&path);
+        assert!(why.starts_with("refused: "), "{why}");
+        assert!(!why.contains('\n'), "{why}");
+        // Refused as the first chunk, too, where only the header is read.
+        bytes.truncate(FILE_HEADER_LEN);
+        bytes.extend(chunk(
+            &[encode(&[header()]), [9u8, 0].repeat(30 << 20)].concat(),
+        ));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = check(&path).unwrap_err().to_string();
+        assert!(err.contains("refused"), "{err}");
+    }
+
+    #[test]
+    fn many_small_chunks_count_against_one_budget() {
+        // Each chunk alone is small (1 MiB of notes in ~100 bytes); the file
+        // as a whole is the bomb.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bomb.gsz");
+        let mut w = SessionWriter::create(&path).unwrap();
+        w.push(&header()).unwrap();
+        w.finish().unwrap();
+        let bomb = chunk(&[9u8, 0].repeat(1 << 19));
+        let mut bytes = std::fs::read(&path).unwrap();
+        for _ in 0..64 {
+            bytes.extend_from_slice(&bomb);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(bytes.len() < 64 << 10);
+        assert!(refusal_of(&path).contains("decompression bomb"));
+        // Before the budget ran out, a stream reader got the header and
+        // the first chunks' notes.
+        let reader = SessionReader::open(&path).unwrap();
+        assert!(reader.count() > 1);
+    }
+
+    #[test]
+    fn notes_are_kept_once_each_and_only_so_many() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notes.gsz");
+        let mut w = SessionWriter::create(&path).unwrap();
+        w.push(&header()).unwrap();
+        for i in 0..1000 {
+            w.push(&Record::Note("the same thing again".into()))
+                .unwrap();
+            w.push(&Record::Note(format!("note {i}"))).unwrap();
+        }
+        w.push(&Record::Note("é".repeat(1 << 20))).unwrap();
+        w.finish().unwrap();
+        let s = read_session(&path).unwrap();
+        assert_eq!(s.notes.len(), MAX_NOTES + 1);
+        assert_eq!(s.notes[0], "the same thing again");
+        assert_eq!(
+            s.notes
+                .iter()
+                .filter(|n| *n == "the same thing again")
+                .count(),
+            1
+        );
+        assert!(
+            s.notes[MAX_NOTES].contains("left out"),
+            "{:?}",
+            s.notes.last()
+        );
+
+        // A long note is cut on a character boundary.
+        let mut w = SessionWriter::create(&path).unwrap();
+        w.push(&header()).unwrap();
+        w.push(&Record::Note("é".repeat(1 << 20))).unwrap();
+        w.finish().unwrap();
+        let s = read_session(&path).unwrap();
+        assert!(s.notes[0].len() <= MAX_NOTE_LEN + '…'.len_utf8());
+        assert!(s.notes[0].starts_with("éé") && s.notes[0].ends_with('…'));
+    }
+
+    #[test]
+    fn symbols_that_copy_one_frame_endlessly_are_refused() {
+        // One 60 KB name indexed 100 000 times: 6 GB of copies from a
+        // record of 160 KB.
+        let sym = Symbols {
+            frames: vec![Frame {
+                function: "f".repeat(60_000),
+                module: String::new(),
+            }],
+            stacks: vec![(1, vec![0; 100_000])],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("symbols.gsz");
+        std::fs::write(
+            &path,
+            wrap_records(&encode(&[header(), Record::Symbols(sym)])),
+        )
+        .unwrap();
+        assert!(refusal_of(&path).contains("symbols would expand"));
+    }
+
+    #[test]
+    fn recordings_stay_well_inside_the_budgets() {
+        // The golden recording (a real simtrain run) unpacks 5.0 times and
+        // reads with all its notes and symbols.
+        let golden =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/simtrain-mixed.gsz");
+        let mut reader = SessionReader::open(&golden).unwrap();
+        let records = reader.by_ref().count();
+        assert!(records > 0 && reader.refused().is_none());
+        let size = std::fs::metadata(&golden).unwrap().len();
+        assert!(
+            reader.unpacked < size * 6,
+            "{} from {size}",
+            reader.unpacked
+        );
+        let s = read_session(&golden).unwrap();
+        let expanded: u64 = s.symbols.values().flatten().map(frame_bytes).sum();
+        assert!(
+            expanded < size * MAX_SYMBOL_RATIO / 8,
+            "{expanded} from {size}"
+        );
+        assert!(s.notes.len() < MAX_NOTES / 8);
+    }
 }

@@ -1,6 +1,9 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::output::OutDir;
 
 use super::{Record, SessionError, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, MAGIC};
 
@@ -42,25 +45,54 @@ pub fn wrap_records(raw: &[u8]) -> Vec<u8> {
 pub struct SessionWriter {
     file: File,
     path: PathBuf,
+    /// The directory it is in, held open: what goes beside it goes there.
+    dir: Arc<OutDir>,
     buf: Vec<u8>,
     records: u64,
 }
 
 impl SessionWriter {
-    /// Creates (or truncates) the file, readable by its owner only.
+    /// Creates the file (replacing one of that name), readable by its
+    /// owner only; its directory is made if missing (see [`OutDir::named`]).
     pub fn create(path: &Path) -> Result<Self, SessionError> {
         let io = |source| SessionError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = crate::output::create_file(path).map_err(io)?;
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        let dir = OutDir::named(parent).map_err(io)?;
+        Self::create_in(Arc::new(dir), name)
+    }
+
+    /// Creates `name` in `dir` (replacing one of that name, never writing
+    /// through it), readable by its owner only.
+    pub fn create_in(dir: Arc<OutDir>, name: &str) -> Result<Self, SessionError> {
+        let path = dir.join(name);
+        let io = |source| SessionError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = dir.create(name).map_err(io)?;
         file.write_all(&file_header()).map_err(io)?;
         Ok(SessionWriter {
             file,
-            path: path.to_path_buf(),
+            path,
+            dir,
             buf: Vec::with_capacity(CHUNK_TARGET + 4096),
             records: 0,
         })
+    }
+
+    /// The directory the session is in.
+    pub fn dir(&self) -> &Arc<OutDir> {
+        &self.dir
     }
 
     pub fn path(&self) -> &Path {

@@ -260,7 +260,8 @@ pub struct ThreadTimeline {
     /// Who took the CPU when the thread was preempted: switches by pid.
     pub preempted_by: BTreeMap<u32, u64>,
     /// With intervals: cpu-clock samples as (time, user stack, kernel
-    /// stack), in time order, to name what the thread ran at a moment.
+    /// stack), in time order, to name what the thread ran at a moment (the
+    /// attribution reads the code of the feeder's time on a CPU).
     pub sample_times: Option<Vec<(u64, u64, u64)>>,
     /// With intervals: syscalls of [`LONG_SYSCALL_NS`] or more, in order.
     pub long_syscalls: Option<Vec<LongSyscall>>,
@@ -315,7 +316,7 @@ impl ThreadTimeline {
             blocked_reads: BTreeMap::new(),
             io: None,
             preempted_by: BTreeMap::new(),
-            sample_times: everything.then(Vec::new),
+            sample_times: keep_intervals.then(Vec::new),
             long_syscalls: everything.then(Vec::new),
             creator: None,
             sieve,
@@ -377,6 +378,12 @@ impl ThreadTimeline {
         if let Some(spans) = self.io_spans.as_mut() {
             let k = spans.partition_point(|x| x.1 <= t);
             spans.drain(..k);
+        }
+        // Samples name the code of the states around them (a sampling
+        // period at most): a second behind is far enough.
+        if let Some(samples) = self.sample_times.as_mut() {
+            let k = samples.partition_point(|x| x.0.saturating_add(1_000_000_000) <= t);
+            samples.drain(..k);
         }
     }
 

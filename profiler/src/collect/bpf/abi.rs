@@ -21,6 +21,7 @@ pub mod kind {
     pub const STACK: u16 = 9;
     pub const OPEN: u16 = 10;
     pub const CUDA: u16 = 11;
+    pub const PYCODE: u16 = 12;
     /// Size of the per-kind drop counter array.
     pub const MAX: usize = 16;
 
@@ -37,6 +38,7 @@ pub mod kind {
             STACK => "stack",
             OPEN => "open",
             CUDA => "cuda",
+            PYCODE => "python code",
             _ => "other",
         }
     }
@@ -190,6 +192,63 @@ pub fn cuda_cookie(function: usize, arg: Option<u8>) -> u64 {
     function as u64 | (arg.unwrap_or(0xff) as u64) << 16
 }
 
+/// Python frames in user stacks (see gapscope.h).
+pub const PY_FRAME: u64 = 1 << 63;
+pub const PY_ENTRY: u64 = 1 << 62;
+pub const PY_ADDR_MASK: u64 = (1 << 56) - 1;
+pub const PY_NAME_LEN: usize = 128;
+pub const PY_FILE_LEN: usize = 256;
+pub const PY_NONE: u16 = 0xffff;
+
+/// `struct gs_py_proc`: where the unwinder finds things in one CPython
+/// process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct PyProc {
+    pub runtime: u64,
+    pub code_type: u64,
+    pub interp_head: u16,
+    pub threads_head: u16,
+    pub ts_next: u16,
+    pub ts_thread_id: u16,
+    pub ts_frame: u16,
+    pub cframe_frame: u16,
+    pub fr_back: u16,
+    pub fr_code: u16,
+    pub fr_owner: u16,
+    pub fr_is_entry: u16,
+    pub co_name: u16,
+    pub co_file: u16,
+    pub co_firstlineno: u16,
+    pub str_state: u16,
+    pub str_length: u16,
+    pub str_ascii: u16,
+    pub str_compact: u16,
+    pub owner_cstack: u8,
+    pub every_frame_entry: u8,
+    pub _pad: [u8; 4],
+}
+
+// SAFETY: plain old data (checked by bytemuck's derive), as aya requires
+// of a map value.
+unsafe impl aya::Pod for PyProc {}
+
+/// `struct gs_pycode`: a code object seen for the first time in a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct PyCode {
+    pub h: Header,
+    pub code: u64,
+    pub firstlineno: i32,
+    pub name_len: u16,
+    pub file_len: u16,
+    pub name_kind: u8,
+    pub file_kind: u8,
+    pub _pad: [u8; 6],
+    pub name: [u8; PY_NAME_LEN],
+    pub file: [u8; PY_FILE_LEN],
+}
+
 /// Variable length: only `nr_frames` frames are sent, the record is cut short.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -228,6 +287,13 @@ layout!(Exit, 96; exit_code @ 24, group_dead @ 28, has_io @ 29, comm @ 32,
 layout!(Open, 288; fd @ 24, flags @ 28, path @ 32);
 layout!(Cuda, 48; duration @ 24, arg @ 32, fn_ @ 40);
 layout!(StackHead, STACK_FRAMES_OFFSET; hash @ 24, nr_frames @ 32, kernel @ 36);
+layout!(PyProc, 56; runtime @ 0, code_type @ 8, interp_head @ 16, threads_head @ 18,
+    ts_next @ 20, ts_thread_id @ 22, ts_frame @ 24, cframe_frame @ 26, fr_back @ 28,
+    fr_code @ 30, fr_owner @ 32, fr_is_entry @ 34, co_name @ 36, co_file @ 38,
+    co_firstlineno @ 40, str_state @ 42, str_length @ 44, str_ascii @ 46, str_compact @ 48,
+    owner_cstack @ 50, every_frame_entry @ 51);
+layout!(PyCode, 432; code @ 24, firstlineno @ 32, name_len @ 36, file_len @ 38,
+    name_kind @ 40, file_kind @ 41, name @ 48, file @ 176);
 
 /// Reads a record of type `T` from the front of `bytes`, or None if too short.
 pub fn read<T: Pod>(bytes: &[u8]) -> Option<T> {
@@ -282,6 +348,13 @@ mod tests {
             "gs_io" => Io { rchar, wchar, syscr, syscw, read_bytes, write_bytes },
             "gs_open" => Open { fd, flags, path },
             "gs_cuda" => Cuda { duration, arg },
+            "gs_py_proc" => PyProc { runtime, code_type, interp_head, threads_head, ts_next,
+                                     ts_thread_id, ts_frame, cframe_frame, fr_back, fr_code,
+                                     fr_owner, fr_is_entry, co_name, co_file, co_firstlineno,
+                                     str_state, str_length, str_ascii, str_compact,
+                                     owner_cstack, every_frame_entry },
+            "gs_pycode" => PyCode { code, firstlineno, name_len, file_len, name_kind,
+                                    file_kind, name, file },
         }
     }
 

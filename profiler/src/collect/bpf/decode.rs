@@ -3,6 +3,42 @@
 use super::abi::{self, kind};
 use crate::session::{Event, FdKind, IoCounters, Record, Stack, SwitchOut, ThreadIo};
 
+/// A code object the kernel side described (`GS_EV_PYCODE`): its process,
+/// its address, and what it is. None for another kind of record, or one
+/// too short.
+pub fn decode_pycode(bytes: &[u8]) -> Option<(u32, u64, crate::collect::symbolize::PyCode)> {
+    let c: abi::PyCode = abi::read(bytes)?;
+    if c.h.kind != kind::PYCODE {
+        return None;
+    }
+    let text = |b: &[u8], len: u16, kind: u8| -> String {
+        let b = &b[..usize::from(len).min(b.len())];
+        match kind {
+            1 => b.iter().map(|&c| char::from(c)).collect(),
+            2 => char::decode_utf16(b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
+                .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                .collect(),
+            4 => b
+                .chunks_exact(4)
+                .map(|c| {
+                    char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .unwrap_or(char::REPLACEMENT_CHARACTER)
+                })
+                .collect(),
+            _ => "?".into(),
+        }
+    };
+    Some((
+        c.h.pid,
+        c.code,
+        crate::collect::symbolize::PyCode {
+            name: text(&c.name, c.name_len, c.name_kind),
+            file: text(&c.file, c.file_len, c.file_kind),
+            firstlineno: c.firstlineno,
+        },
+    ))
+}
+
 /// Decodes one ring-buffer record into one session record and, for some
 /// kinds, a second that the kernel sent in the same record. None when it is
 /// too short or of an unknown kind (counted by the caller as malformed,
@@ -225,6 +261,30 @@ fn dentry_path(bytes: &[u8], rooted: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A code object's strings, as wide as CPython stored them.
+    #[test]
+    fn a_code_object_is_described_in_any_width() {
+        let mut c: abi::PyCode = bytemuck::Zeroable::zeroed();
+        c.h.kind = kind::PYCODE;
+        c.h.pid = 7;
+        c.code = 0x7f00_0000_1000;
+        c.firstlineno = 12;
+        c.name[..5].copy_from_slice(b"outer");
+        (c.name_len, c.name_kind) = (5, 1);
+        // "é.py" in 2-byte characters.
+        for (i, ch) in "é.py".encode_utf16().enumerate() {
+            c.file[2 * i..2 * i + 2].copy_from_slice(&ch.to_le_bytes());
+        }
+        (c.file_len, c.file_kind) = (8, 2);
+        let (pid, code, d) = decode_pycode(bytemuck::bytes_of(&c)).unwrap();
+        assert_eq!((pid, code, d.firstlineno), (7, 0x7f00_0000_1000, 12));
+        assert_eq!((d.name.as_str(), d.file.as_str()), ("outer", "é.py"));
+        c.name_kind = 0;
+        assert_eq!(decode_pycode(bytemuck::bytes_of(&c)).unwrap().2.name, "?");
+        c.h.kind = kind::STACK;
+        assert!(decode_pycode(bytemuck::bytes_of(&c)).is_none());
+    }
     use bytemuck::Zeroable;
 
     fn header(kind: u16, size: usize) -> abi::Header {

@@ -6,7 +6,7 @@ pub mod abi;
 pub mod cuda;
 mod decode;
 
-pub use decode::decode;
+pub use decode::{decode, decode_pycode};
 
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -86,6 +86,7 @@ impl Default for TracerConfig {
 pub struct Tracer {
     ebpf: Ebpf,
     tracked: BpfHashMap<MapData, u32, u32>,
+    py_procs: BpfHashMap<MapData, u32, abi::PyProc>,
     drops: PerCpuArray<MapData, u64>,
     ring: RingBuf<MapData>,
     sample_hz: u64,
@@ -127,11 +128,13 @@ impl Tracer {
         })?;
 
         let tracked = take_map(&mut ebpf, "tracked")?;
+        let py_procs = take_map(&mut ebpf, "py_procs")?;
         let drops = take_map(&mut ebpf, "drops")?;
         let ring = take_map(&mut ebpf, "events")?;
         Ok(Tracer {
             ebpf,
             tracked,
+            py_procs,
             drops,
             ring,
             sample_hz: config.sample_hz,
@@ -145,6 +148,18 @@ impl Tracer {
             .insert(tgid, 1, 0)
             .map_err(|source| BpfError::Map {
                 name: "tracked",
+                source,
+            })
+    }
+
+    /// Tells the kernel side where the CPython interpreter of process
+    /// `tgid` keeps its frames: its stacks carry Python frames from now on
+    /// (and its forked children's, which inherit it).
+    pub fn set_python(&mut self, tgid: u32, py: &abi::PyProc) -> Result<(), BpfError> {
+        self.py_procs
+            .insert(tgid, py, 0)
+            .map_err(|source| BpfError::Map {
+                name: "py_procs",
                 source,
             })
     }

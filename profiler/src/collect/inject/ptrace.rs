@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
 const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
 const NT_X86_XSTATE: usize = 0x202;
 const PTRACE_EVENT_STOP: i32 = 128;
 const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
@@ -48,6 +49,8 @@ pub struct Tracee {
     /// A signal that stopped the thread, to hand back when it resumes.
     pending: i32,
     attached: bool,
+    /// The thread's own signal mask while gapscope holds its signals back.
+    held_mask: Option<u64>,
 }
 
 fn ptrace(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::Result<libc::c_long> {
@@ -76,12 +79,18 @@ impl Tracee {
             longest: Duration::ZERO,
             pending: 0,
             attached: true,
+            held_mask: None,
         };
         ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0)?;
         Ok(t)
     }
 
     fn wait(&mut self, deadline: Instant) -> Result<i32, String> {
+        // The thread is stopped at every syscall and signal while gapscope
+        // looks for its moment: answered within a yield, not a sleep, it
+        // keeps running at near its own pace (on a quiet machine, a program taking
+        // a signal every 100 us made no progress against 50 us sleeps).
+        let spin_until = Instant::now() + Duration::from_micros(500);
         loop {
             let mut st = 0;
             // SAFETY: waiting for a thread we trace.
@@ -102,7 +111,11 @@ impl Tracee {
             if Instant::now() >= deadline {
                 return Err(String::new());
             }
-            std::thread::sleep(Duration::from_micros(50));
+            if Instant::now() < spin_until {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 
@@ -187,6 +200,26 @@ impl Tracee {
         Ok(m)
     }
 
+    /// Blocks every signal on the thread until it is let go of, when its own
+    /// mask comes back. A signal arriving while it makes gapscope's syscalls
+    /// would otherwise run the program's handler on gapscope's registers,
+    /// mid-sequence; blocked, it stays pending (or goes to another thread)
+    /// and is handled once the thread is the program's again. Should gapscope
+    /// die meanwhile, the sigreturn frame restores the mask with the rest.
+    pub fn hold_signals(&mut self) -> io::Result<()> {
+        let own = self.sigmask()?;
+        let all = u64::MAX;
+        ptrace(PTRACE_SETSIGMASK, self.tid, 8, &all as *const u64 as usize)?;
+        self.held_mask.get_or_insert(own);
+        Ok(())
+    }
+
+    fn let_signals_through(&mut self) {
+        if let Some(own) = self.held_mask.take() {
+            let _ = ptrace(PTRACE_SETSIGMASK, self.tid, 8, &own as *const u64 as usize);
+        }
+    }
+
     /// The thread's XSAVE area (NT_X86_XSTATE), as the kernel gives it.
     pub fn xstate(&self) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; 64 << 10];
@@ -214,20 +247,40 @@ impl Tracee {
         args: [u64; 6],
         (ip, sp): (u64, u64),
     ) -> Result<u64, String> {
-        let mut r = entry.regs;
-        r.orig_rax = nr;
-        r.rax = nr;
-        r.rip = ip;
-        r.rsp = sp;
-        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
-            (args[0], args[1], args[2], args[3], args[4], args[5]);
-        self.set_regs(&r)
+        self.set_regs(&call_regs(&entry.regs, nr, nr, args, (ip, sp)))
             .map_err(|e| format!("cannot set its registers ({e})"))?;
-        let deadline = Instant::now() + Duration::from_secs(1);
-        match self.next_syscall(deadline)? {
+        self.until_exit(nr)
+    }
+
+    /// From a stop at a syscall's exit, has the thread make syscall `nr`
+    /// with `args` from the `syscall` instruction at `ip` (in the stub's
+    /// page), with stack pointer `sp` and otherwise the registers of
+    /// `base`; returns its result, at its exit stop.
+    pub fn run_syscall_at(
+        &mut self,
+        base: &Entry,
+        nr: u64,
+        args: [u64; 6],
+        (ip, sp): (u64, u64),
+    ) -> Result<u64, String> {
+        // No call in progress: nothing for the kernel to restart.
+        self.set_regs(&call_regs(&base.regs, nr, u64::MAX, args, (ip, sp)))
+            .map_err(|e| format!("cannot set its registers ({e})"))?;
+        match self.next_syscall(Instant::now() + Duration::from_secs(1))? {
+            Some(SyscallStop::Entry(e)) if e.nr == nr => {}
+            Some(_) => return Err("lost track of its syscall".into()),
+            None => return Err(format!("its injected syscall {nr} did not start")),
+        }
+        self.until_exit(nr)
+    }
+
+    /// Runs the thread to the exit stop of the syscall `nr` it is in and
+    /// returns the call's result.
+    fn until_exit(&mut self, nr: u64) -> Result<u64, String> {
+        match self.next_syscall(Instant::now() + Duration::from_secs(1))? {
             Some(SyscallStop::Exit) => {}
             Some(SyscallStop::Entry(_)) => return Err("lost track of its syscall".into()),
-            None => return Err("its injected mmap did not return".into()),
+            None => return Err(format!("its injected syscall {nr} did not return")),
         }
         self.regs()
             .map(|r| r.rax)
@@ -250,6 +303,9 @@ impl Tracee {
     /// Lets go of the thread with the registers it has now, as gapscope's
     /// death would (tests of the recovery frame).
     pub fn abandon(mut self) {
+        // As gapscope's death would: the mask stays held, for the frame to
+        // give back.
+        self.held_mask = None;
         let _ = self.detach();
     }
 
@@ -264,6 +320,7 @@ impl Tracee {
     }
 
     fn detach(&mut self) -> io::Result<()> {
+        self.let_signals_through();
         self.attached = false;
         self.resume(libc::PTRACE_DETACH)
     }
@@ -299,6 +356,24 @@ impl Drop for Tracee {
     }
 }
 
+/// `base` with syscall `nr` and `args` to make at `ip` on stack `sp`.
+fn call_regs(
+    base: &libc::user_regs_struct,
+    nr: u64,
+    orig_rax: u64,
+    args: [u64; 6],
+    (ip, sp): (u64, u64),
+) -> libc::user_regs_struct {
+    let mut r = *base;
+    r.orig_rax = orig_rax;
+    r.rax = nr;
+    r.rip = ip;
+    r.rsp = sp;
+    (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
+        (args[0], args[1], args[2], args[3], args[4], args[5]);
+    r
+}
+
 fn iov(addr: u64, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: addr as *mut libc::c_void,
@@ -306,17 +381,7 @@ fn iov(addr: u64, len: usize) -> libc::iovec {
     }
 }
 
-pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-    let local = iov(buf.as_mut_ptr() as u64, buf.len());
-    let remote = iov(addr, buf.len());
-    // SAFETY: the local iovec covers `buf`.
-    let n = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
-    match n {
-        n if n as usize == buf.len() => Ok(()),
-        -1 => Err(io::Error::last_os_error()),
-        _ => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-    }
-}
+pub use crate::collect::procfs::read_memory;
 
 pub fn write_memory(pid: u32, addr: u64, bytes: &[u8]) -> io::Result<()> {
     let local = iov(bytes.as_ptr() as u64, bytes.len());

@@ -1,0 +1,132 @@
+//! `cargo xtask stress [N]`: the tests that hold gapscope to a ground truth
+//! run beside N busy-looping processes (default 2) and an I/O-heavy
+//! neighbour (a file written with fsync and read back, over and over), as
+//! a node that runs training jobs is busy: the suite's rule that every test
+//! passes on a loaded 2-core machine, checked. Each test binary's verdict
+//! is reported with the lines it printed comparing itself with its truth
+//! (the numbers that move under load). Not part of `test`: it would double
+//! CI's time.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+use super::{cargo, root, run, setup};
+
+/// The end-to-end tests that compare against a ground truth.
+const TESTS: &[&str] = &["diagnosis", "whatif", "dataloader", "agent", "recording"];
+
+/// Words of the lines a test prints when it compares itself with its
+/// truth.
+const NUMBERS: &[&str] = &["truth", "predicted", "saw ", "scraped", "worker"];
+
+/// The neighbours, each its own process group, killed with it when dropped.
+struct Neighbours(Vec<Child>);
+
+impl Neighbours {
+    fn start(busy: usize) -> Result<Neighbours> {
+        let scratch = root().join("target/stress-io");
+        std::fs::create_dir_all(&scratch)?;
+        let io = format!(
+            "while :; do dd if=/dev/zero of={f} bs=1M count=128 conv=fsync 2>/dev/null; \
+             dd if={f} of=/dev/null bs=1M 2>/dev/null; done",
+            f = scratch.join("neighbour.bin").display()
+        );
+        let mut scripts = vec!["while :; do :; done".to_string(); busy];
+        scripts.push(io);
+        let mut children = Vec::new();
+        for s in scripts {
+            let child = Command::new("sh")
+                .args(["-c", &s])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .context("starting a neighbour")?;
+            children.push(child);
+        }
+        Ok(Neighbours(children))
+    }
+}
+
+impl Drop for Neighbours {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            // SAFETY: signalling the process group of a child we started.
+            unsafe {
+                libc::kill(-(c.id() as i32), libc::SIGKILL);
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn stress(args: &[String]) -> Result<()> {
+    let busy = match args.first() {
+        Some(n) => n
+            .parse::<usize>()
+            .with_context(|| format!("stress: N must be a count of busy neighbours, not {n:?}"))?,
+        None => 2,
+    };
+    setup(true)?;
+    // Built before the neighbours start: the tests are what is measured.
+    run(cargo().args(["build", "--workspace"]))?;
+    let mut build = cargo();
+    build.args(["test", "-p", "gapscope-tests", "--no-run"]);
+    for t in TESTS {
+        build.args(["--test", t]);
+    }
+    run(&mut build)?;
+    let neighbours = Neighbours::start(busy)?;
+    eprintln!("xtask: stress: {busy} busy neighbour(s) and one I/O-heavy one");
+    let mut failed = Vec::new();
+    let mut table = Vec::new();
+    for t in TESTS {
+        let out = cargo()
+            .args(["test", "-p", "gapscope-tests", "--test", t, "--"])
+            .args(["--nocapture", "--test-threads", "1"])
+            // Nothing may skip: a test that skips under load proves nothing.
+            .envs(
+                [
+                    "GAPSCOPE_REQUIRE_BPF",
+                    "GAPSCOPE_REQUIRE_TORCH",
+                    "GAPSCOPE_REQUIRE_PROMETHEUS",
+                    "GAPSCOPE_REQUIRE_PYTHON",
+                ]
+                .map(|v| (v, "1")),
+            )
+            .output()
+            .with_context(|| format!("running the {t} tests"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let ok = out.status.success();
+        eprintln!(
+            "xtask: stress: {t}: {}",
+            if ok { "passed" } else { "FAILED" }
+        );
+        table.push(format!("{t}: {}", if ok { "passed" } else { "FAILED" }));
+        for line in text.lines() {
+            let verdict =
+                line.starts_with("test ") && (line.ends_with(" ok") || line.ends_with("FAILED"));
+            if verdict || line.contains("panicked at") {
+                table.push(format!("  {line}"));
+            } else if NUMBERS.iter().any(|w| line.contains(w)) && line.len() < 400 {
+                table.push(format!("    {line}"));
+            }
+        }
+        if !ok {
+            failed.push(*t);
+        }
+    }
+    drop(neighbours);
+    println!("{}", table.join("\n"));
+    if !failed.is_empty() {
+        bail!(
+            "stress: beside {busy} busy neighbour(s) and an I/O-heavy one, failed: {}",
+            failed.join(", ")
+        );
+    }
+    println!("stress: every test passed beside {busy} busy neighbour(s) and an I/O-heavy one");
+    Ok(())
+}
