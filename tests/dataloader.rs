@@ -302,7 +302,7 @@ fn stages_match_the_loaders_clock(report: &Value, truth: &Value) {
     );
 }
 
-/// Two workers, and the trainer's own Python work (10 ms of CPU a step)
+/// Two workers, and the trainer's own Python work (20 ms of CPU a step)
 /// between each batch's arrival and its launches, with 2 ms of GPU work a
 /// step: that work is the trainer's, `cpu.host`, though it follows a
 /// batch's arrival — all but the part the synchronize before it kept from
@@ -318,7 +318,7 @@ fn the_trainers_own_work_between_batches_is_host_work() {
         &py,
         &data,
         2,
-        &["--host-ms", "10", "--kernels", "2", "--kernel-us", "1000"],
+        &["--host-ms", "20", "--kernels", "2", "--kernel-us", "1000"],
     );
     let (want, got, table) = shares(&report, &truth);
     let host = u64_of(&truth, "idle_in_host_work_ns");
@@ -326,11 +326,15 @@ fn the_trainers_own_work_between_batches_is_host_work() {
     let behind = u64_of(&truth, "idle_host_work_behind_sync_ns");
     let (want_sync, got_sync, _) = shares_of(&report, &truth, behind, |c| c == "sync");
     eprintln!(
-        "2 workers, 10 ms host work: truth input {want:.1}%, host {want_host:.1}%, sync {want_sync:.1}%; \
+        "2 workers, 20 ms host work: truth input {want:.1}%, host {want_host:.1}%, sync {want_sync:.1}%; \
          report input {got:.1}%, cpu.host {got_host:.1}%, sync {got_sync:.1}% ({table})"
     );
-    // Not vacuous: the host work is a good part of the idle.
-    assert!(want_host >= 15.0, "host work {want_host:.1}% of the idle");
+    // Not vacuous: the host work is twice the tolerance at least, so a
+    // report that charged none of it to cpu.host fails. On a 2-CPU machine
+    // it waits for CPUs the loaders hold (input's) about as long as it
+    // runs: 25% of the idle quiet, 13% beside two busy loops (with 10 ms a
+    // step those were 12% and 5%, too near the tolerance to tell).
+    assert!(want_host >= 10.0, "host work {want_host:.1}% of the idle");
     for (what, want, got) in [
         ("input", want, got),
         ("cpu.host", want_host, got_host),
