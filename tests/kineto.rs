@@ -565,6 +565,16 @@ fn old_category_names_are_read() {
         "{:#}",
         r["notes"]
     );
+    // And on stderr, where a script reading the report would not look.
+    let out = Command::new(gapscope())
+        .args(["report", p.to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        "gapscope: warning: trace.json: 1 event(s) of categories gapscope does not read were left out: \"Sampled\" ×1",
+    );
 }
 
 /// A trace with no GPU activity in any form gapscope reads fails in one
@@ -584,4 +594,77 @@ fn a_trace_with_no_gpu_activity_is_a_one_line_error() {
     let err = refused_in_one_line(&p);
     assert!(err.contains("no GPU activity"), "{err}");
     assert!(err.contains("\"GpuKernelOfTheFuture\" ×1"), "{err}");
+}
+
+/// A trace that starts mid-run (a profiler schedule's wait and warm-up
+/// steps before it; its first step ProfilerStep#3, and a kernel of the
+/// step before it still running, launched before the trace began): the
+/// idle before its first GPU work is what the trainer was doing, not
+/// start-up; and its first step begins when that earlier work is done, as
+/// the TensorBoard plugin times it.
+#[test]
+fn a_trace_that_starts_mid_run_has_no_startup() {
+    let dir = scratch("kineto-mid-run");
+    // µs, steps of 1000 from 0: the queued kernel 100-300 (correlation 99,
+    // launched before the trace); in each step the DataLoader 10-500, a
+    // launch 500-505, its kernel 510-900; the trace ends with step 5 at
+    // 3000, 100 µs after the last kernel.
+    let mut events = vec![
+        r#"{"ph": "X", "cat": "kernel", "name": "k_prev", "pid": 0, "tid": 7, "ts": 100, "dur": 200, "args": {"device": 0, "stream": 7, "correlation": 99}}"#.to_string(),
+    ];
+    for (i, step) in (3..6u64).enumerate() {
+        let t = i as u64 * 1000;
+        let c = step;
+        events.push(format!(r#"{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": 10, "tid": 1, "ts": {t}, "dur": 1000}}"#));
+        events.push(format!(r#"{{"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "pid": 10, "tid": 1, "ts": {}, "dur": 490}}"#, t + 10));
+        events.push(format!(r#"{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 1, "ts": {}, "dur": 5, "args": {{"correlation": {c}}}}}"#, t + 500));
+        events.push(format!(r#"{{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": {}, "dur": 390, "args": {{"device": 0, "stream": 7, "correlation": {c}}}}}"#, t + 510));
+    }
+    let p = trace_of(dir.path(), &events);
+    let r = report(&[p.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(r["session"]["mode"], "kineto-window", "{:#}", r["session"]);
+    let causes = &r["gpus"][0]["idle_by_cause_ns"];
+    assert_eq!(causes["startup"].as_u64().unwrap_or(0), 0, "{causes}");
+    // After the last kernel the profiler stopping: tear-down.
+    assert_eq!(causes["teardown"].as_u64(), Some(100_000), "{causes}");
+    // Inside the DataLoader's op while the GPU idled: 10-100 before the
+    // queued kernel, 300-500, then 1010-1500 and 2010-2500.
+    assert_eq!(
+        causes["input.unknown"].as_u64(),
+        Some((90 + 200 + 490 + 490) * 1000),
+        "{causes}"
+    );
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("starts mid-run")
+            && n.contains("ProfilerStep#3")
+            && n.contains("1 GPU operation(s) in it, 0.2 ms")),
+        "{notes:#?}"
+    );
+    // Steps 3, 4, 5: 300-1000 (from the queued kernel's end), 1000-2000,
+    // 2000-3000.
+    let out = Command::new(gapscope())
+        .args([
+            "diff",
+            p.to_str().unwrap(),
+            p.to_str().unwrap(),
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let d: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(d["steps"]["matched"], 3, "{:#}", d["steps"]);
+    assert_eq!(
+        u64_of(&d["steps"]["base"], "mean_ns"),
+        900_000,
+        "{:#}",
+        d["steps"]
+    );
 }

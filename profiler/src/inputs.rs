@@ -28,6 +28,19 @@ pub struct Loaded {
     pub source: session::Source,
 }
 
+impl Loaded {
+    /// What reading it left out that a user should hear of on stderr
+    /// (events of an imported trace gapscope does not read).
+    pub fn warnings(&self) -> Vec<String> {
+        match &self.source {
+            session::Source::InMemory(s) => kineto::warnings(s)
+                .map(|w| format!("{}: {w}", self.label))
+                .collect(),
+            session::Source::File(_) => Vec::new(),
+        }
+    }
+}
+
 fn is_session(path: &Path) -> bool {
     let mut magic = [0u8; 8];
     std::fs::File::open(path)

@@ -496,6 +496,9 @@ fn analyzed(
 ) -> Result<Vec<Labelled>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     for l in gapscope::inputs::load(paths)? {
+        for w in l.warnings() {
+            eprintln!("gapscope: warning: {w}");
+        }
         out.push(Labelled {
             label: l.label,
             analysis: analyze(l.source, opts)?,

@@ -240,15 +240,22 @@ impl Edges {
     };
 
     pub fn of(session: &crate::session::Session) -> Edges {
-        if session.header().mode != crate::session::Mode::Window {
-            return Edges::JOB;
-        }
-        Edges {
-            startup: false,
-            teardown: session
-                .footer
-                .as_ref()
-                .is_some_and(|f| f.reason == crate::session::StopReason::TargetExited),
+        use crate::session::Mode;
+        match session.header().mode {
+            Mode::Window => Edges {
+                startup: false,
+                teardown: session
+                    .footer
+                    .as_ref()
+                    .is_some_and(|f| f.reason == crate::session::StopReason::TargetExited),
+            },
+            // The profiler started with the job running; the trace's tail,
+            // after its last GPU work, is the profiler stopping.
+            Mode::KinetoWindow => Edges {
+                startup: false,
+                teardown: true,
+            },
+            Mode::Run | Mode::Attach | Mode::Kineto => Edges::JOB,
         }
     }
 

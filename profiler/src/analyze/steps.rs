@@ -89,18 +89,27 @@ pub fn find(tl: &Timeline) -> Option<Steps> {
 /// results were out to the moment its own were — its host span's end, or
 /// the end of the GPU work it launched when that came later. (A loop that
 /// never waits for its GPU queues steps far faster than the GPU runs them:
-/// host spans alone would call it fast however slow its GPU work is.)
+/// host spans alone would call it fast however slow its GPU work is.) The
+/// first step's predecessor is GPU work launched before the recording or
+/// trace began (work whose launch it does not hold, running before that
+/// step's end): the step begins when that is done, as the TensorBoard
+/// plugin times it.
 pub fn times(tl: &Timeline, steps: &Steps) -> Vec<(u64, u64)> {
-    let mut launched: Vec<(u64, u64)> = tl
-        .gpu
-        .devices
-        .iter()
-        .flat_map(|d| &d.work)
+    let work = || tl.gpu.devices.iter().flat_map(|d| &d.work);
+    let mut launched: Vec<(u64, u64)> = work()
         .filter_map(|w| Some((w.launch?.1, w.span().1)))
         .collect();
     launched.sort_unstable();
     let mut out = Vec::with_capacity(steps.steps.len());
-    let mut previous: Option<u64> = None;
+    let first_end = steps.steps.first().map_or(0, |s| s.end);
+    // Only where launches were seen at all: without them, nothing tells
+    // work queued before from work of the steps.
+    let mut previous: Option<u64> = work()
+        .filter(|w| !launched.is_empty() && w.launch.is_none() && w.span().0 < first_end)
+        .map(|w| w.span().1)
+        .max()
+        .zip(steps.steps.first())
+        .map(|(queued, first)| queued.max(first.start));
     for (i, s) in steps.steps.iter().enumerate() {
         let until = steps.steps.get(i + 1).map_or(s.end, |n| n.start.max(s.end));
         let from = launched.partition_point(|x| x.0 < s.start);

@@ -289,7 +289,7 @@ fn write_html(
         esc(&cmd)
     )?;
     writeln!(o, r#"<div class="cmd">{}</div>"#, esc(&cmd))?;
-    let when = if s.mode == Mode::Kineto {
+    let when = if s.mode.is_trace() {
         format!(
             "PyTorch profiler trace · {} starting {}",
             units::duration(s.duration_ns),

@@ -110,7 +110,7 @@ fn blocks(r: &Report) -> Vec<Block> {
         None => "still running".into(),
     };
     let s = &r.session;
-    if s.mode == Mode::Kineto {
+    if s.mode.is_trace() {
         b.push(Block::Heading(format!(
             "gapscope · {cmd} · PyTorch profiler trace"
         )));

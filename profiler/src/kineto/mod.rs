@@ -4,7 +4,7 @@
 
 mod parse;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -108,6 +108,11 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
     let mut gpu_pids: Vec<u32> = Vec::new();
     let mut unknown: BTreeMap<String, u64> = BTreeMap::new();
     let mut gpu_work = 0u64;
+    // What tells a trace that starts mid-run: the first step's number, and
+    // GPU work whose launch is not in the trace (correlation, length).
+    let mut first_step: Option<u64> = None;
+    let mut launches: HashSet<u32> = HashSet::new();
+    let mut gpu_corr: Vec<(u32, u64)> = Vec::new();
     let meta = parse::read_events(path, |e| {
         if e.ph != "X" {
             return;
@@ -184,6 +189,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
                     ApiDomain::Driver
                 };
                 *cpu_pids.entry(pid).or_default() += 1;
+                launches.insert(correlation);
                 Some(GpuRecord::Api {
                     domain,
                     cbid: args.cbid.unwrap_or_else(|| cbid_of(domain, &e.name)),
@@ -196,6 +202,13 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             }
             "cpu_op" | "python_function" | "user_annotation" => {
                 *cpu_pids.entry(pid).or_default() += 1;
+                if let Some(n) = e
+                    .name
+                    .strip_prefix("ProfilerStep#")
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    first_step = Some(first_step.map_or(n, |f| f.min(n)));
+                }
                 let (name, cat) = (intern(e.name), intern(cat.to_string()));
                 s.host_ops.push(HostOp {
                     pid,
@@ -212,6 +225,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         if let Some(r) = record {
             if !matches!(r, GpuRecord::Api { .. }) {
                 gpu_work += 1;
+                gpu_corr.push((correlation, dur));
             }
             if matches!(r, GpuRecord::Api { .. }) {
                 s.gpu.push((pid, r));
@@ -240,7 +254,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             .map(|(c, n)| format!("{c:?} ×{n}"))
             .collect();
         format!(
-            "{} event(s) of categories gapscope does not read were left out: {}",
+            "{} event(s) {LEFT_OUT}: {}",
             unknown.values().sum::<u64>(),
             list.join(", ")
         )
@@ -259,6 +273,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             ),
         });
     }
+    let mid_run = mid_run(first_step, &launches, &gpu_corr);
     // The host process: the one with the most host-side events.
     let host = cpu_pids
         .iter()
@@ -291,7 +306,11 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
     let (rank, world) = (meta.rank, meta.world_size);
     s.header = Some(SessionHeader {
         gapscope_version: env!("CARGO_PKG_VERSION").to_string(),
-        mode: Mode::Kineto,
+        mode: if mid_run.is_some() {
+            Mode::KinetoWindow
+        } else {
+            Mode::Kineto
+        },
         target_pid: host,
         command: vec![format!("kineto:{file}")],
         hostname: String::new(),
@@ -325,6 +344,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         s.notes.push(format!("rank {rank} of {world}"));
     }
     s.notes.extend(unknown_note);
+    s.notes.extend(mid_run);
     s.notes.push(
         "imported from a PyTorch profiler trace: no off-CPU data, so input waits cannot be split into storage, \
          preprocessing or network, and CPU contention and blocked threads cannot be seen (record with \
@@ -334,6 +354,52 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
     let dropped = crate::session::sanitize(&mut s);
     crate::session::note_dropped(&mut s, dropped);
     Ok(s)
+}
+
+/// What the note on events of unknown categories says, after their count.
+const LEFT_OUT: &str = "of categories gapscope does not read were left out";
+
+/// The notes of an imported trace that are said on stderr as well: events
+/// it holds that gapscope did not read.
+pub fn warnings(s: &Session) -> impl Iterator<Item = &str> {
+    s.notes
+        .iter()
+        .map(String::as_str)
+        .filter(|n| n.contains(LEFT_OUT))
+}
+
+/// Whether a trace starts mid-run, said as a note: a profiler schedule's
+/// wait and warm-up steps came before its first step (`ProfilerStep#N`, N
+/// from 1), or GPU work in it was launched before it began (no runtime
+/// call in the trace shares its correlation id). The idle before its first
+/// GPU work is then not the job's start-up.
+fn mid_run(first_step: Option<u64>, launches: &HashSet<u32>, gpu: &[(u32, u64)]) -> Option<String> {
+    // A trace with no runtime calls at all says nothing of launches.
+    let (n, ns) = if launches.is_empty() {
+        (0, 0)
+    } else {
+        gpu.iter()
+            .filter(|(c, _)| !launches.contains(c))
+            .fold((0u64, 0u64), |(n, ns), (_, d)| (n + 1, ns + d))
+    };
+    if first_step.unwrap_or(0) == 0 && n == 0 {
+        return None;
+    }
+    let mut why = Vec::new();
+    if let Some(f) = first_step.filter(|&f| f > 0) {
+        why.push(format!("its first step is ProfilerStep#{f}"));
+    }
+    if n > 0 {
+        why.push(format!(
+            "{n} GPU operation(s) in it, {:.1} ms, were launched before it began",
+            ns as f64 / 1e6
+        ));
+    }
+    Some(format!(
+        "the trace starts mid-run ({}): the idle before its first GPU work is attributed by what \
+         the trainer was doing, not called start-up",
+        why.join("; ")
+    ))
 }
 
 /// Trace files named on the command line, directories expanded.
@@ -376,5 +442,25 @@ mod tests {
             (copy_kind::DTOH, memory_kind::DEVICE, memory_kind::PINNED)
         );
         assert_eq!(memcpy_kinds("weird"), (0, 0, 0));
+    }
+
+    /// Mid-run: a first step past 0, or GPU work no runtime call in the
+    /// trace launched; not where every launch is there (or none is: then
+    /// nothing is known of launches).
+    #[test]
+    fn a_trace_starts_mid_run_by_its_first_step_or_work_launched_before() {
+        let launches: HashSet<u32> = [1, 2].into();
+        let work = [(1, 1_000_000), (2, 500_000)];
+        assert_eq!(mid_run(None, &launches, &work), None);
+        assert_eq!(mid_run(Some(0), &launches, &work), None);
+        assert_eq!(mid_run(Some(0), &HashSet::new(), &[(7, 1)]), None);
+        let n = mid_run(Some(4), &launches, &work).unwrap();
+        assert!(n.contains("its first step is ProfilerStep#4)"), "{n}");
+        let queued = [(1, 1_000_000), (9, 2_500_000), (8, 500_000)];
+        let n = mid_run(Some(0), &launches, &queued).unwrap();
+        assert!(
+            n.contains("(2 GPU operation(s) in it, 3.0 ms, were launched before it began)"),
+            "{n}"
+        );
     }
 }

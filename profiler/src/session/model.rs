@@ -289,6 +289,19 @@ pub enum Mode {
     /// are where the recording was cut, not where the job started or ended
     /// (unless its footer says the target exited).
     Window,
+    /// Imported from a PyTorch profiler trace that starts mid-run (a
+    /// profiler schedule's wait and warm-up steps, or GPU work launched
+    /// before it began): the idle before its first GPU work is not the
+    /// job's start-up (after its last, the profiler stopping, is tear-down).
+    #[serde(rename = "kineto-window")]
+    KinetoWindow,
+}
+
+impl Mode {
+    /// Imported from a PyTorch profiler trace.
+    pub fn is_trace(self) -> bool {
+        matches!(self, Mode::Kineto | Mode::KinetoWindow)
+    }
 }
 
 /// A kernel on stream 7 of device 0, for unit tests.
