@@ -148,7 +148,7 @@ impl SimDevice {
         if self.pending.is_empty() {
             return;
         }
-        if lock(&self.link).is_none() {
+        if !connected(&self.link) {
             // Dormant: nobody to tell, and nothing kept for later.
             self.pending.clear();
             return;
@@ -348,6 +348,18 @@ impl SimDevice {
             drop(tx);
             let _ = thread.join();
         }
+    }
+}
+
+/// Whether a profiler is connected, without waiting for the link: the
+/// sending thread holds it while a write blocks on a profiler that fell
+/// behind, and the trainer must not wait on that (taken, it is in use: a
+/// profiler is there, or one is connecting).
+fn connected(link: &Link) -> bool {
+    match link.try_lock() {
+        Ok(l) => l.is_some(),
+        Err(std::sync::TryLockError::WouldBlock) => true,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().is_some(),
     }
 }
 
