@@ -218,12 +218,7 @@ fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
         );
         assert!(u64_of(w, "end") > u64_of(w, "start"));
     }
-    let notes: Vec<&str> = report["notes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n.as_str().unwrap())
-        .collect();
+    let notes = notes_of(&report);
     assert!(
         notes.iter().any(|n| n.contains("events were lost")),
         "{notes:?}"

@@ -43,6 +43,11 @@ fn numbered(name: &str) -> Option<(&str, u64)> {
     Some((stem, number.parse().ok()?))
 }
 
+/// The number of a PyTorch profiler step op: "ProfilerStep#12" → 12.
+pub fn profiler_step(name: &str) -> Option<u64> {
+    name.strip_prefix("ProfilerStep#")?.parse().ok()
+}
+
 /// The run's steps: `ProfilerStep#N` ops where a trace has them, else the
 /// most common numbered step name among the NVTX ranges; None when fewer
 /// than two steps are marked.
@@ -53,7 +58,7 @@ pub fn find(tl: &Timeline) -> Option<Steps> {
         .values()
         .flatten()
         .filter_map(|o| {
-            let n = o.name.strip_prefix("ProfilerStep#")?.parse().ok()?;
+            let n = profiler_step(&o.name)?;
             Some(Step {
                 number: n,
                 start: o.start,
