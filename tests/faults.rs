@@ -218,7 +218,12 @@ fn an_overflowing_ring_buffer_counts_its_drops_and_marks_where() {
         );
         assert!(u64_of(w, "end") > u64_of(w, "start"));
     }
-    let notes = notes_of(&report);
+    let notes: Vec<&str> = report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
     assert!(
         notes.iter().any(|n| n.contains("events were lost")),
         "{notes:?}"

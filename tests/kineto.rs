@@ -634,7 +634,12 @@ fn a_trace_that_starts_mid_run_has_no_startup() {
         Some((90 + 200 + 490 + 490) * 1000),
         "{causes}"
     );
-    let notes = notes_of(&r);
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
     assert!(
         notes.iter().any(|n| n.contains("starts mid-run")
             && n.contains("ProfilerStep#3")

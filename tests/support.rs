@@ -189,16 +189,6 @@ pub fn run_workload(dir: &Path, args: &[&str], workload_args: &[&str]) -> (Run, 
     (r, lines)
 }
 
-/// A report's notes, as text.
-pub fn notes_of(report: &Value) -> Vec<&str> {
-    report["notes"]
-        .as_array()
-        .expect("a report's notes")
-        .iter()
-        .map(|n| n.as_str().unwrap())
-        .collect()
-}
-
 pub fn u64_of(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()

@@ -43,11 +43,6 @@ fn numbered(name: &str) -> Option<(&str, u64)> {
     Some((stem, number.parse().ok()?))
 }
 
-/// The number of a PyTorch profiler step op: "ProfilerStep#12" → 12.
-pub fn profiler_step(name: &str) -> Option<u64> {
-    name.strip_prefix("ProfilerStep#")?.parse().ok()
-}
-
 /// The run's steps: `ProfilerStep#N` ops where a trace has them, else the
 /// most common numbered step name among the NVTX ranges; None when fewer
 /// than two steps are marked.
@@ -58,7 +53,7 @@ pub fn find(tl: &Timeline) -> Option<Steps> {
         .values()
         .flatten()
         .filter_map(|o| {
-            let n = profiler_step(&o.name)?;
+            let n = o.name.strip_prefix("ProfilerStep#")?.parse().ok()?;
             Some(Step {
                 number: n,
                 start: o.start,

@@ -202,7 +202,11 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
             }
             "cpu_op" | "python_function" | "user_annotation" => {
                 *cpu_pids.entry(pid).or_default() += 1;
-                if let Some(n) = crate::analyze::steps::profiler_step(&e.name) {
+                if let Some(n) = e
+                    .name
+                    .strip_prefix("ProfilerStep#")
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
                     first_step = Some(first_step.map_or(n, |f| f.min(n)));
                 }
                 let (name, cat) = (intern(e.name), intern(cat.to_string()));
