@@ -25,26 +25,7 @@ const SCRIPT: &str = concat!(
 
 /// The venv's python, if torch imports there.
 fn torch_python() -> Option<PathBuf> {
-    // Beside the build profiles: cargo xtask setup makes it there.
-    let py = target_dir().parent().unwrap().join("torch-venv/bin/python");
-    let ok = Command::new(&py)
-        .args(["-c", "import torch, PIL, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(py);
-    }
-    if std::env::var("GAPSCOPE_REQUIRE_TORCH").as_deref() == Ok("1") {
-        panic!(
-            "torch is required (GAPSCOPE_REQUIRE_TORCH=1) but {} cannot import it; cargo xtask setup installs it",
-            py.display()
-        );
-    }
-    eprintln!(
-        "skipping: no torch in {} (cargo xtask setup installs it)",
-        py.display()
-    );
-    None
+    venv_python("torch, PIL, numpy")
 }
 
 /// The PNG dataset, made once (outside any recording) by whichever test

@@ -668,3 +668,232 @@ fn a_trace_that_starts_mid_run_has_no_startup() {
         d["steps"]
     );
 }
+
+const TB_OVERVIEW: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tb_overview.py");
+
+/// The TensorBoard profiler plugin's overview of a trace
+/// (tests/tb_overview.py); None where the test venv has no plugin.
+fn plugin_overview(trace: &std::path::Path) -> Option<Value> {
+    let py = venv_python("torch_tb_profiler.profiler.data")?;
+    let out = succeed(Command::new(py).arg(TB_OVERVIEW).arg(trace));
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// gapscope's report of a trace gives the plugin's overview on the same
+/// steps: as many steps, the mean step within 1%, the GPU busy within 1
+/// point of the plugin's kernel, copy, memset and communication time, and
+/// the idle gapscope calls input within 5 points of the plugin's
+/// DataLoader share. The report, for the caller's own checks.
+fn agrees_with_the_plugin(trace: &std::path::Path) -> Option<Value> {
+    let plugin = plugin_overview(trace)?;
+    let r = report(&[trace.to_str().unwrap(), "--format", "json"]);
+    let steps = &r["steps"];
+    let avg = &plugin["avg_us"];
+    let f = |k: &str| avg[k].as_f64().unwrap();
+    let total = f("Total");
+    assert_eq!(
+        steps["count"].as_u64().unwrap() as usize,
+        plugin["steps"].as_array().unwrap().len(),
+        "{steps:#} vs the plugin's {:#}",
+        plugin["steps"]
+    );
+    let mean_us = u64_of(steps, "mean_ns") as f64 / 1000.0;
+    assert!(
+        (mean_us / total - 1.0).abs() <= 0.01,
+        "mean step {mean_us} µs vs the plugin's {total} µs"
+    );
+    let g = &r["gpus"][0]["in_steps"];
+    let span = u64_of(g, "span_ns") as f64;
+    let busy = u64_of(g, "busy_ns") as f64 / span * 100.0;
+    let plugin_busy =
+        (f("Kernel") + f("Memcpy") + f("Memset") + f("Communication")) / total * 100.0;
+    assert!(
+        (busy - plugin_busy).abs() <= 1.0,
+        "busy {busy:.2}% vs the plugin's {plugin_busy:.2}%"
+    );
+    let input: u64 = g["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(c, _)| c.starts_with("input."))
+        .map(|(_, ns)| ns.as_u64().unwrap())
+        .sum();
+    let input = input as f64 / span * 100.0;
+    let loading = f("DataLoader") / total * 100.0;
+    assert!(
+        (input - loading).abs() <= 5.0,
+        "input {input:.2}% vs the plugin's DataLoader {loading:.2}%"
+    );
+    Some(r)
+}
+
+/// HTA's V100 and A100 traces, as recorded (torch 2.x category names):
+/// the plugin's step count, times and busy share.
+#[test]
+fn real_traces_give_the_tensorboard_plugins_overview() {
+    let dir = kineto_traces();
+    for name in ["v100_ns_rank0.json.gz", "a100_8rank_rank3.json.gz"] {
+        let Some(r) = agrees_with_the_plugin(&dir.join(name)) else {
+            return;
+        };
+        // No step of either is cut: each launched its share of the work.
+        assert_eq!(r["steps"]["cut"], 0, "{name}: {:#}", r["steps"]);
+    }
+}
+
+/// A trace of `steps` training steps of 1000 µs each, num_workers=0: in
+/// each, the DataLoader's `__next__` 10-500 µs with the collation
+/// (`aten::stack`) and a copy nested inside it, a launch 500-505, its
+/// kernel 510-900, and the optimizer's step 905-990. `old`: written as
+/// PyTorch 1.8-1.10 wrote traces (`Operator`, `Runtime`, `Kernel`, string
+/// thread ids). `mid_run`: the profiler started mid-run — the first step
+/// is ProfilerStep#3, and a kernel launched before the trace runs 0-300 µs
+/// — and stopped one step after the last GPU work, a step it holds no GPU
+/// work of.
+fn inline_loading_trace(old: bool, mid_run: bool, steps: u64) -> Vec<String> {
+    let (op, annotation, runtime, kernel) = if old {
+        ("Operator", "Operator", "Runtime", "Kernel")
+    } else {
+        ("cpu_op", "user_annotation", "cuda_runtime", "kernel")
+    };
+    let (tid, stream) = if old {
+        (r#""100""#, r#""stream 7""#)
+    } else {
+        ("100", "7")
+    };
+    let host = |cat: &str, name: &str, ts: u64, dur: u64| {
+        format!(
+            r#"{{"ph": "X", "cat": "{cat}", "name": "{name}", "pid": 100, "tid": {tid}, "ts": {ts}, "dur": {dur}}}"#
+        )
+    };
+    let gpu = |name: &str, ts: u64, dur: u64, c: u64| {
+        format!(
+            r#"{{"ph": "X", "cat": "{kernel}", "name": "{name}", "pid": 0, "tid": {stream}, "ts": {ts}, "dur": {dur}, "args": {{"device": 0, "context": 1, "stream": 7, "correlation": {c}}}}}"#
+        )
+    };
+    let first = if mid_run { 3 } else { 1 };
+    let mut events = Vec::new();
+    if mid_run {
+        events.push(gpu("k_before", 0, 300, 99));
+    }
+    let last = if mid_run { steps + 1 } else { steps };
+    for i in 0..last {
+        let t = i * 1000;
+        let number = first + i;
+        events.push(host(annotation, &format!("ProfilerStep#{number}"), t, 1000));
+        if i == steps {
+            continue;
+        }
+        events.push(host(
+            annotation,
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            t + 10,
+            490,
+        ));
+        events.push(host(op, "aten::stack", t + 100, 200));
+        events.push(host(op, "aten::copy_", t + 350, 100));
+        events.push(format!(r#"{{"ph": "X", "cat": "{runtime}", "name": "cudaLaunchKernel", "pid": 100, "tid": {tid}, "ts": {}, "dur": 5, "args": {{"correlation": {number}}}}}"#, t + 500));
+        events.push(gpu("k", t + 510, 390, number));
+        events.push(host(op, "Optimizer.step#SGD.step", t + 905, 85));
+    }
+    events
+}
+
+/// num_workers=0, in today's scheme and the old one: each step's loading
+/// (490 of its 1000 µs) is input however deep its ops, the optimizer's
+/// step the trainer's own work; the plugin's overview agrees.
+#[test]
+fn an_inline_loading_trace_gives_the_plugins_overview_and_its_truth() {
+    for old in [false, true] {
+        let dir = scratch("kineto-inline-steps");
+        let p = trace_of(dir.path(), &inline_loading_trace(old, false, 5));
+        let r = match agrees_with_the_plugin(&p) {
+            Some(r) => r,
+            None => report(&[p.to_str().unwrap(), "--format", "json"]),
+        };
+        let steps = &r["steps"];
+        assert_eq!(steps["source"], "ProfilerStep#N", "{steps:#}");
+        assert_eq!(steps["count"], 5, "{steps:#}");
+        assert_eq!(u64_of(steps, "mean_ns"), 1_000_000, "{steps:#}");
+        let g = &r["gpus"][0]["in_steps"];
+        assert_eq!(u64_of(g, "span_ns"), 5_000_000, "{g:#}");
+        assert_eq!(u64_of(g, "busy_ns"), 5 * 390_000, "{g:#}");
+        let causes = &g["idle_by_cause_ns"];
+        assert_eq!(u64_of(causes, "input.unknown"), 5 * 490_000, "{causes:#}");
+        // The trainer's own work: its time in the step outside the loading
+        // and the launch — 0-10, 505-510 and 900-1000 with the optimizer's
+        // step (an op of a region of the model, not input) — but for the
+        // last step's tail after the last kernel, tear-down.
+        assert_eq!(
+            u64_of(causes, "cpu.host"),
+            (4 * 115 + 15) * 1000,
+            "{causes:#}"
+        );
+        assert_eq!(u64_of(causes, "teardown"), 100_000, "{causes:#}");
+    }
+}
+
+/// Started mid-run and stopped a step after the last GPU work: the first
+/// step begins when the kernel queued before the trace is done, the step
+/// with no GPU work is left out (as the plugin leaves it out), and the
+/// plugin's overview agrees on the rest.
+#[test]
+fn a_mid_run_trace_gives_the_plugins_steps() {
+    let dir = scratch("kineto-mid-run-steps");
+    let p = trace_of(dir.path(), &inline_loading_trace(false, true, 4));
+    let r = match agrees_with_the_plugin(&p) {
+        Some(r) => r,
+        None => report(&[p.to_str().unwrap(), "--format", "json"]),
+    };
+    let steps = &r["steps"];
+    assert_eq!(steps["count"], 4, "{steps:#}");
+    assert_eq!(steps["cut"], 1, "{steps:#}");
+    let times: Vec<(u64, u64)> = steps["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (u64_of(s, "number"), u64_of(s, "ns")))
+        .collect();
+    assert_eq!(
+        times,
+        [(3, 700_000), (4, 1_000_000), (5, 1_000_000), (6, 1_000_000)]
+    );
+    // In the first step, the loading after the queued kernel: 300-500.
+    let causes = &r["gpus"][0]["in_steps"]["idle_by_cause_ns"];
+    assert_eq!(
+        u64_of(causes, "input.unknown"),
+        (200 + 3 * 490) * 1000,
+        "{causes:#}"
+    );
+}
+
+/// A `record_function` range of the user's own, named as input with an
+/// `op:` code rule, is input; without the rule, the trainer's own work.
+#[test]
+fn a_users_range_named_as_input_is_input() {
+    let dir = scratch("kineto-user-range");
+    let events: Vec<String> = inline_loading_trace(false, false, 3)
+        .into_iter()
+        .map(|e| e.replace("Optimizer.step#SGD.step", "augment_on_host"))
+        .collect();
+    let p = trace_of(dir.path(), &events);
+    let path = p.to_str().unwrap();
+    let cause = |r: &Value, c: &str| u64_of(&r["gpus"][0]["idle_by_cause_ns"], c);
+    let plain = report(&[path, "--format", "json"]);
+    // As in the test above: 115 µs a step but the last, 15.
+    assert_eq!(cause(&plain, "cpu.host"), (2 * 115 + 15) * 1000);
+    let named = report(&[
+        path,
+        "--format",
+        "json",
+        "--code",
+        "input.transform=op:augment_*",
+    ]);
+    // The range, 85 µs in each step but the last (where it is tear-down),
+    // moves from the trainer's own work to input.
+    assert_eq!(cause(&named, "cpu.host"), (2 * 30 + 15) * 1000);
+    assert_eq!(
+        cause(&named, "input.unknown"),
+        cause(&plain, "input.unknown") + 2 * 85_000
+    );
+}

@@ -678,3 +678,30 @@ pub fn python() -> Option<String> {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
+
+/// The test venv's python (`cargo xtask setup` makes it, in
+/// target/torch-venv) if `modules` import there; None, and a line saying
+/// why, where they do not — a panic under GAPSCOPE_REQUIRE_TORCH=1, as CI
+/// sets it.
+pub fn venv_python(modules: &str) -> Option<PathBuf> {
+    // Beside the build profiles: cargo xtask setup makes it there.
+    let py = target_dir().parent().unwrap().join("torch-venv/bin/python");
+    let ok = Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    if std::env::var("GAPSCOPE_REQUIRE_TORCH").as_deref() == Ok("1") {
+        panic!(
+            "{modules} required (GAPSCOPE_REQUIRE_TORCH=1) but {} cannot import it; cargo xtask setup installs it",
+            py.display()
+        );
+    }
+    eprintln!(
+        "skipping: {} cannot import {modules} (cargo xtask setup installs it)",
+        py.display()
+    );
+    None
+}

@@ -80,8 +80,9 @@ enum Command {
         /// Name your own code as a region of the job (input.decode,
         /// input.transform, model.forward…): REGION=FIELD:GLOB, FIELD one
         /// of py (a Python function's qualified name), pyfile (its file),
-        /// lib (a native frame's library), sym (its symbol); '*' at either
-        /// end of GLOB. Tried before the built-in table; repeat for more.
+        /// lib (a native frame's library), sym (its symbol), op (a trace's
+        /// op: a record_function range); '*' at either end of GLOB. Tried
+        /// before the built-in table; repeat for more.
         /// E.g. --code 'input.decode=py:ShardReader.decode'
         #[arg(long, value_name = "RULE")]
         code: Vec<String>,

@@ -190,8 +190,6 @@ fn fetch_cupti_wheel() {
     }
 }
 
-/// Installs, with apt, what building needs and, `for_tests`, what the
-/// tests need too. Without root, says what to install instead.
 /// The venv with torch (CPU use only) that the DataLoader tests run in.
 pub const TORCH_VENV: &str = "target/torch-venv";
 /// The torch those tests were written against.
@@ -211,6 +209,7 @@ fn torch_venv() {
     // auditwheel checks the wheel's platform tag in the tests.
     if imports() {
         auditwheel(&python);
+        tb_profiler(&python);
         return;
     }
     eprintln!("xtask: setup: installing {TORCH} into {TORCH_VENV} (a few GB, once)");
@@ -232,6 +231,39 @@ fn torch_venv() {
         );
     }
     auditwheel(&python);
+    tb_profiler(&python);
+}
+
+/// The TensorBoard profiler plugin this version's Kineto tests compare
+/// with.
+const TB_PROFILER: &str = "torch-tb-profiler==0.4.3";
+
+/// The TensorBoard profiler plugin's trace parser (PyPI), into the test
+/// venv: the Kineto tests compare gapscope's step breakdown with its
+/// overview. Without TensorBoard itself (only the parser is used, and it
+/// needs pandas alone).
+fn tb_profiler(python: &Path) {
+    let imports = || {
+        Command::new(python)
+            .args(["-c", "import torch_tb_profiler.profiler.data"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if imports() {
+        return;
+    }
+    let pip = |args: &[&str]| {
+        Command::new(python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !(pip(&["pandas"]) && pip(&["--no-deps", TB_PROFILER]) && imports()) {
+        eprintln!(
+            "xtask: setup: could not install {TB_PROFILER}; the comparisons with it will skip (fail under GAPSCOPE_REQUIRE_TORCH=1)"
+        );
+    }
 }
 
 /// auditwheel (from PyPI) into the test venv, for the wheel's tests.
@@ -258,6 +290,8 @@ fn auditwheel(python: &Path) {
     }
 }
 
+/// Installs, with apt, what building needs and, `for_tests`, what the
+/// tests need too. Without root, says what to install instead.
 fn setup(for_tests: bool) -> Result<()> {
     fetch_cupti_wheel();
     if for_tests {

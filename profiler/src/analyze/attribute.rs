@@ -26,6 +26,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
+use crate::analyze::code::Region;
 use crate::timeline::{Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
 
 /// Waits followed from thread to thread before giving up.
@@ -77,6 +78,9 @@ pub struct Inputs<'a> {
     /// Keep every piece: the pictures draw them; the report needs only
     /// their sums.
     pub keep_pieces: bool,
+    /// The span of the run's steps, where known: idle inside it is also
+    /// tallied apart ([`Attribution::in_steps`]).
+    pub steps: Option<(u64, u64)>,
     /// Set when a thread asked about had not yet moved past the span asked
     /// about: its states there may still change (the attribution of a
     /// recording still being replayed; see `analyze::stream`).
@@ -93,6 +97,10 @@ pub struct Attribution {
     /// Time without GPU records that fell where the GPU could not be seen
     /// at all (a blind span): taken out of the idle time, not charged.
     pub unseen: u64,
+    /// The idle inside the run's steps ([`Attribution::within_steps`]), per
+    /// cause.
+    pub in_steps: BTreeMap<Cause, u64>,
+    steps: Option<(u64, u64)>,
     /// Where the GPU could not be seen, sorted and disjoint.
     blind: Vec<(u64, u64)>,
     /// Where events were lost, sorted and disjoint: idle inside is charged
@@ -115,10 +123,19 @@ impl Attribution {
             by_thread: BTreeMap::new(),
             pieces: Vec::new(),
             unseen: 0,
+            in_steps: BTreeMap::new(),
+            steps: None,
             blind,
             lossy,
             keep_pieces,
         }
+    }
+
+    /// Also tallies the idle inside `[a, b)`, the span of the run's steps,
+    /// by cause: what the report compares with a step breakdown.
+    pub fn within_steps(mut self, span: Option<(u64, u64)>) -> Attribution {
+        self.steps = span;
+        self
     }
 
     /// A piece as the rules decided it: its parts in blind spans are
@@ -157,6 +174,12 @@ impl Attribution {
         *self.by_cause.entry(p.cause).or_default() += ns;
         if let Some(t) = p.thread {
             *self.by_thread.entry((p.cause, t)).or_default() += ns;
+        }
+        if let Some((a, b)) = self.steps {
+            let inside = p.end.min(b).saturating_sub(p.start.max(a));
+            if inside > 0 {
+                *self.in_steps.entry(p.cause).or_default() += inside;
+            }
         }
         if self.keep_pieces {
             self.pieces.push(p);
@@ -208,7 +231,8 @@ fn split(windows: &[(u64, u64)], p: Piece, mut part: impl FnMut(bool, Piece)) {
 }
 
 pub fn attribute(inp: &Inputs) -> Attribution {
-    let mut out = Attribution::new(inp.blind.to_vec(), inp.lossy.to_vec(), inp.keep_pieces);
+    let mut out = Attribution::new(inp.blind.to_vec(), inp.lossy.to_vec(), inp.keep_pieces)
+        .within_steps(inp.steps);
     let (head, tail) = edges(inp.window, inp.busy);
     out.add(head);
     let fallback = main_feeder(inp.work);
@@ -748,15 +772,13 @@ fn call_spacing(calls: Option<&Vec<Call>>, t: Tid, a: u64, b: u64, out: &mut Att
     }
 }
 
-/// A trace's op of the DataLoader's iterator
-/// (`enumerate(DataLoader)#…__next__`).
-pub fn is_dataloader_op(name: &str) -> bool {
-    name.contains("DataLoader")
-}
-
-/// What a named host op (from a trace) means for the GPU waiting on it.
-pub fn op_cause(name: &str) -> Cause {
-    if is_dataloader_op(name) {
+/// What a named host op (from a trace) means for the GPU waiting on it,
+/// given its region of code ([`super::code::Rules::op`]): an input region's
+/// op (the DataLoader's iterator, a user's range named as input) is input
+/// of a kind the trace cannot tell; a read of a result from the GPU is a
+/// sync; anything else the host's own work.
+pub fn op_cause(name: &str, region: Option<Region>) -> Cause {
+    if region.is_some_and(Region::is_input) {
         Cause::InputUnknown
     } else if name == "aten::item"
         || name == "aten::_local_scalar_dense"
@@ -1151,6 +1173,7 @@ mod tests {
             blind: &[],
             lossy: &[],
             keep_pieces: true,
+            steps: None,
             unsettled: None,
         });
         let busy_total: u64 = busy.iter().map(|(s, e)| e - s).sum();
@@ -1714,12 +1737,32 @@ mod tests {
                 (60, 100, Cause::CpuHost),
             ]
         );
+    }
+
+    #[test]
+    fn an_ops_cause_follows_its_region_of_code() {
+        use crate::analyze::code::Rules;
+        let mut rules = Rules::default();
+        let cause = |rules: &Rules, name: &str| op_cause(name, rules.op(name));
         assert_eq!(
-            op_cause("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"),
+            cause(
+                &rules,
+                "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+            ),
             Cause::InputUnknown
         );
-        assert_eq!(op_cause("aten::item"), Cause::Sync);
-        assert_eq!(op_cause("aten::mm"), Cause::CpuHost);
+        assert_eq!(cause(&rules, "aten::item"), Cause::Sync);
+        assert_eq!(cause(&rules, "aten::mm"), Cause::CpuHost);
+        assert_eq!(rules.op("Optimizer.step#SGD.step"), Some(Region::Optimizer));
+        assert_eq!(cause(&rules, "Optimizer.step#SGD.step"), Cause::CpuHost);
+        assert_eq!(rules.op("## forward ##"), Some(Region::Forward));
+        assert_eq!(rules.op("nccl:all_reduce"), Some(Region::Collective));
+        // A user's record_function range named as input is input.
+        assert_eq!(cause(&rules, "augment_batch"), Cause::CpuHost);
+        rules.add("input.transform=op:augment_*").unwrap();
+        assert_eq!(cause(&rules, "augment_batch"), Cause::InputUnknown);
+        // Op rules name ops only, not frames.
+        assert_eq!(rules.op("aten::add"), None);
     }
 
     #[test]

@@ -146,6 +146,9 @@ enum Field {
     Lib,
     /// A native frame's symbol.
     Sym,
+    /// A profiler op's name, as a trace records it (`Optimizer.step#SGD.step`,
+    /// a `record_function` range): an imported trace's code context.
+    Op,
 }
 
 /// One rule: frames whose `field` matches `glob` are in `region`.
@@ -227,13 +230,30 @@ pub const BUILTIN: &[&str] = &[
     "logging=pyfile:*/wandb/*",
     // Start-up.
     "import=pyfile:<frozen importlib._bootstrap*",
+    // The ops torch's profiler writes around regions of a step, for traces
+    // (which have ops, not stacks): the DataLoader's iterator, the
+    // optimizer's step and zero_grad, the backward pass's autograd nodes,
+    // collectives, and the `## forward ##` style ranges of torch's own
+    // profiling recipes.
+    "input.loader=op:enumerate(DataLoader)#*",
+    "model.optimizer=op:Optimizer.step#*",
+    "model.optimizer=op:Optimizer.zero_grad#*",
+    "model.optimizer=op:## optimizer ##",
+    "model.forward=op:## forward ##",
+    "model.backward=op:## backward ##",
+    "model.backward=op:autograd::engine::evaluate_function: *",
+    "collective=op:nccl:*",
+    "collective=op:gloo:*",
+    "collective=op:c10d::*",
+    "collective=op:record_param_comms",
 ];
 
 impl Rule {
-    /// `REGION=FIELD:GLOB`, FIELD one of py, pyfile, lib, sym.
+    /// `REGION=FIELD:GLOB`, FIELD one of py, pyfile, lib, sym, op.
     pub fn parse(spec: &str) -> Result<Rule, String> {
-        let bad =
-            |why: &str| format!("code rule '{spec}': {why} (want REGION=py|pyfile|lib|sym:GLOB)");
+        let bad = |why: &str| {
+            format!("code rule '{spec}': {why} (want REGION=py|pyfile|lib|sym|op:GLOB)")
+        };
         let (region, rest) = spec.split_once('=').ok_or_else(|| bad("no '='"))?;
         let region = Region::parse(region.trim()).ok_or_else(|| {
             let all: Vec<&str> = Region::ALL.iter().map(|r| r.name()).collect();
@@ -245,6 +265,7 @@ impl Rule {
             "pyfile" => Field::PyFile,
             "lib" => Field::Lib,
             "sym" => Field::Sym,
+            "op" => Field::Op,
             other => return Err(bad(&format!("no field '{other}'"))),
         };
         let glob = glob.trim();
@@ -340,6 +361,15 @@ impl Rules {
             .map(|r| r.region)
     }
 
+    /// The region of a profiler op, by the first `op:` rule its name
+    /// matches.
+    pub fn op(&self, name: &str) -> Option<Region> {
+        self.rules
+            .iter()
+            .find(|r| r.field == Field::Op && r.matches(name))
+            .map(|r| r.region)
+    }
+
     /// The region of a stack, innermost frame first (as stacks are kept):
     /// read from the outermost frame in, each frame of a more specific
     /// region refining what the frames outside it said.
@@ -383,6 +413,8 @@ pub struct CodeOf {
     /// How far from a stretch a sample still speaks for it: half the
     /// cpu-clock period.
     reach_ns: u64,
+    /// The rules, for what has no stack: a trace's ops.
+    rules: Rules,
 }
 
 impl CodeOf {
@@ -400,7 +432,13 @@ impl CodeOf {
                 })
                 .collect(),
             reach_ns: 500_000_000 / sample_hz.max(1),
+            rules: rules.clone(),
         }
+    }
+
+    /// The region of a trace's op ([`Rules::op`]).
+    pub fn op(&self, name: &str) -> Option<Region> {
+        self.rules.op(name)
     }
 
     /// How far past a stretch a sample may still speak for it.

@@ -144,18 +144,28 @@ pub struct Diagnosis {
     /// Where CPU events or GPU records were lost: idle inside is charged to
     /// unattributed.
     pub lossy_windows: Vec<(u64, u64)>,
+    /// The run's steps, where marked: the attribution also tallies the idle
+    /// inside them.
+    pub steps: Option<super::steps::Summary>,
 }
 
-/// What each thread's profiler ops (imported traces) say, as disjoint
-/// sorted (start, end, cause) segments.
-pub(crate) fn op_causes(tl: &Timeline) -> HashMap<Tid, Vec<(u64, u64, Cause)>> {
+/// What each thread's profiler ops (imported traces) say, read with the
+/// code rules as live frames are, as disjoint sorted (start, end, cause)
+/// segments.
+pub(crate) fn op_causes(tl: &Timeline, code: &CodeOf) -> HashMap<Tid, Vec<(u64, u64, Cause)>> {
     tl.gpu
         .host_ops
         .iter()
         .map(|(t, ops)| {
             let causes = ops
                 .iter()
-                .map(|o| (o.start, o.end, attribute::op_cause(&o.name)))
+                .map(|o| {
+                    (
+                        o.start,
+                        o.end,
+                        attribute::op_cause(&o.name, code.op(&o.name)),
+                    )
+                })
                 .collect();
             (*t, attribute::flatten_ops(causes))
         })
@@ -165,7 +175,8 @@ pub(crate) fn op_causes(tl: &Timeline) -> HashMap<Tid, Vec<(u64, u64, Cause)>> {
 /// `tl` must have been built with intervals. `keep_pieces`: see
 /// [`Inputs::keep_pieces`].
 pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &CodeOf) -> Diagnosis {
-    let ops = op_causes(tl);
+    let ops = op_causes(tl, code);
+    let steps = super::steps::summary(tl);
     let lossy_windows = super::loss::lossy_windows(session);
     let blind_windows = super::loss::blind_windows(session);
     let edges = attribute::Edges::of(session);
@@ -188,6 +199,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &Code
                 blind: &blind_windows,
                 lossy: &lossy_windows,
                 keep_pieces,
+                steps: steps.as_ref().map(super::steps::Summary::span),
                 unsettled: None,
             };
             let attribution = attribute::attribute(&inputs);
@@ -210,6 +222,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &Code
     Diagnosis {
         gpus,
         lossy_windows,
+        steps,
     }
 }
 

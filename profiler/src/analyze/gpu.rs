@@ -76,6 +76,16 @@ impl GpuTimeline {
         total(&self.busy)
     }
 
+    /// Busy time inside `[a, b)`.
+    pub fn busy_within(&self, a: u64, b: u64) -> u64 {
+        let i = self.busy.partition_point(|x| x.1 <= a);
+        self.busy[i..]
+            .iter()
+            .take_while(|x| x.0 < b)
+            .map(|x| x.1.min(b) - x.0.max(a))
+            .sum()
+    }
+
     pub fn first_activity(&self) -> Option<u64> {
         self.busy.first().map(|s| s.0)
     }

@@ -252,6 +252,7 @@ fn conclude(
             nr_cpus,
             collector_cpu_ns: collector_cpu,
             stages: stages.as_ref(),
+            code: &opts.code,
         },
         &timeline,
         &diagnosis,

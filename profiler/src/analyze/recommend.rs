@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use gapscope_cupti::GpuRecord;
 use serde::Serialize;
 
-use crate::analyze::attribute::{is_dataloader_op, ApiRole, Cause, Tid};
+use crate::analyze::attribute::{ApiRole, Cause, Tid};
+use crate::analyze::code::{Region, Rules};
 use crate::analyze::diagnose::Diagnosis;
 use crate::analyze::replay;
 use crate::analyze::stages::InputStages;
@@ -290,6 +291,8 @@ pub struct Context<'a> {
     /// The input pipeline by stage: an input recommendation names the
     /// slowest.
     pub stages: Option<&'a InputStages>,
+    /// The code rules: a trace's ops in an input region are loading.
+    pub code: &'a Rules,
 }
 
 pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice {
@@ -297,6 +300,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         nr_cpus,
         collector_cpu_ns,
         stages,
+        code,
     } = cx;
     if d.gpus.is_empty() {
         return Advice {
@@ -328,6 +332,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         tl,
         d,
         stages,
+        code,
     };
     let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns);
     // Each with the time it would give back, to order them: as replayed
@@ -503,6 +508,7 @@ struct Evidence<'a> {
     tl: &'a Timeline,
     d: &'a Diagnosis,
     stages: Option<&'a InputStages>,
+    code: &'a Rules,
 }
 
 fn top_threads(involved: &HashMap<Tid, u64>, n: usize) -> Vec<Tid> {
@@ -512,9 +518,9 @@ fn top_threads(involved: &HashMap<Tid, u64>, n: usize) -> Vec<Tid> {
 }
 
 impl Evidence<'_> {
-    /// Time the threads in `set` spent in ops nested inside a DataLoader
-    /// op (a trace's record of loading inline), and the ops that took
-    /// most of it.
+    /// Time the threads in `set` spent in ops nested inside an input
+    /// region's op, the DataLoader's above all (a trace's record of
+    /// loading inline), and the ops that took most of it.
     fn ops_inside_the_dataloader(&self, set: &HashSet<Tid>) -> (u64, Vec<String>) {
         let mut by: HashMap<&str, u64> = HashMap::new();
         let mut spans: Vec<(u64, u64)> = Vec::new();
@@ -522,12 +528,13 @@ impl Evidence<'_> {
             if !set.contains(tid) {
                 continue;
             }
+            let loading = |name: &str| self.code.op(name).is_some_and(Region::is_input);
             let loaders: Vec<(u64, u64)> = ops
                 .iter()
-                .filter(|o| is_dataloader_op(&o.name))
+                .filter(|o| loading(&o.name))
                 .map(|o| (o.start, o.end))
                 .collect();
-            for o in ops.iter().filter(|o| !is_dataloader_op(&o.name)) {
+            for o in ops.iter().filter(|o| !loading(&o.name)) {
                 if loaders.iter().any(|&(s, e)| s <= o.start && o.end <= e) {
                     *by.entry(&o.name).or_default() += o.end - o.start;
                     spans.push((o.start, o.end));

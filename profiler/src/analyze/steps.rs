@@ -85,16 +85,40 @@ pub fn find(tl: &Timeline) -> Option<Steps> {
     })
 }
 
-/// Each step's time, ns, by number: from the moment the previous step's
-/// results were out to the moment its own were — its host span's end, or
-/// the end of the GPU work it launched when that came later. (A loop that
-/// never waits for its GPU queues steps far faster than the GPU runs them:
-/// host spans alone would call it fast however slow its GPU work is.) The
-/// first step's predecessor is GPU work launched before the recording or
-/// trace began (work whose launch it does not hold, running before that
-/// step's end): the step begins when that is done, as the TensorBoard
-/// plugin times it.
+/// One step as timed: from the moment the previous step's results were
+/// out to the moment its own were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timed {
+    pub number: u64,
+    pub begin: u64,
+    pub end: u64,
+    /// GPU work it launched, as the trace or recording holds it.
+    pub launched: usize,
+}
+
+/// Each step's time, ns, by number ([`timed`]).
 pub fn times(tl: &Timeline, steps: &Steps) -> Vec<(u64, u64)> {
+    timed(tl, steps)
+        .into_iter()
+        .map(|t| (t.number, t.end - t.begin))
+        .collect()
+}
+
+/// Each step from the moment the previous step's results were out to the
+/// moment its own were — its host span's end, or the end of the GPU work
+/// it launched when that came later. (A loop that never waits for its GPU
+/// queues steps far faster than the GPU runs them: host spans alone would
+/// call it fast however slow its GPU work is.) The first step's
+/// predecessor is GPU work launched before the recording or trace began
+/// (work whose launch it does not hold, running before that step's end):
+/// the step begins when that is done, as the TensorBoard plugin times it.
+///
+/// Steps at the end whose GPU work was not recorded are left out, as the
+/// plugin leaves them: a profiler stopping at a step's end stops before
+/// the kernels that step queued have run, so those steps look short and
+/// idle. Those that launched nothing the trace holds go, and then the last
+/// if it launched under 80% of what the step before it did.
+pub fn timed(tl: &Timeline, steps: &Steps) -> Vec<Timed> {
     let work = || tl.gpu.devices.iter().flat_map(|d| &d.work);
     let mut launched: Vec<(u64, u64)> = work()
         .filter_map(|w| Some((w.launch?.1, w.span().1)))
@@ -116,10 +140,58 @@ pub fn times(tl: &Timeline, steps: &Steps) -> Vec<(u64, u64)> {
         let to = launched.partition_point(|x| x.0 < until);
         let done = launched[from..to].iter().map(|x| x.1).fold(s.end, u64::max);
         let begun = previous.map_or(s.start, |p| p.min(done));
-        out.push((s.number, done - begun));
+        out.push(Timed {
+            number: s.number,
+            begin: begun,
+            end: done,
+            launched: to - from,
+        });
         previous = Some(previous.map_or(done, |p| p.max(done)));
     }
+    if !launched.is_empty() && out.len() > 1 {
+        let Some(last) = out.iter().rposition(|t| t.launched > 0) else {
+            return out;
+        };
+        let mut keep = last + 1;
+        if last > 0 && (out[last].launched as f64) < 0.8 * out[last - 1].launched as f64 {
+            keep = last;
+        }
+        out.truncate(keep);
+    }
     out
+}
+
+/// The steps as a report gives them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub source: String,
+    pub timed: Vec<Timed>,
+    /// Steps at the end left out, their GPU work not recorded.
+    pub cut: usize,
+}
+
+impl Summary {
+    /// From the first step's beginning to the last one's end.
+    pub fn span(&self) -> (u64, u64) {
+        let a = self.timed.first().map_or(0, |t| t.begin);
+        (a, self.timed.last().map_or(a, |t| t.end))
+    }
+
+    pub fn mean_ns(&self) -> u64 {
+        let n = self.timed.len().max(1) as u64;
+        self.timed.iter().map(|t| t.end - t.begin).sum::<u64>() / n
+    }
+}
+
+/// The run's steps, timed; None when fewer than two are marked (or kept).
+pub fn summary(tl: &Timeline) -> Option<Summary> {
+    let steps = find(tl)?;
+    let timed = timed(tl, &steps);
+    (timed.len() >= 2).then(|| Summary {
+        cut: steps.steps.len() - timed.len(),
+        source: steps.source,
+        timed,
+    })
 }
 
 /// Sorted by start, one per number (ranks or threads marking the same

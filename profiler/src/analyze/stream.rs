@@ -16,6 +16,7 @@ use super::checks::{on_cpu_at, ClockCheck};
 use super::code::CodeOf;
 use super::diagnose::{Diagnosis, Feeder, GpuDiagnosis};
 use super::gpu::{gpu_timelines, GpuTimeline};
+use super::steps;
 use crate::timeline::Timeline;
 
 /// One GPU's gaps, attributed in order.
@@ -60,6 +61,7 @@ fn inputs<'a>(
         blind: &[],
         lossy: &[],
         keep_pieces: true,
+        steps: None,
         unsettled,
     }
 }
@@ -87,6 +89,7 @@ pub struct Attributor {
     /// Where events were lost (see [`Attribution`]).
     lossy: Vec<(u64, u64)>,
     code: CodeOf,
+    steps: Option<steps::Summary>,
 }
 
 impl Attributor {
@@ -118,6 +121,9 @@ impl Attributor {
             }
         }
         launches.sort_by_key(|l| l.at);
+        // The timeline's GPU side (and so the step marks) is whole before
+        // the events are replayed.
+        let steps = steps::summary(tl);
         let devices = gpu_timelines(&tl.gpu, window.0, window.1)
             .into_iter()
             .zip(&tl.gpu.devices)
@@ -130,7 +136,8 @@ impl Attributor {
                     spans: edges.bound(window, &gpu.busy),
                     gpu,
                     next: 0,
-                    out: Attribution::new(blind.to_vec(), lossy.clone(), false),
+                    out: Attribution::new(blind.to_vec(), lossy.clone(), false)
+                        .within_steps(steps.as_ref().map(steps::Summary::span)),
                     feeder: fallback.map(|t| Feeder::new(t, window.0)),
                     account_to: window.0,
                 }
@@ -143,9 +150,10 @@ impl Attributor {
             next_launch: 0,
             unseen_launchers: Vec::new(),
             checks,
-            ops: super::diagnose::op_causes(tl),
+            ops: super::diagnose::op_causes(tl, &code),
             lossy,
             code,
+            steps,
         }
     }
 
@@ -269,6 +277,7 @@ impl Attributor {
         let diagnosis = Diagnosis {
             gpus,
             lossy_windows: self.lossy,
+            steps: self.steps,
         };
         (diagnosis, self.checks)
     }

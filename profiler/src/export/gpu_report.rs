@@ -75,6 +75,20 @@ pub struct GpuReport {
     pub pids: Vec<u32>,
     /// Integrity of the merged clock (see [`ClockCheck`]).
     pub clock_check: ClockCheck,
+    /// The same over the run's steps only (the report's `steps`), where
+    /// they are marked: what a step breakdown (the TensorBoard plugin's
+    /// overview) shows.
+    pub in_steps: Option<InSteps>,
+}
+
+/// A GPU over the run's steps: from the first step's beginning to the last
+/// one's end. busy + idle + unseen = span.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct InSteps {
+    pub span_ns: u64,
+    pub busy_ns: u64,
+    pub idle_ns: u64,
+    pub idle_by_cause_ns: IdleByCause,
 }
 
 /// Busy time by what ran: compute kernels; communication kernels (NCCL)
@@ -150,6 +164,17 @@ pub fn build(a: &Analysis) -> GpuSection {
                 idle_energy_j: nvml.idle_energy_j,
                 clock_check: a.clock_checks.get(&g.device).cloned().unwrap_or_default(),
                 pids: g.pids.clone(),
+                in_steps: a.diagnosis.steps.as_ref().map(|s| {
+                    let (from, to) = s.span();
+                    let of = |c: Cause| d.attribution.in_steps.get(&c).copied().unwrap_or(0);
+                    let idle = IdleByCause::from_fn(of);
+                    InSteps {
+                        span_ns: to - from,
+                        busy_ns: g.busy_within(from, to),
+                        idle_ns: idle.total(),
+                        idle_by_cause_ns: idle,
+                    }
+                }),
             }
         })
         .collect();

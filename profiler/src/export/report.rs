@@ -32,6 +32,9 @@ pub struct Report {
     /// The input pipeline by stage (absent where no sample was in input
     /// code).
     pub input_stages: Option<crate::analyze::stages::InputStages>,
+    /// The run's steps, where a trace or recording marks them (absent
+    /// below two): each GPU's `in_steps` is its time over them.
+    pub steps: Option<StepsReport>,
     /// CUDA API time per host thread, from the GPU sources.
     pub cuda_api: Vec<ApiThread>,
     /// Host waits in CUDA synchronization calls, by kind.
@@ -41,6 +44,49 @@ pub struct Report {
     pub session: SessionInfo,
     pub processes: Vec<ProcessReport>,
     pub notes: Vec<String>,
+}
+
+/// The run's steps, each timed from the moment the previous step's results
+/// were out to the moment its own were.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StepsReport {
+    /// What marked them: "ProfilerStep#N", or an NVTX range name.
+    pub source: String,
+    pub count: usize,
+    pub mean_ns: u64,
+    /// From the first step's beginning to the last one's end.
+    pub window_ns: Window,
+    /// Steps at the end left out: the trace stopped before their GPU work
+    /// was recorded.
+    pub cut: usize,
+    pub steps: Vec<StepTime>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StepTime {
+    pub number: u64,
+    pub ns: u64,
+}
+
+impl StepsReport {
+    fn of(s: &crate::analyze::steps::Summary) -> StepsReport {
+        let (start, end) = s.span();
+        StepsReport {
+            source: s.source.clone(),
+            count: s.timed.len(),
+            mean_ns: s.mean_ns(),
+            window_ns: Window { start, end },
+            cut: s.cut,
+            steps: s
+                .timed
+                .iter()
+                .map(|t| StepTime {
+                    number: t.number,
+                    ns: t.end - t.begin,
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -525,6 +571,7 @@ pub fn build(a: &Analysis) -> Report {
         threads,
         idle_cost: IdleCost::of(&gpu.gpus),
         input_stages: a.stages.clone(),
+        steps: a.diagnosis.steps.as_ref().map(StepsReport::of),
         gpus: gpu.gpus,
         recommendations: a.advice.recommendations.clone(),
         verdict: a.advice.verdict.clone(),

@@ -375,6 +375,33 @@ fn stage_blocks(r: &Report, b: &mut Vec<Block>) {
     b.push(Block::Bullets(lines));
 }
 
+/// The GPU over the run's steps, as a step breakdown reads: busy and each
+/// cause's share of the steps' time.
+fn steps_line(st: &super::report::StepsReport, i: &super::gpu_report::InSteps) -> String {
+    let mut parts = vec![format!("busy {}", units::percent(i.busy_ns, i.span_ns))];
+    parts.extend(
+        i.idle_by_cause_ns
+            .entries()
+            .filter(|(_, ns)| *ns > 0)
+            .map(|(c, ns)| format!("{} {}", c.name(), units::percent(ns, i.span_ns))),
+    );
+    format!(
+        "over {} steps ({}, mean {}{}): {}",
+        st.count,
+        st.source,
+        units::duration(st.mean_ns),
+        if st.cut > 0 {
+            format!(
+                "; the last {} left out, their GPU work not in the trace",
+                st.cut
+            )
+        } else {
+            String::new()
+        },
+        parts.join(" · ")
+    )
+}
+
 fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
     for s in r
         .gpu_sources
@@ -458,6 +485,9 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
             .map(|(c, ns)| format!("{} {}", c.name(), units::duration(ns)))
             .collect();
         lines.push(format!("idle: {}", causes.join(" · ")));
+        if let (Some(st), Some(i)) = (&r.steps, &g.in_steps) {
+            lines.push(steps_line(st, i));
+        }
         let mut ran = vec![format!(
             "kernels {} ({})",
             units::count(g.kernels.count),
