@@ -571,10 +571,17 @@ fn old_category_names_are_read() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        err.trim(),
-        "gapscope: warning: trace.json: 1 event(s) of categories gapscope does not read were left out: \"Sampled\" ×1",
-    );
+    let warning = "gapscope: warning: trace.json: 1 event(s) of categories gapscope does not read were left out: \"Sampled\" ×1";
+    assert_eq!(err.trim(), warning);
+    // And when the trace is imported as a session.
+    let out = Command::new(gapscope())
+        .args(["import", "kineto", p.to_str().unwrap(), "-o"])
+        .arg(dir.path().join("imported"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().next(), Some(warning), "{err}");
 }
 
 /// A trace with no GPU activity in any form gapscope reads fails in one

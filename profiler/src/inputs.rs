@@ -158,7 +158,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
 
 /// Writes a session for each trace: `dir/session.gsz` for one trace,
 /// `dir/<trace name>/session.gsz` for several. Returns the files written.
-pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<Imported>, LoadError> {
     use crate::session::{GpuBatch, Record, SessionWriter};
     let files = kineto::trace_files(traces);
     let mut written = Vec::new();
@@ -214,7 +214,24 @@ pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<PathBuf>, LoadErr
             w.push(&Record::End(f.clone()))?;
         }
         w.finish()?;
-        written.push(path);
+        let label = f.file_name().map_or_else(
+            || f.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        written.push(Imported {
+            warnings: kineto::warnings(&s)
+                .map(|w| format!("{label}: {w}"))
+                .collect(),
+            path,
+        });
     }
     Ok(written)
+}
+
+/// A session [`import_to`] wrote.
+pub struct Imported {
+    pub path: PathBuf,
+    /// What its trace held that gapscope does not read, as
+    /// [`Loaded::warnings`] says it.
+    pub warnings: Vec<String>,
 }

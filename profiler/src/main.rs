@@ -793,8 +793,11 @@ fn main() -> ExitCode {
             what: ImportCommand::Kineto { traces, output },
         } => match gapscope::inputs::import_to(&traces, &output) {
             Ok(written) => {
-                for p in written {
-                    eprintln!("gapscope: wrote {}", p.display());
+                for i in written {
+                    for w in &i.warnings {
+                        eprintln!("gapscope: warning: {w}");
+                    }
+                    eprintln!("gapscope: wrote {}", i.path.display());
                 }
                 ExitCode::SUCCESS
             }
