@@ -94,6 +94,8 @@ pub struct Pool {
     pub net: u64,
     pub cpu: u64,
     pub runnable: u64,
+    /// On a CPU, whatever for, summed over the pool's threads.
+    pub on_cpu: u64,
     /// The busiest thread's working time, and its lifetime in the window.
     pub busiest: u64,
     pub busiest_life: u64,
@@ -116,6 +118,7 @@ impl Pool {
         // A CPU taken from it (steal) is waiting for a CPU too.
         let runnable = t.runnable + t.stolen;
         self.runnable += runnable;
+        self.on_cpu += t.on_cpu;
         let work = io + net + cpu + runnable;
         if work > self.busiest {
             self.busiest = work;
@@ -135,6 +138,20 @@ impl Pool {
             0.0
         } else {
             self.total() as f64 / self.busiest as f64
+        }
+    }
+
+    /// The share of its CPU work it got a CPU for: on a CPU, of on a CPU
+    /// or waiting for one. A worker that waited for a CPU a tenth of that
+    /// time computed on nine tenths of one (its waits for its reads or for
+    /// a full queue are not asking for a CPU). Without a count of its CPU
+    /// time, all of it.
+    pub fn cpu_share(&self) -> f64 {
+        let asked = self.on_cpu + self.runnable;
+        if self.on_cpu == 0 || asked == 0 {
+            1.0
+        } else {
+            self.on_cpu as f64 / asked as f64
         }
     }
 
@@ -380,7 +397,14 @@ impl Run<'_> {
             return 1.0;
         }
         let before = self.pool.service(None, k, k, self.spare_cpus);
-        let cpus = (k.min(self.spare_cpus) + self.idle_cpus).min(self.spare_cpus);
+        // More workers add the CPUs that sat idle to those the pool got (a
+        // worker that waited for a CPU got less than one), up to those the
+        // run had spare: never fewer than before, never counting as gained
+        // the CPU a recorded worker was waiting for.
+        let got = k * self.pool.cpu_share();
+        let cpus = (got + self.idle_cpus)
+            .min(self.spare_cpus)
+            .max(k.min(self.spare_cpus));
         let after = self
             .pool
             .service(plan.removed, k + plan.add_workers as f64, k, cpus);
@@ -1191,5 +1215,48 @@ mod tests {
             pool.service(None, k + 2.0, k, 1.9),
         );
         assert!((after / before - 1.0).abs() < 1e-9, "{after} vs {before}");
+    }
+
+    /// One worker that got 0.95 of a CPU (the rest of its working time it
+    /// waited for one), and 0.75 of a CPU idle beside it: a second worker
+    /// makes the pool compute on 1.7 CPUs, not on 1.75 as if the first had
+    /// had a whole one.
+    #[test]
+    fn more_workers_add_the_idle_cpus_to_those_the_pool_got() {
+        let pool = Pool {
+            cpu: 95 * MS,
+            runnable: 5 * MS,
+            on_cpu: 95 * MS,
+            busiest: 100 * MS,
+            busiest_life: 100 * MS,
+            ..Pool::default()
+        };
+        let account = Account::default();
+        let run = |idle_cpus: f64, spare_cpus: f64| Run {
+            window: (0, 0),
+            busy: &[],
+            feeder: FEEDER,
+            account: &account,
+            calls: &[],
+            work: Issued {
+                mine: Vec::new(),
+                others: Vec::new(),
+            },
+            pool,
+            spare_cpus,
+            idle_cpus,
+        };
+        let more = Plan {
+            add_workers: 1,
+            ..Plan::default()
+        };
+        assert!((pool.cpu_share() - 0.95).abs() < 1e-9);
+        // Computing bound before (95 ms on one CPU), after on 1.7 of them.
+        let pace = run(0.75, 2.0).pace(&more);
+        assert!((pace - 95.0 / 1.7 / 95.0).abs() < 1e-9, "{pace}");
+        // Nothing idle: a second worker only shares the one CPU.
+        assert!((run(0.0, 2.0).pace(&more) - 1.0).abs() < 1e-9);
+        // Nothing added, nothing changes.
+        assert!((run(0.75, 2.0).pace(&Plan::default()) - 1.0).abs() < 1e-9);
     }
 }
