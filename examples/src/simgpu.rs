@@ -48,6 +48,9 @@ type Link = Arc<Mutex<Option<UnixStream>>>;
 /// A single-stream simulated GPU. Work runs back to back in issue order, on
 /// CLOCK_MONOTONIC; its records go to gapscope as they would from CUPTI.
 pub struct SimDevice {
+    /// Its device ordinal: GS_SIMGPU_DEVICE, as CUDA_VISIBLE_DEVICES gives
+    /// each rank of a job its own GPU; 0 without it.
+    ordinal: u32,
     link: Link,
     pid: u32,
     /// When the queue empties.
@@ -75,6 +78,7 @@ impl SimDevice {
     /// it, the device waits dormant on its control socket, like the shim.
     pub fn connect(who: &str) -> SimDevice {
         let pid = std::process::id();
+        let ordinal = ordinal();
         let mut greeting = Vec::new();
         encode(
             &Frame::Hello(Hello {
@@ -89,8 +93,8 @@ impl SimDevice {
         );
         encode(
             &Frame::Records(vec![GpuRecord::Device {
-                id: 0,
-                name: format!("Simulated GPU 0 ({who})"),
+                id: ordinal,
+                name: format!("Simulated GPU {ordinal} ({who})"),
             }]),
             &mut greeting,
         );
@@ -120,6 +124,7 @@ impl SimDevice {
         SimDevice {
             link,
             pid,
+            ordinal,
             free_at: 0,
             correlation: 0,
             pending: Vec::new(),
@@ -227,7 +232,7 @@ impl SimDevice {
         self.pending.push(GpuRecord::Kernel {
             start,
             end,
-            device: 0,
+            device: self.ordinal,
             context: 1,
             stream: 7,
             correlation,
@@ -307,7 +312,7 @@ impl SimDevice {
         self.pending.push(GpuRecord::Memcpy {
             start,
             end,
-            device: 0,
+            device: self.ordinal,
             context: 1,
             stream: 7,
             correlation: corr,
@@ -355,6 +360,14 @@ impl SimDevice {
 /// sending thread holds it while a write blocks on a profiler that fell
 /// behind, and the trainer must not wait on that (taken, it is in use: a
 /// profiler is there, or one is connecting).
+/// The device ordinal GS_SIMGPU_DEVICE asks for (0 without it).
+fn ordinal() -> u32 {
+    std::env::var("GS_SIMGPU_DEVICE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn connected(link: &Link) -> bool {
     match link.try_lock() {
         Ok(l) => l.is_some(),

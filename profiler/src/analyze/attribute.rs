@@ -26,7 +26,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
-use crate::analyze::code::Region;
+use crate::analyze::code::{Code, Region};
 use crate::timeline::{Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
 
 /// Waits followed from thread to thread before giving up.
@@ -563,6 +563,9 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             // or taking a batch from the workers: input, even right after a
             // synchronize.
             State::OnCpu if code.is_some_and(|c| c.is_input()) => Some(Cause::InputCpu),
+            // In a collective (gloo reducing, NCCL's host side polling):
+            // waiting for the other ranks.
+            State::OnCpu if code == Some(Code::In(Region::Collective)) => Some(Cause::Comm),
             // Code of its own after a batch arrived is not receiving it.
             State::OnCpu if code.is_some() => {
                 own_work(s, e, t, sync_left, out);
@@ -596,6 +599,10 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                     _ => Cause::InputCpu,
                 })
             }
+            // Blocked in a collective or point-to-point call, on a socket
+            // to another rank or a futex of the process group's: waiting
+            // for the other ranks, not for data.
+            State::Off(o) if hops == 0 && blocked_in_collective(inp, o) => Some(Cause::Comm),
             State::Off(o) => match o.kind {
                 OffKind::File => Some(Cause::InputIo),
                 OffKind::Net => Some(Cause::InputNetwork),
@@ -772,14 +779,24 @@ fn call_spacing(calls: Option<&Vec<Call>>, t: Tid, a: u64, b: u64, out: &mut Att
     }
 }
 
+/// Whether a thread blocked in collective code, as its stack then says.
+fn blocked_in_collective(inp: &Inputs, o: &OffCpu) -> bool {
+    inp.code
+        .and_then(|c| c.of_stack(o.ustack))
+        .is_some_and(|c| c == Code::In(Region::Collective))
+}
+
 /// What a named host op (from a trace) means for the GPU waiting on it,
 /// given its region of code ([`super::code::Rules::op`]): an input region's
 /// op (the DataLoader's iterator, a user's range named as input) is input
-/// of a kind the trace cannot tell; a read of a result from the GPU is a
-/// sync; anything else the host's own work.
+/// of a kind the trace cannot tell; a collective's op (`nccl:all_reduce`,
+/// `c10d::allreduce_`) is waiting for the other ranks; a read of a result
+/// from the GPU is a sync; anything else the host's own work.
 pub fn op_cause(name: &str, region: Option<Region>) -> Cause {
     if region.is_some_and(Region::is_input) {
         Cause::InputUnknown
+    } else if region == Some(Region::Collective) {
+        Cause::Comm
     } else if name == "aten::item"
         || name == "aten::_local_scalar_dense"
         || name.contains("synchronize")
@@ -1757,6 +1774,8 @@ mod tests {
         assert_eq!(cause(&rules, "Optimizer.step#SGD.step"), Cause::CpuHost);
         assert_eq!(rules.op("## forward ##"), Some(Region::Forward));
         assert_eq!(rules.op("nccl:all_reduce"), Some(Region::Collective));
+        assert_eq!(cause(&rules, "nccl:all_reduce"), Cause::Comm);
+        assert_eq!(cause(&rules, "c10d::allreduce_"), Cause::Comm);
         // A user's record_function range named as input is input.
         assert_eq!(cause(&rules, "augment_batch"), Cause::CpuHost);
         rules.add("input.transform=op:augment_*").unwrap();

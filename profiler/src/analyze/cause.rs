@@ -17,6 +17,9 @@ pub enum Cause {
     CpuLaunch,
     CpuContention,
     Sync,
+    /// Waiting for other ranks: inside a collective or point-to-point call
+    /// (torch.distributed, gloo, NCCL's host side, MPI).
+    Comm,
     Memory,
     Startup,
     Teardown,
@@ -35,7 +38,7 @@ struct Def {
 
 /// In contract order (the order of `idle_by_cause_ns`), indexed by the
 /// enum's discriminant.
-const DEFS: [Def; 12] = [
+const DEFS: [Def; 13] = [
     Def {
         name: "input.io",
         color: "#d62728",
@@ -77,6 +80,11 @@ const DEFS: [Def; 12] = [
         removable: true,
     },
     Def {
+        name: "comm",
+        color: "#2ca02c",
+        removable: true,
+    },
+    Def {
         name: "memory",
         color: "#17becf",
         removable: true,
@@ -99,7 +107,7 @@ const DEFS: [Def; 12] = [
 ];
 
 impl Cause {
-    pub const ALL: [Cause; 12] = [
+    pub const ALL: [Cause; 13] = [
         Cause::InputIo,
         Cause::InputCpu,
         Cause::InputNetwork,
@@ -108,6 +116,7 @@ impl Cause {
         Cause::CpuLaunch,
         Cause::CpuContention,
         Cause::Sync,
+        Cause::Comm,
         Cause::Memory,
         Cause::Startup,
         Cause::Teardown,
@@ -194,9 +203,9 @@ mod tests {
         let idle = IdleByCause::from_fn(|c| c as u64 * 10);
         let v = serde_json::to_value(&idle).unwrap();
         let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 12);
+        assert_eq!(keys.len(), 13);
         assert_eq!(v["input.io"], 0);
-        assert_eq!(v["unattributed"], 110);
-        assert_eq!(idle.total(), (0..12).map(|i| i * 10).sum::<u64>());
+        assert_eq!(v["unattributed"], 120);
+        assert_eq!(idle.total(), (0..13).map(|i| i * 10).sum::<u64>());
     }
 }

@@ -436,6 +436,11 @@ impl CodeOf {
         }
     }
 
+    /// The code of one user stack, by its hash: where a thread blocked.
+    pub fn of_stack(&self, ustack: u64) -> Option<Code> {
+        self.codes.get(&ustack).copied()
+    }
+
     /// The region of a trace's op ([`Rules::op`]).
     pub fn op(&self, name: &str) -> Option<Region> {
         self.rules.op(name)

@@ -932,6 +932,12 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             e.extend(ev.hot_stack(&top));
             "The host synchronizes with the GPU every step, then the GPU waits for the host. Remove .item(), .cpu(), printing tensors and torch.cuda.synchronize() from the loop; accumulate metrics on the GPU and read them every N steps.".into()
         }
+        Cause::Comm => {
+            e.extend(ev.blocked_stack(&top, OffKind::Net));
+            e.extend(ev.blocked_stack(&top, OffKind::Ipc));
+            e.extend(ev.hot_stack(&top));
+            "Ranks wait for each other in collectives: this GPU idles while its rank waits for the slowest one to arrive, or for the network. Read every rank's session together (gapscope report RANK0 RANK1 …: the cross-rank table names the rank the others wait for) and fix that straggler's own top cause — uneven input or host work, a slower node; where the wait is the network, overlap communication with compute (DDP's gradient buckets, no_sync() across accumulation steps) or send less.".into()
+        }
         Cause::Memory => {
             let (n, ns) = ev.api_calls(ApiRole::Memory);
             if n > 0 {

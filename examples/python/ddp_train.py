@@ -1,0 +1,149 @@
+"""Two ranks of a data-parallel job (torch.distributed over gloo, on
+loopback), each feeding its own SIMULATED GPU.
+
+Everything on the host is real: torch.distributed's process group, its
+all-reduce of the gradients over TCP between the ranks' processes. Only the
+GPUs are simulated (libgs_simgpu.so, gapscope's simulated device: it says
+so to gapscope, and reports show `source: "simulated"`); rank R's is
+device R. Each step a rank launches its kernels, synchronizes (as
+`loss.item()` would), does its own host work, then all-reduces: one rank
+with --late-ms of host work a step, the other 2 ms, so the fast one waits
+for the late one at every all-reduce.
+
+Ground truth, written as JSON to --truth: for each rank, its GPU's idle
+between its first and last work, and of it the time the rank spent inside
+`all_reduce`, and inside its own host work.
+
+    python ddp_train.py --lib libgs_simgpu.so --truth T.json [--late-ms 22]
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def host_work(cpu_ns):
+    # The rank's own work (a model's Python-side bookkeeping, logging):
+    # pure Python, until it has had cpu_ns of CPU.
+    end = time.thread_time_ns() + cpu_ns
+    x = 0
+    while time.thread_time_ns() < end:
+        for i in range(200):
+            x = (x * 31 + i) % 1000003
+    return x
+
+
+def rank_main(a):
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    gpu = ctypes.CDLL(a.lib)
+    gpu.gs_simgpu_launch.restype = ctypes.c_uint64
+    gpu.gs_simgpu_launch.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    grads = torch.ones(1 << 16)
+    host_ms = a.late_ms if rank == a.late_rank else 2.0
+    now = time.monotonic_ns
+    kernels, reduces, hosts = [], [], []
+    # Both ranks start their loop together.
+    dist.barrier()
+    for _ in range(a.steps):
+        for _ in range(4):
+            end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
+            kernels.append((end - a.kernel_us * 1000, end))
+        gpu.gs_simgpu_synchronize()
+        h0 = now()
+        host_work(int(host_ms * 1e6))
+        hosts.append((h0, now()))
+        r0 = now()
+        dist.all_reduce(grads)
+        reduces.append((r0, now()))
+    gpu.gs_simgpu_close()
+    dist.destroy_process_group()
+
+    kernels.sort()
+    busy = []
+    for s, e in kernels:
+        if busy and s <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], e)
+        else:
+            busy.append([s, e])
+    idle = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
+
+    def inside(spans):
+        return sum(
+            max(0, min(e, b) - max(s, a)) for s, e in idle for a, b in spans
+        )
+
+    with open(f"{a.truth}.{rank}", "w") as f:
+        json.dump(
+            {
+                "rank": rank,
+                "pid": os.getpid(),
+                "device": rank,
+                "late": rank == a.late_rank,
+                "idle_between_ns": sum(e - s for s, e in idle),
+                "idle_in_all_reduce_ns": inside(reduces),
+                "idle_in_host_work_ns": inside(hosts),
+            },
+            f,
+        )
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lib", required=True, help="libgs_simgpu.so")
+    p.add_argument("--truth", required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--kernel-us", type=int, default=2000)
+    p.add_argument("--late-ms", type=float, default=22.0)
+    p.add_argument("--late-rank", type=int, default=1)
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rank:
+        rank_main(a)
+        return
+    # The launcher, as torchrun is: one process per rank, rank R on GPU R.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            GS_SIMGPU_DEVICE=str(rank),
+        )
+        procs.append(subprocess.Popen([sys.executable, __file__, "--rank"] + sys.argv[1:], env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        sys.exit(f"ddp_train: a rank failed: {codes}")
+    ranks = []
+    for rank in range(2):
+        with open(f"{a.truth}.{rank}") as f:
+            ranks.append(json.load(f))
+        os.unlink(f"{a.truth}.{rank}")
+    with open(a.truth, "w") as f:
+        json.dump({"simulated": True, "ranks": ranks}, f)
+    for r in ranks:
+        idle = max(r["idle_between_ns"], 1)
+        print(
+            f"ddp_train: SIMULATED GPU {r['device']}, rank {r['rank']}: "
+            f"{100 * r['idle_in_all_reduce_ns'] / idle:.1f}% of its idle in all_reduce, "
+            f"{100 * r['idle_in_host_work_ns'] / idle:.1f}% in its own host work",
+            file=sys.stderr,
+        )
+
+
+if __name__ == "__main__":
+    main()

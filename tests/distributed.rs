@@ -1,0 +1,104 @@
+//! Two ranks of a real torch.distributed job (gloo over loopback, torch
+//! from PyPI, CPU only), each feeding its own simulated GPU, one rank late
+//! by its own host work every step (examples/python/ddp_train.py). Ground
+//! truth is each rank's own clock: of its GPU's idle between its first and
+//! last work, the time it spent inside `all_reduce`, and inside its own
+//! host work.
+//!
+//! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
+//! without it these tests skip, unless GAPSCOPE_REQUIRE_TORCH=1.
+
+use gapscope_tests::*;
+use serde_json::Value;
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/python/ddp_train.py"
+);
+
+/// Of a GPU's idle between its first and last work (its idle less
+/// start-up and tear-down), the percent its causes `pick` took.
+fn share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
+    let causes = g["idle_by_cause_ns"].as_object().unwrap();
+    let between: u64 = causes
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    let picked: u64 = causes
+        .iter()
+        .filter(|(c, _)| pick(c))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    picked as f64 * 100.0 / between.max(1) as f64
+}
+
+/// The rank waiting at every all-reduce for the late one: its GPU's idle
+/// inside `all_reduce` is `comm` (by the code it blocked in: torch.distributed's
+/// Python and c10d's frames), within 5 points of the time its own clock
+/// says; the late rank's idle is its own host work (`cpu.host`, and `sync`
+/// for the part the synchronize before it kept from overlapping the GPU's
+/// work), not `comm` beyond its own short waits.
+#[test]
+fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
+    let Some(py) = venv_python("torch") else {
+        return;
+    };
+    let dir = scratch("ddp");
+    let truth = dir.path().join("truth.json");
+    let lib = target_dir().join("libgs_simgpu.so");
+    let _lock = recording_lock();
+    let r = run(
+        &dir.path().join("rec"),
+        &["-q", "--no-exports"],
+        &[
+            py.to_str().unwrap(),
+            SCRIPT,
+            "--lib",
+            lib.to_str().unwrap(),
+            "--truth",
+            truth.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let report = r.report();
+    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+    let gpus = report["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2, "one GPU per rank: {gpus:#?}");
+    for rank in truth["ranks"].as_array().unwrap() {
+        let g = gpus
+            .iter()
+            .find(|g| g["id"] == rank["device"])
+            .unwrap_or_else(|| panic!("no GPU {}: {gpus:#?}", rank["device"]));
+        assert_eq!(g["source"], "simulated");
+        assert_eq!(g["pids"], serde_json::json!([rank["pid"]]), "{g:#}");
+        let idle = u64_of(rank, "idle_between_ns") as f64;
+        let want_comm = u64_of(rank, "idle_in_all_reduce_ns") as f64 * 100.0 / idle;
+        let want_host = u64_of(rank, "idle_in_host_work_ns") as f64 * 100.0 / idle;
+        let comm = share(g, |c| c == "comm");
+        let host = share(g, |c| c == "cpu.host" || c == "sync");
+        eprintln!(
+            "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}% ({})",
+            rank["rank"], g["idle_by_cause_ns"]
+        );
+        assert!(
+            (comm - want_comm).abs() <= 5.0,
+            "rank {}: comm {comm:.1}% of the idle, inside all_reduce {want_comm:.1}%: {}",
+            rank["rank"],
+            g["idle_by_cause_ns"]
+        );
+        assert!(
+            (host - want_host).abs() <= 5.0,
+            "rank {}: cpu.host + sync {host:.1}% of the idle, its own host work {want_host:.1}%: {}",
+            rank["rank"],
+            g["idle_by_cause_ns"]
+        );
+    }
+    let causes: Vec<&str> = report["recommendations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["cause"].as_str().unwrap())
+        .collect();
+    assert!(causes.contains(&"comm"), "{causes:?}");
+}
