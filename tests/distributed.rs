@@ -3,7 +3,8 @@
 //! by its own host work every step (examples/python/ddp_train.py). Ground
 //! truth is each rank's own clock: of its GPU's idle between its first and
 //! last work, the time it spent inside `all_reduce`, and inside its own
-//! host work.
+//! host work, each less its waits for a CPU there (the kernel's schedstat),
+//! which are contention on a busy machine.
 //!
 //! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
 //! without it these tests skip, unless GAPSCOPE_REQUIRE_TORCH=1.
@@ -15,6 +16,15 @@ const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../examples/python/ddp_train.py"
 );
+
+/// A duration as reports write it ("861.3ms", "1.61s", "450µs"), ns.
+fn duration_ns(text: &str) -> Option<f64> {
+    let unit = [("µs", 1e3), ("ms", 1e6), ("ns", 1.0), ("s", 1e9)]
+        .into_iter()
+        .find(|(u, _)| text.ends_with(u))?;
+    let number: f64 = text.strip_suffix(unit.0)?.parse().ok()?;
+    Some(number * unit.1)
+}
 
 /// Of a GPU's idle between its first and last work (its idle less
 /// start-up and tear-down), the percent its causes `pick` took.
@@ -94,11 +104,60 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
             g["idle_by_cause_ns"]
         );
     }
-    let causes: Vec<&str> = report["recommendations"]
+    // The comm advice names the rank waited for, by the wakeups that
+    // ended the waits, and why it came late.
+    let comm = report["recommendations"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| r["cause"].as_str().unwrap())
-        .collect();
-    assert!(causes.contains(&"comm"), "{causes:?}");
+        .find(|r| r["cause"] == "comm")
+        .unwrap_or_else(|| panic!("no comm advice: {:#}", report["recommendations"]));
+    let ranks = truth["ranks"].as_array().unwrap();
+    let (waiting, late) = (&ranks[0], &ranks[1]);
+    assert_eq!(late["late"], true);
+    let said = format!("GPU 0 (pid {}) waited", waiting["pid"].as_u64().unwrap());
+    let line = comm["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|l| l.starts_with(&said))
+        .unwrap_or_else(|| panic!("no '{said}': {comm:#}"));
+    // Why it came late: the late rank's GPU's own top cause as the report
+    // has it — its host work (cpu.host), or on a busy machine its waits
+    // for a CPU to do it on (cpu.contention) — never comm.
+    let g1 = gpus.iter().find(|g| g["id"] == 1).unwrap();
+    let (own, _) = g1["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "comm" | "startup" | "teardown" | "unattributed"))
+        .map(|(c, v)| (c.as_str(), v.as_u64().unwrap()))
+        .max_by_key(|x| x.1)
+        .unwrap();
+    assert!(matches!(own, "cpu.host" | "cpu.contention"), "{g1:#}");
+    assert!(
+        line.contains(&format!(
+            "in collectives for pid {} (GPU 1)",
+            late["pid"].as_u64().unwrap()
+        )) && line.contains(&format!("it came late because of {own}")),
+        "{line}"
+    );
+    // Most of the wait is traced to it: the duration said is within 5
+    // points of the waiting GPU's comm.
+    let g0 = gpus.iter().find(|g| g["id"] == 0).unwrap();
+    let comm_ns = u64_of(&g0["idle_by_cause_ns"], "comm") as f64;
+    let said = line
+        .split(" waited ")
+        .nth(1)
+        .and_then(|x| x.split(" in collectives").next())
+        .unwrap_or_else(|| panic!("{line}"));
+    let ns = duration_ns(said).unwrap_or_else(|| panic!("{said:?} in {line}"));
+    assert!(ns >= 0.95 * comm_ns, "{line}: of {comm_ns} ns in comm");
+    // Only the waits that matter are said: the late rank's own short ones
+    // are not.
+    assert!(
+        !comm["evidence"].to_string().contains("GPU 1 (pid"),
+        "{comm:#}"
+    );
 }

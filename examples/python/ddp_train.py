@@ -12,7 +12,8 @@ for the late one at every all-reduce.
 
 Ground truth, written as JSON to --truth: for each rank, its GPU's idle
 between its first and last work, and of it the time the rank spent inside
-`all_reduce`, and inside its own host work.
+`all_reduce`, and inside its own host work — each less the rank's waits
+for a CPU there (the kernel's schedstat run delay), counted apart.
 
     python ddp_train.py --lib libgs_simgpu.so --truth T.json [--late-ms 22]
 """
@@ -51,7 +52,15 @@ def rank_main(a):
     grads = torch.ones(1 << 16)
     host_ms = a.late_ms if rank == a.late_rank else 2.0
     now = time.monotonic_ns
+    def run_delay():
+        # This thread's wait for a CPU (runnable) so far, as the kernel
+        # counts it: on a busy machine, time in the spans below that is
+        # neither the rank's own work nor its wait for the other.
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+
     kernels, reduces, hosts = [], [], []
+    delays = 0
     # Both ranks start their loop together.
     dist.barrier()
     for _ in range(a.steps):
@@ -59,12 +68,12 @@ def rank_main(a):
             end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
             kernels.append((end - a.kernel_us * 1000, end))
         gpu.gs_simgpu_synchronize()
-        h0 = now()
+        h0, d0 = now(), run_delay()
         host_work(int(host_ms * 1e6))
-        hosts.append((h0, now()))
-        r0 = now()
+        h1, d1 = now(), run_delay()
+        hosts.append((h0, h1, d1 - d0))
         dist.all_reduce(grads)
-        reduces.append((r0, now()))
+        reduces.append((h1, now(), run_delay() - d1))
     gpu.gs_simgpu_close()
     dist.destroy_process_group()
 
@@ -78,9 +87,20 @@ def rank_main(a):
     idle = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
 
     def inside(spans):
-        return sum(
-            max(0, min(e, b) - max(s, a)) for s, e in idle for a, b in spans
-        )
+        # Of the GPU's idle, the time in these spans less their waits for a
+        # CPU (spread evenly over each span).
+        total = 0
+        for a, b, delay in spans:
+            ns = sum(max(0, min(e, b) - max(s, a)) for s, e in idle)
+            total += ns - delay * ns // max(b - a, 1)
+        return total
+
+    def waiting_for_cpu(spans):
+        total = 0
+        for a, b, delay in spans:
+            ns = sum(max(0, min(e, b) - max(s, a)) for s, e in idle)
+            total += delay * ns // max(b - a, 1)
+        return total
 
     with open(f"{a.truth}.{rank}", "w") as f:
         json.dump(
@@ -92,6 +112,7 @@ def rank_main(a):
                 "idle_between_ns": sum(e - s for s, e in idle),
                 "idle_in_all_reduce_ns": inside(reduces),
                 "idle_in_host_work_ns": inside(hosts),
+                "idle_waiting_for_cpu_ns": waiting_for_cpu(hosts) + waiting_for_cpu(reduces),
             },
             f,
         )

@@ -15,11 +15,18 @@ use anyhow::{bail, Context, Result};
 use super::{cargo, root, run, setup};
 
 /// The end-to-end tests that compare against a ground truth.
-const TESTS: &[&str] = &["diagnosis", "whatif", "dataloader", "agent", "recording"];
+const TESTS: &[&str] = &[
+    "diagnosis",
+    "whatif",
+    "dataloader",
+    "distributed",
+    "agent",
+    "recording",
+];
 
 /// Words of the lines a test prints when it compares itself with its
 /// truth.
-const NUMBERS: &[&str] = &["truth", "predicted", "saw ", "scraped", "worker"];
+const NUMBERS: &[&str] = &["truth", "predicted", "saw ", "scraped", "worker", "rank "];
 
 /// The neighbours, each its own process group, killed with it when dropped.
 struct Neighbours(Vec<Child>);

@@ -92,6 +92,9 @@ pub struct Attribution {
     pub by_cause: BTreeMap<Cause, u64>,
     /// Idle per cause and the thread whose state decided it.
     pub by_thread: BTreeMap<(Cause, Tid), u64>,
+    /// `comm` idle by the process of the job waited for (another rank),
+    /// where the wakeups lead to one.
+    pub waited_for: BTreeMap<u32, u64>,
     /// Every piece in time order, when kept ([`Inputs::keep_pieces`]).
     pub pieces: Vec<Piece>,
     /// Time without GPU records that fell where the GPU could not be seen
@@ -121,6 +124,7 @@ impl Attribution {
         Attribution {
             by_cause: BTreeMap::new(),
             by_thread: BTreeMap::new(),
+            waited_for: BTreeMap::new(),
             pieces: Vec::new(),
             unseen: 0,
             in_steps: BTreeMap::new(),
@@ -602,7 +606,12 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             // Blocked in a collective or point-to-point call, on a socket
             // to another rank or a futex of the process group's: waiting
             // for the other ranks, not for data.
-            State::Off(o) if hops == 0 && blocked_in_collective(inp, o) => Some(Cause::Comm),
+            State::Off(o) if hops == 0 && blocked_in_collective(inp, o) => {
+                if let Some(peer) = peer_waited_for(inp, t, o, s, e) {
+                    *out.waited_for.entry(peer).or_default() += e - s;
+                }
+                Some(Cause::Comm)
+            }
             State::Off(o) => match o.kind {
                 OffKind::File => Some(Cause::InputIo),
                 OffKind::Net => Some(Cause::InputNetwork),
@@ -784,6 +793,36 @@ fn blocked_in_collective(inp: &Inputs, o: &OffCpu) -> bool {
     inp.code
         .and_then(|c| c.of_stack(o.ustack))
         .is_some_and(|c| c == Code::In(Region::Collective))
+}
+
+/// The other process of the job a thread blocked in a collective over
+/// `[s, e)` was waiting for: the one whose thread woke it, or woke the
+/// thread of its own process that woke it (gloo's and NCCL's own threads
+/// do the waiting on the network), up to three wakeups back.
+fn peer_waited_for(inp: &Inputs, t: Tid, o: &OffCpu, s: u64, e: u64) -> Option<u32> {
+    let peer = |w: Tid| (w.0 != t.0 && inp.processes.contains_key(&w.0)).then_some(w.0);
+    let mut w = o.waker?;
+    for _ in 0..3 {
+        if w.0 != t.0 {
+            return peer(w);
+        }
+        // A thread of its own: the latest wakeup of it from another rank,
+        // else the latest by another of its own threads, to follow.
+        let tl = inp.threads.get(&w)?;
+        let wakers: Vec<Tid> = states_in(tl, s, e)
+            .into_iter()
+            .rev()
+            .filter_map(|(_, _, st)| match st {
+                State::Off(x) => x.waker.filter(|&k| k != w && k != t),
+                _ => None,
+            })
+            .collect();
+        if let Some(p) = wakers.iter().find_map(|&k| peer(k)) {
+            return Some(p);
+        }
+        w = *wakers.first()?;
+    }
+    None
 }
 
 /// What a named host op (from a trace) means for the GPU waiting on it,

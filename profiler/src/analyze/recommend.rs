@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::code::{Region, Rules};
-use crate::analyze::diagnose::Diagnosis;
+use crate::analyze::diagnose::{Diagnosis, GpuDiagnosis};
 use crate::analyze::replay;
 use crate::analyze::stages::InputStages;
 use crate::analyze::Names;
@@ -549,6 +549,74 @@ impl Evidence<'_> {
         (total, ops)
     }
 
+    /// For each GPU whose feeder waited in collectives for another rank of
+    /// the job (the process its wakeups led to), that rank and what its own
+    /// GPU idled for: the straggler's cause, whose fix comes first.
+    fn stragglers(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let most = |g: &GpuDiagnosis| {
+            g.attribution
+                .waited_for
+                .iter()
+                .max_by_key(|x| (*x.1, *x.0))
+                .map(|(&p, &n)| (p, n))
+        };
+        // The waits that matter: at least a fifth of the longest (the late
+        // rank waits a little for the others too).
+        let longest = self.d.gpus.iter().filter_map(most).map(|x| x.1).max();
+        for g in &self.d.gpus {
+            let Some((pid, ns)) = most(g).filter(|x| x.1 * 5 >= longest.unwrap_or(0)) else {
+                continue;
+            };
+            let waiter = g
+                .feeder
+                .as_ref()
+                .map_or(String::new(), |f| format!(" (pid {})", f.tid.0));
+            let theirs = self.d.gpus.iter().find(|h| {
+                h.gpu.device != g.gpu.device && h.feeder.as_ref().is_some_and(|f| f.tid.0 == pid)
+            });
+            let Some(h) = theirs else {
+                out.push(format!(
+                    "GPU {}{waiter} waited {} in collectives for pid {pid}, which feeds no GPU recorded here",
+                    g.gpu.device,
+                    units::duration(ns)
+                ));
+                continue;
+            };
+            // Of its idle between its first and last work.
+            let idle: u64 = h
+                .attribution
+                .by_cause
+                .iter()
+                .filter(|(c, _)| !matches!(c, Cause::Startup | Cause::Teardown))
+                .map(|x| x.1)
+                .sum();
+            let own = h
+                .attribution
+                .by_cause
+                .iter()
+                .filter(|(c, _)| c.removable() && **c != Cause::Comm)
+                .max_by_key(|x| (*x.1, std::cmp::Reverse(*x.0)));
+            let why = match own {
+                Some((c, &n)) if n > 0 => format!(
+                    "; that rank's GPU {} idled most for {} ({} of its idle): it came late because of {}, and its fix comes first",
+                    h.gpu.device,
+                    c.name(),
+                    units::percent(n, idle),
+                    c.name()
+                ),
+                _ => String::new(),
+            };
+            out.push(format!(
+                "GPU {}{waiter} waited {} in collectives for pid {pid} (GPU {}){why}",
+                g.gpu.device,
+                units::duration(ns),
+                h.gpu.device
+            ));
+        }
+        out
+    }
+
     /// The input pipeline's slowest CPU stage: an evidence line (its share
     /// and top functions) and a sentence on fixing it.
     fn slowest_stage(&self) -> Option<(String, String)> {
@@ -933,6 +1001,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             "The host synchronizes with the GPU every step, then the GPU waits for the host. Remove .item(), .cpu(), printing tensors and torch.cuda.synchronize() from the loop; accumulate metrics on the GPU and read them every N steps.".into()
         }
         Cause::Comm => {
+            e.extend(ev.stragglers());
             e.extend(ev.blocked_stack(&top, OffKind::Net));
             e.extend(ev.blocked_stack(&top, OffKind::Ipc));
             e.extend(ev.hot_stack(&top));

@@ -182,6 +182,9 @@ impl Attributor {
                 for p in gap.pieces {
                     d.out.add(p);
                 }
+                for (pid, ns) in gap.waited_for {
+                    *d.out.waited_for.entry(pid).or_default() += ns;
+                }
                 if let Some(f) = d.feeder.as_mut() {
                     f.extend(account.pieces);
                     f.add_cpu(&tl.threads, d.account_to, b);
