@@ -161,3 +161,79 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
         "{comm:#}"
     );
 }
+
+/// The same job recorded as two sessions, one `gapscope run` per rank (as
+/// on two nodes), read together: the cross-rank table names the late rank
+/// as the one the others wait for (it spends least time in collectives),
+/// with its own cause, and the waiting rank's top cause is `comm`.
+#[test]
+fn ranks_recorded_apart_name_the_late_one_and_its_cause() {
+    let Some(py) = venv_python("torch") else {
+        return;
+    };
+    let dir = scratch("ddp-apart");
+    let lib = target_dir().join("libgs_simgpu.so");
+    let truth = dir.path().join("truth.json");
+    let port = free_port().to_string();
+    let _lock = recording_lock();
+    let recs: Vec<std::path::PathBuf> = (0..2)
+        .map(|r| dir.path().join(format!("rank{r}")))
+        .collect();
+    let children: Vec<std::process::Child> = recs
+        .iter()
+        .enumerate()
+        .map(|(rank, rec)| {
+            std::process::Command::new(gapscope())
+                .args(["run", "-q", "--no-exports", "-o"])
+                .arg(rec)
+                .arg("--")
+                .arg(&py)
+                .args([SCRIPT, "--rank", "--lib"])
+                .arg(&lib)
+                .arg("--truth")
+                .arg(&truth)
+                .envs([
+                    ("RANK", rank.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                    ("GS_SIMGPU_DEVICE", rank.to_string()),
+                ])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    // The late rank first: both GPUs did the same work, and a rule by GPU
+    // work alone would pick the last of equals.
+    let out = gapscope_stdout(&[
+        "report",
+        recs[1].to_str().unwrap(),
+        recs[0].to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let r: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(r["schema"], "gapscope.ranks/1");
+    let rows = r["cross_rank"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    let row = |rank: usize| {
+        rows.iter()
+            .find(|x| {
+                x["label"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("rank{rank}"))
+            })
+            .unwrap_or_else(|| panic!("no rank{rank}: {rows:#?}"))
+    };
+    assert_eq!(row(1)["slowest"], true, "{rows:#?}");
+    assert_eq!(row(0)["slowest"], false, "{rows:#?}");
+    assert_eq!(row(0)["top_cause"], "comm", "{rows:#?}");
+    let late = row(1)["top_cause"].as_str().unwrap();
+    assert!(matches!(late, "cpu.host" | "cpu.contention"), "{rows:#?}");
+}

@@ -36,8 +36,9 @@ pub struct RankRow {
     pub last_at: usize,
     /// The rank the others wait for: the one they waited for longest at
     /// matched collectives; else, where every rank ran collectives, the
-    /// one that spent least time in them (it arrives last, whatever made
-    /// it late); else the one with most GPU work.
+    /// one that spent least time in them, on the GPU or waiting on the
+    /// host (it arrives last, whatever made it late: its top cause says
+    /// what); else the one with most GPU work.
     pub slowest: bool,
 }
 
@@ -108,7 +109,7 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
     } else if meet_in_collectives(&rows) {
         rows.iter()
             .enumerate()
-            .min_by_key(|(_, r)| r.communication_ns)
+            .min_by_key(|(_, r)| in_collectives(r))
             .map(|(i, _)| i)
     } else {
         rows.iter()
@@ -122,9 +123,16 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
     rows
 }
 
+/// A rank's time in collectives: its GPU running only them (NCCL), and
+/// its GPU idle while the host waited in one (`comm`: gloo, NCCL's host
+/// side).
+fn in_collectives(r: &RankRow) -> u64 {
+    r.communication_ns + r.idle_by_cause_ns.get(Cause::Comm)
+}
+
 /// Every rank ran collectives, so they waited for one another.
 fn meet_in_collectives(rows: &[RankRow]) -> bool {
-    rows.iter().all(|r| r.communication_ns > 0)
+    rows.iter().all(|r| in_collectives(r) > 0)
 }
 
 pub fn write_table(inputs: &[Labelled], views: &[View], out: &mut impl Write) -> io::Result<()> {
@@ -134,9 +142,15 @@ pub fn write_table(inputs: &[Labelled], views: &[View], out: &mut impl Write) ->
     let waited = rows.iter().any(|r| r.waited_for_ns > 0);
     for r in &rows {
         let comm = if collectives {
+            let waiting = r.idle_by_cause_ns.get(Cause::Comm);
             format!(
-                " · collectives alone {:>9}",
-                units::duration(r.communication_ns)
+                " · collectives alone {:>9}{}",
+                units::duration(r.communication_ns),
+                if waiting > 0 {
+                    format!(" · idle waiting in them {:>9}", units::duration(waiting))
+                } else {
+                    String::new()
+                }
             )
         } else {
             String::new()
