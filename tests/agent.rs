@@ -171,7 +171,11 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
         .filter(|(m, _)| ours(m))
         .map(|(m, v)| (m["cause"].as_str().unwrap().to_string(), v))
         .collect();
-    assert_eq!(by_cause.len(), 12, "{by_cause:?}");
+    assert_eq!(
+        by_cause.len(),
+        gapscope::analyze::cause::Cause::ALL.len(),
+        "{by_cause:?}"
+    );
     let truth_causes = &truth["idle_by_cause_ns"];
     let truth_alloc = u64_of(&truth, "allocated_ns") as f64;
     for (cause, secs) in &by_cause {
