@@ -20,6 +20,7 @@ const TESTS: &[&str] = &[
     "whatif",
     "dataloader",
     "distributed",
+    "serving",
     "agent",
     "recording",
 ];

@@ -606,7 +606,10 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             // Blocked in a collective or point-to-point call, on a socket
             // to another rank or a futex of the process group's: waiting
             // for the other ranks, not for data.
-            State::Off(o) if hops == 0 && blocked_in_collective(inp, o) => {
+            // Blocked in a server's request loop (accepting, reading the
+            // next request): no work was offered.
+            State::Off(o) if hops == 0 && blocked_in(inp, o, Region::Serve) => Some(Cause::Demand),
+            State::Off(o) if hops == 0 && blocked_in(inp, o, Region::Collective) => {
                 if let Some(peer) = peer_waited_for(inp, t, o, s, e) {
                     *out.waited_for.entry(peer).or_default() += e - s;
                 }
@@ -788,11 +791,11 @@ fn call_spacing(calls: Option<&Vec<Call>>, t: Tid, a: u64, b: u64, out: &mut Att
     }
 }
 
-/// Whether a thread blocked in collective code, as its stack then says.
-fn blocked_in_collective(inp: &Inputs, o: &OffCpu) -> bool {
+/// Whether a thread blocked in a region's code, as its stack then says.
+fn blocked_in(inp: &Inputs, o: &OffCpu, region: Region) -> bool {
     inp.code
         .and_then(|c| c.of_stack(o.ustack))
-        .is_some_and(|c| c == Code::In(Region::Collective))
+        .is_some_and(|c| c == Code::In(region))
 }
 
 /// The other process of the job a thread blocked in a collective over

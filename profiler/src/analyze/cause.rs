@@ -21,6 +21,10 @@ pub enum Cause {
     /// (torch.distributed, gloo, NCCL's host side, MPI).
     Comm,
     Memory,
+    /// Waiting for requests: a server's feeder blocked for the next request
+    /// (no work was offered). The load, not a stall: no fix in the job
+    /// removes it.
+    Demand,
     Startup,
     Teardown,
     Unattributed,
@@ -38,7 +42,7 @@ struct Def {
 
 /// In contract order (the order of `idle_by_cause_ns`), indexed by the
 /// enum's discriminant.
-const DEFS: [Def; 13] = [
+const DEFS: [Def; 14] = [
     Def {
         name: "input.io",
         color: "#d62728",
@@ -90,6 +94,11 @@ const DEFS: [Def; 13] = [
         removable: true,
     },
     Def {
+        name: "demand",
+        color: "#dbdb8d",
+        removable: false,
+    },
+    Def {
         name: "startup",
         color: "#c7c7c7",
         removable: false,
@@ -107,7 +116,7 @@ const DEFS: [Def; 13] = [
 ];
 
 impl Cause {
-    pub const ALL: [Cause; 13] = [
+    pub const ALL: [Cause; 14] = [
         Cause::InputIo,
         Cause::InputCpu,
         Cause::InputNetwork,
@@ -118,6 +127,7 @@ impl Cause {
         Cause::Sync,
         Cause::Comm,
         Cause::Memory,
+        Cause::Demand,
         Cause::Startup,
         Cause::Teardown,
         Cause::Unattributed,
@@ -203,9 +213,9 @@ mod tests {
         let idle = IdleByCause::from_fn(|c| c as u64 * 10);
         let v = serde_json::to_value(&idle).unwrap();
         let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 13);
+        assert_eq!(keys.len(), 14);
         assert_eq!(v["input.io"], 0);
-        assert_eq!(v["unattributed"], 120);
-        assert_eq!(idle.total(), (0..13).map(|i| i * 10).sum::<u64>());
+        assert_eq!(v["unattributed"], 130);
+        assert_eq!(idle.total(), (0..14).map(|i| i * 10).sum::<u64>());
     }
 }

@@ -70,10 +70,15 @@ pub enum Region {
     /// imported is not that region's work.
     #[serde(rename = "import")]
     Import,
+    /// A server's request loop: accepting connections and reading requests
+    /// (socketserver, http.server, the ASGI/WSGI and RPC servers). Blocked
+    /// there, a server is waiting for work to be offered.
+    #[serde(rename = "serve")]
+    Serve,
 }
 
 impl Region {
-    pub const ALL: [Region; 14] = [
+    pub const ALL: [Region; 15] = [
         Region::Loader,
         Region::Fetch,
         Region::Decode,
@@ -88,6 +93,7 @@ impl Region {
         Region::Checkpoint,
         Region::Logging,
         Region::Import,
+        Region::Serve,
     ];
 
     pub fn name(self) -> &'static str {
@@ -106,6 +112,7 @@ impl Region {
             Region::Checkpoint => "checkpoint",
             Region::Logging => "logging",
             Region::Import => "import",
+            Region::Serve => "serve",
         }
     }
 
@@ -122,6 +129,9 @@ impl Region {
     /// the frames outside it said.
     fn rank(self) -> u8 {
         match self {
+            // Everything a request handler does is inside the server's
+            // loop: any region of it is more specific.
+            Region::Serve => 0,
             Region::Loader => 1,
             Region::Fetch | Region::Forward | Region::Backward | Region::Optimizer => 2,
             Region::Decode | Region::Transform | Region::Collate => 3,
@@ -230,6 +240,18 @@ pub const BUILTIN: &[&str] = &[
     "logging=pyfile:*/wandb/*",
     // Start-up.
     "import=pyfile:<frozen importlib._bootstrap*",
+    // Servers' request loops: accepting and reading requests.
+    "serve=pyfile:*/socketserver.py",
+    "serve=pyfile:*/http/server.py",
+    "serve=pyfile:*/wsgiref/*",
+    "serve=pyfile:*/werkzeug/serving.py",
+    "serve=pyfile:*/uvicorn/*",
+    "serve=pyfile:*/gunicorn/*",
+    "serve=pyfile:*/hypercorn/*",
+    "serve=pyfile:*/tornado/*",
+    "serve=pyfile:*/aiohttp/web*",
+    "serve=pyfile:*/grpc/_server.py",
+    "serve=py:socket.accept",
     // The ops torch's profiler writes around regions of a step, for traces
     // (which have ops, not stacks): the DataLoader's iterator, the
     // optimizer's step and zero_grad, the backward pass's autograd nodes,

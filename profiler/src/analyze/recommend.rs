@@ -413,7 +413,23 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         })
         .unwrap_or_default();
     let unknown = unknown_first(&ev, &idle, &unattributed_by, n_gpus, wall);
+    // Waiting for requests is the load, not a stall: where it is most of
+    // the idle, the GPU has capacity to spare at this load.
+    let demand = idle.get(&Cause::Demand).map_or(0, |n| n / n_gpus);
     let verdict = match top_idle {
+        _ if demand >= removable && demand as f64 >= BUSY_ENOUGH * wall as f64 => format!(
+            "More GPUs would not help: the GPUs waited for requests {} of the time they were held (busy {}): they have spare capacity at this load — batch requests, share them (MPS, MIG, co-location) or scale down.{}",
+            units::percent(demand, wall),
+            units::percent(busy, wall),
+            match top_idle {
+                Some((cause, top)) => format!(
+                    " Of the rest, {} costs most (fixing it: {}).",
+                    cause.name(),
+                    top.gain_short()
+                ),
+                None => String::new(),
+            }
+        ),
         Some((cause, top)) if removable as f64 >= BUSY_ENOUGH * wall as f64 => format!(
             "More GPUs would not help until {} is fixed: the GPUs sat idle {} of the time they were held, {} of it because of {} (fixing it: {}{}).",
             cause.name(),
@@ -1018,7 +1034,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
             e.extend(ev.copies());
             "Host-to-device copies and allocations stall the GPU. Use pin_memory=True in the DataLoader and .to(device, non_blocking=True); avoid pageable copies; keep tensors on the GPU; reuse memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) if cudaMalloc/cudaFree show up.".into()
         }
-        Cause::Startup | Cause::Teardown | Cause::Unattributed => String::new(),
+        Cause::Startup | Cause::Teardown | Cause::Unattributed | Cause::Demand => String::new(),
     };
     (title, e)
 }
