@@ -26,6 +26,23 @@ fn duration_ns(text: &str) -> Option<f64> {
     Some(number * unit.1)
 }
 
+/// Of a GPU's idle between its first and last work (its idle less
+/// start-up and tear-down), the percent its causes `pick` took.
+fn share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
+    let causes = g["idle_by_cause_ns"].as_object().unwrap();
+    let between: u64 = causes
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    let picked: u64 = causes
+        .iter()
+        .filter(|(c, _)| pick(c))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    picked as f64 * 100.0 / between.max(1) as f64
+}
+
 /// The rank waiting at every all-reduce for the late one: its GPU's idle
 /// inside `all_reduce` is `comm` (by the code it blocked in: torch.distributed's
 /// Python and c10d's frames), within 5 points of the time its own clock
@@ -68,8 +85,8 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
         let idle = u64_of(rank, "idle_between_ns") as f64;
         let want_comm = u64_of(rank, "idle_in_all_reduce_ns") as f64 * 100.0 / idle;
         let want_host = u64_of(rank, "idle_in_host_work_ns") as f64 * 100.0 / idle;
-        let comm = idle_share(g, |c| c == "comm");
-        let host = idle_share(g, |c| c == "cpu.host" || c == "sync");
+        let comm = share(g, |c| c == "comm");
+        let host = share(g, |c| c == "cpu.host" || c == "sync");
         eprintln!(
             "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}% ({})",
             rank["rank"], g["idle_by_cause_ns"]

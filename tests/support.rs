@@ -705,21 +705,3 @@ pub fn venv_python(modules: &str) -> Option<PathBuf> {
     );
     None
 }
-
-/// Of a GPU's idle between its first and last work (its idle less
-/// start-up and tear-down), the percent its causes `pick` took: what a
-/// workload's own clock of a wait is compared with.
-pub fn idle_share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
-    let causes = g["idle_by_cause_ns"].as_object().unwrap();
-    let between: u64 = causes
-        .iter()
-        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    let picked: u64 = causes
-        .iter()
-        .filter(|(c, _)| pick(c))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    picked as f64 * 100.0 / between.max(1) as f64
-}
