@@ -1,9 +1,10 @@
 //! Two ranks of a real torch.distributed job (gloo over loopback, torch
 //! from PyPI, CPU only), each feeding its own simulated GPU, one rank late
-//! by its own host work every step (examples/python/ddp_train.py). Ground
-//! truth is each rank's own clock: of its GPU's idle between its first and
-//! last work, the time it spent inside `all_reduce`, and inside its own
-//! host work, each less its waits for a CPU there (the kernel's schedstat),
+//! every step by its own host work or by its input, fetched over TCP from
+//! a slow data service (examples/python/ddp_train.py). Ground truth is each
+//! rank's own clock: of its GPU's idle between its first and last work, the
+//! time it spent inside `all_reduce`, inside its own host work and
+//! fetching, each less its waits for a CPU there (the kernel's schedstat),
 //! which are contention on a busy machine.
 //!
 //! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
@@ -43,6 +44,34 @@ fn share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
     picked as f64 * 100.0 / between.max(1) as f64
 }
 
+/// How the late rank is late (`--late-by`), and the causes its own GPU
+/// idles for by it.
+#[derive(Clone, Copy)]
+enum Late {
+    /// 22 ms of its own host work a step: `cpu.host`, or on a busy machine
+    /// its waits for a CPU to do it on (`cpu.contention`).
+    Host,
+    /// Its batch fetched over TCP from a data service that answers after
+    /// 22 ms: `input.network`.
+    Input,
+}
+
+impl Late {
+    fn arg(self) -> &'static str {
+        match self {
+            Late::Host => "host",
+            Late::Input => "input",
+        }
+    }
+
+    fn causes(self) -> &'static [&'static str] {
+        match self {
+            Late::Host => &["cpu.host", "cpu.contention"],
+            Late::Input => &["input.network"],
+        }
+    }
+}
+
 /// The rank waiting at every all-reduce for the late one: its GPU's idle
 /// inside `all_reduce` is `comm` (by the code it blocked in: torch.distributed's
 /// Python and c10d's frames), within 5 points of the time its own clock
@@ -51,6 +80,18 @@ fn share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
 /// work), not `comm` beyond its own short waits.
 #[test]
 fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
+    one_recording(Late::Host);
+}
+
+/// As above, the late rank late by its input: its GPU's idle while it
+/// fetches is `input.network` within 5 points of its clock, and the
+/// waiting rank's advice says it came late because of it.
+#[test]
+fn a_rank_late_by_its_input_is_named_with_its_input() {
+    one_recording(Late::Input);
+}
+
+fn one_recording(late_by: Late) {
     let Some(py) = venv_python("torch") else {
         return;
     };
@@ -68,6 +109,8 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
             lib.to_str().unwrap(),
             "--truth",
             truth.to_str().unwrap(),
+            "--late-by",
+            late_by.arg(),
         ],
     );
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
@@ -85,11 +128,19 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
         let idle = u64_of(rank, "idle_between_ns") as f64;
         let want_comm = u64_of(rank, "idle_in_all_reduce_ns") as f64 * 100.0 / idle;
         let want_host = u64_of(rank, "idle_in_host_work_ns") as f64 * 100.0 / idle;
+        let want_input = u64_of(rank, "idle_in_fetch_ns") as f64 * 100.0 / idle;
         let comm = share(g, |c| c == "comm");
         let host = share(g, |c| c == "cpu.host" || c == "sync");
+        let input = share(g, |c| c == "input.network");
         eprintln!(
-            "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}% ({})",
+            "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%, fetch {want_input:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}%, input.network {input:.1}% ({})",
             rank["rank"], g["idle_by_cause_ns"]
+        );
+        assert!(
+            (input - want_input).abs() <= 5.0,
+            "rank {}: input.network {input:.1}% of the idle, fetching {want_input:.1}%: {}",
+            rank["rank"],
+            g["idle_by_cause_ns"]
         );
         assert!(
             (comm - want_comm).abs() <= 5.0,
@@ -115,7 +166,10 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
     let ranks = truth["ranks"].as_array().unwrap();
     let (waiting, late) = (&ranks[0], &ranks[1]);
     assert_eq!(late["late"], true);
-    let said = format!("GPU 0 (pid {}) waited", waiting["pid"].as_u64().unwrap());
+    let said = format!(
+        "GPU 0 (rank 0, pid {}) waited",
+        waiting["pid"].as_u64().unwrap()
+    );
     let line = comm["evidence"]
         .as_array()
         .unwrap()
@@ -124,8 +178,7 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
         .find(|l| l.starts_with(&said))
         .unwrap_or_else(|| panic!("no '{said}': {comm:#}"));
     // Why it came late: the late rank's GPU's own top cause as the report
-    // has it — its host work (cpu.host), or on a busy machine its waits
-    // for a CPU to do it on (cpu.contention) — never comm.
+    // has it, one of those its lateness reads as — never comm.
     let g1 = gpus.iter().find(|g| g["id"] == 1).unwrap();
     let (own, _) = g1["idle_by_cause_ns"]
         .as_object()
@@ -135,10 +188,10 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
         .map(|(c, v)| (c.as_str(), v.as_u64().unwrap()))
         .max_by_key(|x| x.1)
         .unwrap();
-    assert!(matches!(own, "cpu.host" | "cpu.contention"), "{g1:#}");
+    assert!(late_by.causes().contains(&own), "{g1:#}");
     assert!(
         line.contains(&format!(
-            "in collectives for pid {} (GPU 1)",
+            "in collectives for rank 1 (pid {}, GPU 1)",
             late["pid"].as_u64().unwrap()
         )) && line.contains(&format!("it came late because of {own}")),
         "{line}"
@@ -157,7 +210,7 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
     // Only the waits that matter are said: the late rank's own short ones
     // are not.
     assert!(
-        !comm["evidence"].to_string().contains("GPU 1 (pid"),
+        !comm["evidence"].to_string().contains("GPU 1 (rank 1"),
         "{comm:#}"
     );
 }
@@ -168,6 +221,16 @@ fn waiting_for_another_rank_is_comm_and_the_late_rank_is_its_own_cause() {
 /// with its own cause, and the waiting rank's top cause is `comm`.
 #[test]
 fn ranks_recorded_apart_name_the_late_one_and_its_cause() {
+    recorded_apart(Late::Host);
+}
+
+/// As above, the late rank late by its input.
+#[test]
+fn ranks_recorded_apart_name_a_rank_late_by_its_input() {
+    recorded_apart(Late::Input);
+}
+
+fn recorded_apart(late_by: Late) {
     let Some(py) = venv_python("torch") else {
         return;
     };
@@ -192,6 +255,7 @@ fn ranks_recorded_apart_name_the_late_one_and_its_cause() {
                 .arg(&lib)
                 .arg("--truth")
                 .arg(&truth)
+                .args(["--late-by", late_by.arg()])
                 .envs([
                     ("RANK", rank.to_string()),
                     ("WORLD_SIZE", "2".into()),
@@ -235,5 +299,20 @@ fn ranks_recorded_apart_name_the_late_one_and_its_cause() {
     assert_eq!(row(0)["slowest"], false, "{rows:#?}");
     assert_eq!(row(0)["top_cause"], "comm", "{rows:#?}");
     let late = row(1)["top_cause"].as_str().unwrap();
-    assert!(matches!(late, "cpu.host" | "cpu.contention"), "{rows:#?}");
+    assert!(late_by.causes().contains(&late), "{rows:#?}");
+    // Each recording knows its rank from the launcher's environment.
+    for rank in 0..2u64 {
+        let label = format!("rank{rank}");
+        let view = r["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["label"].as_str().is_some_and(|l| l.contains(&label)))
+            .unwrap_or_else(|| panic!("no {label}: {:#}", r["ranks"]));
+        assert_eq!(
+            view["report"]["session"]["rank"]["rank"], rank,
+            "{:#}",
+            view["report"]["session"]
+        );
+    }
 }

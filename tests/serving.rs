@@ -2,7 +2,8 @@
 //! (examples/python/serve_requests.py: socketserver on loopback, 4 ms of
 //! kernels a request). Ground truth is the server's own clock: of its GPU's
 //! idle between its first and last work, the time it spent blocked reading
-//! the next request.
+//! the next request; its requests and the time from each one's arrival to
+//! its answer.
 
 use gapscope_tests::*;
 use serde_json::Value;
@@ -51,6 +52,40 @@ fn demand_share(g: &Value) -> f64 {
     u64_of(&g["idle_by_cause_ns"], "demand") as f64 * 100.0 / between.max(1) as f64
 }
 
+/// The request figures against the server's clock: every request counted
+/// (the wakeup for the connection, which gave the GPU no work, is none),
+/// the median time from arrival to answer, and the GPU's busy time a
+/// request (its 4 ms of kernels).
+fn requests_match(g: &Value, truth: &Value) {
+    let q = &g["requests"];
+    eprintln!("requests: {q}; truth {truth}");
+    let (count, want) = (u64_of(q, "count"), u64_of(truth, "requests"));
+    // Seen to move by one or two in a run: the last request is lost where
+    // the server's last wait (for the client to hang up, woken by its
+    // exit) does not read as one for a request.
+    assert!(
+        count.abs_diff(want) <= 2,
+        "{count} requests counted, {want} answered: {q:#}"
+    );
+    let (p50, want) = (
+        u64_of(q, "latency_p50_ns") as f64,
+        u64_of(truth, "latency_p50_ns") as f64,
+    );
+    assert!(
+        (p50 - want).abs() <= (0.1 * want).max(500e3),
+        "p50 {p50} ns, the server's clock {want} ns: {q:#}"
+    );
+    let (busy, want) = (
+        u64_of(q, "gpu_busy_per_request_ns") as f64,
+        u64_of(truth, "kernel_ns") as f64,
+    );
+    assert!(
+        (busy - want).abs() <= 0.1 * want,
+        "GPU busy {busy} ns a request, its kernels {want} ns: {q:#}"
+    );
+    assert!(q["energy_per_request_j"].is_null(), "no NVML here: {q:#}");
+}
+
 /// Requests 10-50 ms apart: the server waits for them nearly all its idle
 /// time. That is `demand` (it blocked in socketserver's request loop),
 /// within 5 points of its clock, not `input.network`; no recommendation
@@ -85,6 +120,7 @@ fn a_server_waiting_for_requests_is_demand_not_input() {
         verdict.contains("waited for requests") && verdict.contains("spare capacity"),
         "{verdict}"
     );
+    requests_match(g, &truth);
 }
 
 /// The same server flooded (the client sends each request as soon as the
@@ -119,4 +155,11 @@ fn a_flooded_server_has_no_demand_to_wait_for() {
         "{}",
         report["verdict"]
     );
+    // A flooded server often finds the next request already there and
+    // never waits for it: the two read as one, longer request (as the
+    // figures' definition says). Never more requests than it answered, and
+    // as many requests as waits that ended in GPU work.
+    let q = &g["requests"];
+    eprintln!("flooded requests: {q}; truth {truth}");
+    assert!(u64_of(q, "count") <= u64_of(&truth, "requests"), "{q:#}");
 }

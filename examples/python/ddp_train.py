@@ -6,16 +6,22 @@ all-reduce of the gradients over TCP between the ranks' processes. Only the
 GPUs are simulated (libgs_simgpu.so, gapscope's simulated device: it says
 so to gapscope, and reports show `source: "simulated"`); rank R's is
 device R. Each step a rank launches its kernels, synchronizes (as
-`loss.item()` would), does its own host work, then all-reduces: one rank
-with --late-ms of host work a step, the other 2 ms, so the fast one waits
-for the late one at every all-reduce.
+`loss.item()` would), does its own host work, then all-reduces; the fast
+one waits for the late one at every all-reduce. Both do 2 ms of host work
+a step; the late rank is late by
+- `--late-by host`: --late-ms of host work a step instead, or
+- `--late-by input`: fetching its next batch over TCP from a data service
+  (a process of its own, as a remote store or a feature server is) that
+  answers each request after --late-ms.
 
 Ground truth, written as JSON to --truth: for each rank, its GPU's idle
 between its first and last work, and of it the time the rank spent inside
-`all_reduce`, and inside its own host work — each less the rank's waits
-for a CPU there (the kernel's schedstat run delay), counted apart.
+`all_reduce`, inside its own host work, and fetching its batch — each less
+the rank's waits for a CPU there (the kernel's schedstat run delay),
+counted apart.
 
     python ddp_train.py --lib libgs_simgpu.so --truth T.json [--late-ms 22]
+        [--late-by host|input]
 """
 
 import argparse
@@ -39,18 +45,60 @@ def host_work(cpu_ns):
     return x
 
 
+BATCH = 64 << 10
+
+
+def data_service(listener, delay_s):
+    # The data service: one client, one batch per request byte, each after
+    # delay_s (a remote store's latency). Sleeps, so it holds no CPU.
+    conn, _ = listener.accept()
+    with conn:
+        while conn.recv(1):
+            time.sleep(delay_s)
+            conn.sendall(b"\0" * BATCH)
+
+
+def connect_to_data_service(delay_s):
+    # Started by the rank itself, so that the job launched either way (by
+    # the launcher below, or rank by rank) has its data service.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    if os.fork() == 0:
+        try:
+            data_service(listener, delay_s)
+        finally:
+            os._exit(0)
+    port = listener.getsockname()[1]
+    listener.close()
+    return socket.create_connection(("127.0.0.1", port))
+
+
+def fetch(conn):
+    conn.sendall(b"x")
+    got = 0
+    while got < BATCH:
+        chunk = conn.recv(BATCH - got)
+        if not chunk:
+            sys.exit("ddp_train: the data service went away")
+        got += len(chunk)
+
+
 def rank_main(a):
     import torch
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
+    late = rank == a.late_rank
+    # Forked before the process group starts its threads.
+    data = connect_to_data_service(a.late_ms / 1e3) if late and a.late_by == "input" else None
     dist.init_process_group("gloo", rank=rank, world_size=2)
     gpu = ctypes.CDLL(a.lib)
     gpu.gs_simgpu_launch.restype = ctypes.c_uint64
     gpu.gs_simgpu_launch.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
     grads = torch.ones(1 << 16)
-    host_ms = a.late_ms if rank == a.late_rank else 2.0
+    host_ms = a.late_ms if late and a.late_by == "host" else 2.0
     now = time.monotonic_ns
     def run_delay():
         # This thread's wait for a CPU (runnable) so far, as the kernel
@@ -59,7 +107,7 @@ def rank_main(a):
         with open("/proc/thread-self/schedstat") as f:
             return int(f.read().split()[1])
 
-    kernels, reduces, hosts = [], [], []
+    kernels, reduces, hosts, fetches = [], [], [], []
     delays = 0
     # Both ranks start their loop together.
     dist.barrier()
@@ -72,9 +120,17 @@ def rank_main(a):
         host_work(int(host_ms * 1e6))
         h1, d1 = now(), run_delay()
         hosts.append((h0, h1, d1 - d0))
+        if data is not None:
+            fetch(data)
+            f1, e1 = now(), run_delay()
+            fetches.append((h1, f1, e1 - d1))
+            h1, d1 = f1, e1
         dist.all_reduce(grads)
         reduces.append((h1, now(), run_delay() - d1))
     gpu.gs_simgpu_close()
+    if data is not None:
+        data.close()
+        os.wait()
     dist.destroy_process_group()
 
     kernels.sort()
@@ -112,7 +168,10 @@ def rank_main(a):
                 "idle_between_ns": sum(e - s for s, e in idle),
                 "idle_in_all_reduce_ns": inside(reduces),
                 "idle_in_host_work_ns": inside(hosts),
-                "idle_waiting_for_cpu_ns": waiting_for_cpu(hosts) + waiting_for_cpu(reduces),
+                "idle_in_fetch_ns": inside(fetches),
+                "idle_waiting_for_cpu_ns": waiting_for_cpu(hosts)
+                + waiting_for_cpu(reduces)
+                + waiting_for_cpu(fetches),
             },
             f,
         )
@@ -126,6 +185,7 @@ def main():
     p.add_argument("--kernel-us", type=int, default=2000)
     p.add_argument("--late-ms", type=float, default=22.0)
     p.add_argument("--late-rank", type=int, default=1)
+    p.add_argument("--late-by", choices=["host", "input"], default="host")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rank:
@@ -161,7 +221,8 @@ def main():
         print(
             f"ddp_train: SIMULATED GPU {r['device']}, rank {r['rank']}: "
             f"{100 * r['idle_in_all_reduce_ns'] / idle:.1f}% of its idle in all_reduce, "
-            f"{100 * r['idle_in_host_work_ns'] / idle:.1f}% in its own host work",
+            f"{100 * r['idle_in_host_work_ns'] / idle:.1f}% in its own host work, "
+            f"{100 * r['idle_in_fetch_ns'] / idle:.1f}% fetching its batch",
             file=sys.stderr,
         )
 

@@ -10,7 +10,8 @@ the previous answer (--interval-ms 0: back to back, a flooded server).
 
 Ground truth, written as JSON to --truth: the server's GPU idle between its
 first and last work, and of it the time the server spent waiting for the
-next request (blocked reading it).
+next request (blocked reading it); the requests answered, and the time
+from each one's arrival (read) to its answer (written), p50 and p99.
 
     python serve_requests.py --lib libgs_simgpu.so --truth T.json
 """
@@ -56,14 +57,15 @@ def main():
     gpu.gs_simgpu_launch.restype = ctypes.c_uint64
     gpu.gs_simgpu_launch.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
     now = time.monotonic_ns
-    kernels, waits = [], []
+    kernels, waits, answers = [], [], []
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self):
             while True:
                 w0 = now()
                 line = self.rfile.readline()
-                waits.append((w0, now()))
+                arrived = now()
+                waits.append((w0, arrived))
                 if not line:
                     return
                 end = gpu.gs_simgpu_launch(int(a.kernel_ms * 1e6), 20_000)
@@ -71,6 +73,7 @@ def main():
                 gpu.gs_simgpu_synchronize()
                 self.wfile.write(b"answer\n")
                 self.wfile.flush()
+                answers.append(now() - arrived)
 
     with socketserver.TCPServer(("127.0.0.1", 0), Handler) as server:
         port = server.server_address[1]
@@ -91,10 +94,15 @@ def main():
             busy.append([s, e])
     idle = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
     waiting = sum(max(0, min(e, b) - max(s, a)) for s, e in idle for a, b in waits)
+    answers.sort()
     truth = {
         "simulated": True,
         "pid": os.getpid(),
         "requests": len(kernels),
+        # Each request from its arrival (read) to its answer (written).
+        "latency_p50_ns": answers[len(answers) // 2],
+        "latency_p99_ns": answers[min(len(answers) - 1, len(answers) * 99 // 100)],
+        "kernel_ns": int(a.kernel_ms * 1e6),
         "idle_between_ns": sum(e - s for s, e in idle),
         "idle_waiting_for_requests_ns": waiting,
     }

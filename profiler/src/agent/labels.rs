@@ -16,7 +16,7 @@ pub type Labels = BTreeMap<&'static str, String>;
 
 /// The labels of the job rooted at `pid`.
 pub fn of(pid: u32) -> Labels {
-    let env = environ(pid);
+    let env = crate::collect::procfs::environ(pid);
     let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
@@ -88,20 +88,6 @@ fn slurm_job(cgroup: &str) -> Option<String> {
         let id = &part[4..];
         (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_string())
     })
-}
-
-fn environ(pid: u32) -> BTreeMap<String, String> {
-    fs::read(format!("/proc/{pid}/environ"))
-        .map(|raw| {
-            raw.split(|&b| b == 0)
-                .filter_map(|kv| {
-                    let kv = String::from_utf8_lossy(kv);
-                    let (k, v) = kv.split_once('=')?;
-                    Some((k.to_string(), v.to_string()))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The pod's uid in a cgroup path (`…/kubepods-burstable-pod<uid>.slice/…`

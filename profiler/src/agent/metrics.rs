@@ -23,6 +23,10 @@ struct Gpu {
     idle_ns: u64,
     unseen_ns: u64,
     by_cause: BTreeMap<Cause, u64>,
+    /// Requests its server answered (where it serves).
+    requests: u64,
+    /// Of its latest window, the share it waited for requests (`demand`).
+    waiting_for_work: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -33,6 +37,9 @@ struct Job {
     recorded_ns: u64,
     dropped_events: u64,
     last_seen: Instant,
+    /// How long its latest window was: a job not seen for two of them has
+    /// ended, and its GPUs wait for nothing.
+    window: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -53,11 +60,13 @@ impl Metrics {
             recorded_ns: 0,
             dropped_events: 0,
             last_seen: Instant::now(),
+            window: Duration::ZERO,
         });
         job.windows += 1;
         job.recorded_ns += r.window_ns.end.saturating_sub(r.window_ns.start);
         job.dropped_events += dropped;
         job.last_seen = Instant::now();
+        job.window = Duration::from_nanos(r.window_ns.end.saturating_sub(r.window_ns.start));
         for g in &r.gpus {
             let c = job.gpus.entry(g.id).or_default();
             c.name.clone_from(&g.name);
@@ -68,6 +77,9 @@ impl Metrics {
             for (cause, ns) in g.idle_by_cause_ns.entries() {
                 *c.by_cause.entry(cause).or_default() += ns;
             }
+            c.requests += g.requests.as_ref().map_or(0, |q| q.count);
+            c.waiting_for_work =
+                g.idle_by_cause_ns.get(Cause::Demand) as f64 / g.allocated_ns.max(1) as f64;
         }
     }
 
@@ -153,34 +165,56 @@ impl Metrics {
             }
         }
 
-        type GpuPick = fn(&Gpu) -> u64;
-        let per_gpu: [(&str, &str, GpuPick); 4] = [
+        // The fleet's picture of serving: GPUs held and waiting for work.
+        let name = "gapscope_gpus_waiting_for_work";
+        family(
+            &mut out,
+            name,
+            "gauge",
+            "GPUs' worth of time, over the jobs followed now, spent waiting for requests (the demand cause) in each job's latest window: capacity held and not offered work.",
+        );
+        let waiting: f64 = self
+            .jobs
+            .values()
+            .filter(|j| j.last_seen.elapsed() < 2 * j.window)
+            .flat_map(|j| j.gpus.values())
+            .map(|g| g.waiting_for_work)
+            .sum();
+        sample(&mut out, name, &[], waiting);
+
+        type GpuPick = fn(&Gpu) -> f64;
+        let per_gpu: [(&str, &str, GpuPick); 5] = [
             (
                 "gapscope_gpu_allocated_seconds_total",
                 "GPU time held by the job while recorded.",
-                |g| g.allocated_ns,
+                |g| g.allocated_ns as f64 / 1e9,
             ),
             (
                 "gapscope_gpu_busy_seconds_total",
                 "GPU time running the job's kernels, copies or memsets.",
-                |g| g.busy_ns,
+                |g| g.busy_ns as f64 / 1e9,
             ),
             (
                 "gapscope_gpu_idle_seconds_total",
                 "GPU time held by the job and idle.",
-                |g| g.idle_ns,
+                |g| g.idle_ns as f64 / 1e9,
             ),
             (
                 "gapscope_gpu_unseen_seconds_total",
                 "GPU time held by the job that could not be seen (before the job's GPU recording began, or while another CUPTI client held CUPTI): neither busy nor idle; busy + idle + unseen = allocated.",
-                |g| g.unseen_ns,
+                |g| g.unseen_ns as f64 / 1e9,
+            ),
+            (
+                "gapscope_gpu_requests_total",
+                "Requests the job's server answered on the GPU, where it waits for requests in a server's request loop (0 for training).",
+                |g| g.requests as f64,
             ),
         ];
         for (name, help, pick) in per_gpu {
             family(&mut out, name, "counter", help);
             for j in self.jobs.values() {
                 for (id, g) in &j.gpus {
-                    sample(&mut out, name, &labels(j, Some((*id, g))), s(pick(g)));
+                    sample(&mut out, name, &labels(j, Some((*id, g))), pick(g));
                 }
             }
         }

@@ -19,6 +19,7 @@ pub mod nvml;
 mod python;
 pub mod recommend;
 pub mod replay;
+pub mod requests;
 pub mod stages;
 pub mod stats;
 pub mod steps;
@@ -122,6 +123,17 @@ pub struct Analysis {
     pub code: code::Rules,
     /// The input pipeline by stage, where samples were in input code.
     pub stages: Option<stages::InputStages>,
+    /// Per GPU (by id) whose feeder serves requests: what they came to.
+    pub requests: BTreeMap<u32, requests::Requests>,
+}
+
+/// The rank a recording is, when its processes are ranks of one job and
+/// all the same one (a rank and its DataLoader workers): the recording of
+/// one rank of a job launched per node or per rank.
+fn only_rank(ranks: &HashMap<u32, crate::session::Rank>) -> Option<crate::session::Rank> {
+    let mut all = ranks.values();
+    let first = *all.next()?;
+    all.all(|r| *r == first).then_some(first)
 }
 
 /// The pipeline: session → timeline → attribution → advice. Takes the
@@ -274,6 +286,18 @@ fn conclude(
             )
         })
         .collect();
+    let requests = diagnosis
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let busy = |a, b| g.gpu.busy_within(a, b);
+            let spans = requests::spans(&g.feeder.as_ref()?.account, busy);
+            let r = requests::of(&spans, busy, |a, b| {
+                nvml::nvml_for(&session, g.gpu.device, a, b).1
+            })?;
+            Some((g.gpu.device, r))
+        })
+        .collect();
     let api = api::accounting(&timeline.gpu);
     let hta = opts.hta.then(|| hta::per_stream_idle(&timeline.gpu));
     let mut notes = std::mem::take(&mut session.notes);
@@ -294,7 +318,7 @@ fn conclude(
         gpu_blind: std::mem::take(&mut session.gpu_blind),
         gpu_records_incomplete: session.gpu_skipped.values().map(|(i, _)| i).sum(),
         gpu_records_dropped: session.gpu_drops.values().map(|(c, s)| c + s).sum(),
-        rank: session.rank,
+        rank: session.rank.or_else(|| only_rank(&session.process_ranks)),
         collector: session.collector,
         events,
     };
@@ -311,6 +335,7 @@ fn conclude(
         hta,
         code: opts.code.clone(),
         stages,
+        requests,
     }
 }
 

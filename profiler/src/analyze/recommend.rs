@@ -577,6 +577,17 @@ impl Evidence<'_> {
                 .max_by_key(|x| (*x.1, *x.0))
                 .map(|(&p, &n)| (p, n))
         };
+        // A process by its rank in the job, where its launcher said it.
+        let rank_of = |pid: u32| self.tl.processes.get(&pid).and_then(|p| p.rank);
+        // "rank 1 (pid 42, GPU 1)", "pid 42 (GPU 1)", "rank 1 (pid 42)".
+        let named = |pid: u32, gpu: Option<u32>| {
+            let gpu = gpu.map_or(String::new(), |d| format!(", GPU {d}"));
+            match rank_of(pid) {
+                Some(rank) => format!("rank {rank} (pid {pid}{gpu})"),
+                None if gpu.is_empty() => format!("pid {pid}"),
+                None => format!("pid {pid} ({})", &gpu[2..]),
+            }
+        };
         // The waits that matter: at least a fifth of the longest (the late
         // rank waits a little for the others too).
         let longest = self.d.gpus.iter().filter_map(most).map(|x| x.1).max();
@@ -587,15 +598,19 @@ impl Evidence<'_> {
             let waiter = g
                 .feeder
                 .as_ref()
-                .map_or(String::new(), |f| format!(" (pid {})", f.tid.0));
+                .map_or(String::new(), |f| match rank_of(f.tid.0) {
+                    Some(rank) => format!(" (rank {rank}, pid {})", f.tid.0),
+                    None => format!(" (pid {})", f.tid.0),
+                });
             let theirs = self.d.gpus.iter().find(|h| {
                 h.gpu.device != g.gpu.device && h.feeder.as_ref().is_some_and(|f| f.tid.0 == pid)
             });
             let Some(h) = theirs else {
                 out.push(format!(
-                    "GPU {}{waiter} waited {} in collectives for pid {pid}, which feeds no GPU recorded here",
+                    "GPU {}{waiter} waited {} in collectives for {}, which feeds no GPU recorded here",
                     g.gpu.device,
-                    units::duration(ns)
+                    units::duration(ns),
+                    named(pid, None)
                 ));
                 continue;
             };
@@ -624,10 +639,10 @@ impl Evidence<'_> {
                 _ => String::new(),
             };
             out.push(format!(
-                "GPU {}{waiter} waited {} in collectives for pid {pid} (GPU {}){why}",
+                "GPU {}{waiter} waited {} in collectives for {}{why}",
                 g.gpu.device,
                 units::duration(ns),
-                h.gpu.device
+                named(pid, Some(h.gpu.device))
             ));
         }
         out

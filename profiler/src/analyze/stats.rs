@@ -39,7 +39,7 @@ impl Summary {
 }
 
 /// The `q` quantile of sorted values, interpolated between neighbours.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     let at = q * (sorted.len() - 1) as f64;
     let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
     sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo as f64)

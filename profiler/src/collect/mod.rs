@@ -627,6 +627,9 @@ fn seed_process(sink: &mut Sink, pid: u32, whole: bool) {
     if let Some(info) = procfs::process_info(pid) {
         sink.push(Record::Process(info));
     }
+    if let Some(rank) = procfs::rank_of(&procfs::environ(pid)) {
+        sink.push(Record::ProcessRank { pid, rank });
+    }
     for tid in procfs::threads(pid) {
         if let Some(seed) = procfs::thread_seed(pid, tid) {
             sink.push(Record::Thread(seed));

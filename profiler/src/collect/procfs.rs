@@ -1,10 +1,52 @@
 //! Process and thread metadata from /proc, for the target tree only.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
+use std::io::Read;
 use std::path::Path;
 
-use crate::session::{FdKind, FdPath, IoCounters, MapRange, ProcessInfo, ThreadSeed};
+use crate::session::{FdKind, FdPath, IoCounters, MapRange, ProcessInfo, Rank, ThreadSeed};
+
+/// The most of a process's environment read: it is the process's to make
+/// as large as its stack allows, and what is wanted of it is a few names.
+const ENVIRON_CAP: u64 = 1 << 20;
+
+/// The environment process `pid` was started with (as exec gave it),
+/// names to values, at most [`ENVIRON_CAP`] bytes of it. Only ever read
+/// for processes of the target tree; values are theirs, so callers parse
+/// them, never follow them.
+pub fn environ(pid: u32) -> BTreeMap<String, String> {
+    let mut raw = Vec::new();
+    let read = fs::File::open(format!("/proc/{pid}/environ"))
+        .and_then(|f| f.take(ENVIRON_CAP).read_to_end(&mut raw));
+    if read.is_err() {
+        return BTreeMap::new();
+    }
+    raw.split(|&b| b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Which rank of a multi-process job a process is, as its launcher told it
+/// (torchrun and torch.distributed's `RANK`/`WORLD_SIZE`, Open MPI's,
+/// PMI's (MPICH, Intel MPI), Slurm's tasks), when the job has more than one.
+pub fn rank_of(env: &BTreeMap<String, String>) -> Option<Rank> {
+    const NAMES: [(&str, &str); 4] = [
+        ("RANK", "WORLD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ];
+    NAMES.iter().find_map(|(rank, world)| {
+        let rank: u32 = env.get(*rank)?.trim().parse().ok()?;
+        let world: u32 = env.get(*world)?.trim().parse().ok()?;
+        (world > 1 && rank < world).then_some(Rank { rank, world })
+    })
+}
 
 /// `(comm, state, ppid)` from /proc/<pid>[/task/<tid>]/stat. The comm may
 /// hold spaces and parentheses, so it is cut at the last ')'.

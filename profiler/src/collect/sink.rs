@@ -481,6 +481,9 @@ impl Sink {
                 if let Some(info) = procfs::process_info(pid) {
                     self.push(Record::Process(info));
                 }
+                if let Some(rank) = procfs::rank_of(&procfs::environ(pid)) {
+                    self.push(Record::ProcessRank { pid, rank });
+                }
                 // An exec may change who it runs as; what its maps held
                 // before is another program's.
                 if let Some(p) = self.procs.get_mut(&pid) {

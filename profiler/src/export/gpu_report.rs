@@ -79,6 +79,26 @@ pub struct GpuReport {
     /// they are marked: what a step breakdown (the TensorBoard plugin's
     /// overview) shows.
     pub in_steps: Option<InSteps>,
+    /// The requests it served, where its feeder waits for them in a
+    /// server's request loop (the `demand` cause).
+    pub requests: Option<RequestsReport>,
+}
+
+/// A server's requests, each from its arrival (the wakeup that ended the
+/// server's wait for it) to the server waiting for the next.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RequestsReport {
+    pub count: u64,
+    /// From the first request's arrival to the last one's answer.
+    pub span_ns: u64,
+    pub rate_per_s: f64,
+    pub latency_p50_ns: u64,
+    pub latency_p99_ns: u64,
+    pub latency_max_ns: u64,
+    /// The GPU's busy time over the span, per request.
+    pub gpu_busy_per_request_ns: u64,
+    /// The GPU's energy over the span, per request, where NVML said.
+    pub energy_per_request_j: Option<f64>,
 }
 
 /// A GPU over the run's steps: from the first step's beginning to the last
@@ -174,6 +194,16 @@ pub fn build(a: &Analysis) -> GpuSection {
                         idle_ns: idle.total(),
                         idle_by_cause_ns: idle,
                     }
+                }),
+                requests: a.requests.get(&g.device).map(|r| RequestsReport {
+                    count: r.count,
+                    span_ns: r.end - r.start,
+                    rate_per_s: r.rate_per_s(),
+                    latency_p50_ns: r.p50_ns,
+                    latency_p99_ns: r.p99_ns,
+                    latency_max_ns: r.max_ns,
+                    gpu_busy_per_request_ns: r.gpu_busy_ns / r.count.max(1),
+                    energy_per_request_j: r.energy_j.map(|e| e / r.count.max(1) as f64),
                 }),
             }
         })

@@ -405,6 +405,21 @@ fn write_html(
                 None,
             )?;
         }
+        if let Some(q) = &g.requests {
+            kpi(
+                o,
+                &id("requests"),
+                "requests",
+                &format!(
+                    "{} at {:.1}/s, {} p50, {} p99",
+                    units::count(q.count),
+                    q.rate_per_s,
+                    units::duration(q.latency_p50_ns),
+                    units::duration(q.latency_p99_ns)
+                ),
+                None,
+            )?;
+        }
         writeln!(o, "</div><h3>Where the allocated time went</h3>")?;
         write_breakdown(g, o)?;
         if let Some(gd) = d.gpus.iter().find(|x| x.gpu.device == g.id) {

@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 /// refuse newer versions at the header rather than at an unknown record.
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
-/// and ShimInjected; 4 added CpuIdle; 5 the Window mode; 6 ChargedSwitch.
-pub const FORMAT_VERSION: u16 = 6;
+/// and ShimInjected; 4 added CpuIdle; 5 the Window mode; 6 ChargedSwitch;
+/// 7 ProcessRank.
+pub const FORMAT_VERSION: u16 = 7;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -64,6 +65,12 @@ pub enum Record {
     ShimInjected(ShimInjected),
     /// How long the machine's CPUs had sat idle, read every second.
     CpuIdle(CpuIdle),
+    /// Which rank of a multi-process job a recorded process is, as its
+    /// launcher's environment said.
+    ProcessRank {
+        pid: u32,
+        rank: Rank,
+    },
 }
 
 /// The machine's idle CPU time, summed over its CPUs, since boot (the

@@ -280,6 +280,8 @@ pub struct Session {
     pub gpu_skipped: HashMap<u32, (u64, u64)>,
     /// This recording's rank in a distributed job, when known.
     pub rank: Option<super::Rank>,
+    /// The recorded processes that are ranks of a job, by pid.
+    pub process_ranks: HashMap<u32, super::Rank>,
     pub nvml: Vec<NvmlSample>,
     pub nvml_devices: Vec<NvmlDevice>,
     pub host_ops: Vec<HostOp>,
@@ -548,6 +550,9 @@ fn read_records(
                 s.gpu_skipped.insert(pid, (incomplete, unknown));
             }
             Record::Rank(r) => s.rank = Some(r),
+            Record::ProcessRank { pid, rank } => {
+                s.process_ranks.insert(pid, rank);
+            }
             Record::CpuIdle(c) => s.cpu_idle.push(c),
         }
     }

@@ -25,6 +25,8 @@ pub struct ProcessTimeline {
     pub exit_code: Option<i32>,
     pub start: Option<u64>,
     pub end: Option<u64>,
+    /// Its rank in a multi-process job, as its launcher told it.
+    pub rank: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -286,6 +288,11 @@ impl Timeline {
             e.comm = p.comm.clone();
             if !p.argv.is_empty() {
                 e.argv = p.argv.clone();
+            }
+        }
+        for (&pid, r) in &session.process_ranks {
+            if let Some(p) = tl.processes.get_mut(&pid) {
+                p.rank = Some(r.rank);
             }
         }
         for f in &session.fd_paths {

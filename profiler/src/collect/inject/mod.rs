@@ -105,16 +105,11 @@ pub enum Outcome {
 /// Whether `pid` was started with the shim in its environment (as the CUDA
 /// or NVTX injection library).
 fn shim_from_environment(pid: u32) -> bool {
-    let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    env.split(|&b| b == 0).any(|kv| {
-        let kv = String::from_utf8_lossy(kv);
-        ["CUDA_INJECTION64_PATH=", "NVTX_INJECTION64_PATH="]
-            .iter()
-            .filter_map(|k| kv.strip_prefix(k))
-            .any(|v| v.rsplit('/').next().is_some_and(is_shim))
-    })
+    let env = super::procfs::environ(pid);
+    ["CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH"]
+        .iter()
+        .filter_map(|k| env.get(*k))
+        .any(|v| v.rsplit('/').next().is_some_and(is_shim))
 }
 
 /// Why a process was not injected: one line, for the report.
