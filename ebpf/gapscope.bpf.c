@@ -63,6 +63,18 @@ struct {
 	__type(value, struct inflight);
 } inflight SEC(".maps");
 
+/* TCP sockets the kernel made by accepting a connection (passive opens,
+ * seen going from SYN_RECV to ESTABLISHED), by their struct sock: a thread
+ * blocked reading one waits on a client, not on a source it chose. Let go
+ * when the socket closes (its address is reused); LRU for those never seen
+ * closing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u8);
+} accepted SEC(".maps");
+
 /* Stack hashes already sent to userspace. LRU: an evicted stack is simply
  * sent again, userspace deduplicates by hash. */
 struct {
@@ -526,8 +538,12 @@ static __always_inline __u8 file_kind(struct file *file)
 	case S_IFSOCK: {
 		struct socket *sock = BPF_CORE_READ(file, private_data);
 		__u16 family = BPF_CORE_READ(sock, sk, __sk_common.skc_family);
-		if (family == AF_INET || family == AF_INET6)
+		if (family == AF_INET || family == AF_INET6) {
+			__u64 sk = (__u64)BPF_CORE_READ(sock, sk);
+			if (bpf_map_lookup_elem(&accepted, &sk))
+				return GS_FD_SOCK_ACCEPTED;
 			return GS_FD_SOCK_INET;
+		}
 		if (family == AF_UNIX)
 			return GS_FD_SOCK_UNIX;
 		return GS_FD_SOCK_OTHER;
@@ -1038,6 +1054,23 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 	if (group_dead) {
 		bpf_map_delete_elem(&tracked, &tgid);
 		bpf_map_delete_elem(&py_procs, &tgid);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- sockets */
+
+SEC("raw_tp/inet_sock_set_state")
+int gs_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate) */
+	__u64 sk = TP_ARG(ctx, 0);
+	int oldstate = TP_ARG(ctx, 1), newstate = TP_ARG(ctx, 2);
+	if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED) {
+		__u8 yes = 1;
+		bpf_map_update_elem(&accepted, &sk, &yes, BPF_ANY);
+	} else if (newstate == TCP_CLOSE) {
+		bpf_map_delete_elem(&accepted, &sk);
 	}
 	return 0;
 }

@@ -48,6 +48,7 @@ enum gs_fd_kind {
 	GS_FD_GPU = 8,   /* /dev/nvidia* */
 	GS_FD_CHAR = 9,  /* any other character device (tty, /dev/null, ...) */
 	GS_FD_PSEUDO = 10, /* procfs, sysfs, cgroupfs, debugfs, tracefs */
+	GS_FD_SOCK_ACCEPTED = 11, /* an INET socket the kernel made by accepting a connection */
 };
 
 /* Every record starts with this. */

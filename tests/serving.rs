@@ -14,27 +14,26 @@ const SCRIPT: &str = concat!(
 );
 
 /// The server recorded under `gapscope run` with the client's requests
-/// `interval_ms` apart at most (0: back to back): its report and truth.
-fn serve(interval_ms: &str) -> Option<(Value, Value)> {
+/// `interval_ms` apart at most (0: back to back), with socketserver or
+/// (`--plain`) a loop of its own: its report and truth.
+fn serve(interval_ms: &str, extra: &[&str]) -> Option<(Value, Value)> {
     let py = venv_python("socketserver")?;
-    let dir = scratch(&format!("serve-{interval_ms}"));
+    let dir = scratch(&format!("serve-{interval_ms}{}", extra.join("")));
     let truth = dir.path().join("truth.json");
     let lib = target_dir().join("libgs_simgpu.so");
     let _lock = recording_lock();
-    let r = run(
-        &dir.path().join("rec"),
-        &["-q", "--no-exports"],
-        &[
-            py.to_str().unwrap(),
-            SCRIPT,
-            "--lib",
-            lib.to_str().unwrap(),
-            "--truth",
-            truth.to_str().unwrap(),
-            "--interval-ms",
-            interval_ms,
-        ],
-    );
+    let mut cmd = vec![
+        py.to_str().unwrap(),
+        SCRIPT,
+        "--lib",
+        lib.to_str().unwrap(),
+        "--truth",
+        truth.to_str().unwrap(),
+        "--interval-ms",
+        interval_ms,
+    ];
+    cmd.extend(extra);
+    let r = run(&dir.path().join("rec"), &["-q", "--no-exports"], &cmd);
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
     let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
     Some((r.report(), truth))
@@ -93,7 +92,7 @@ fn requests_match(g: &Value, truth: &Value) {
 /// to spare at this load.
 #[test]
 fn a_server_waiting_for_requests_is_demand_not_input() {
-    let Some((report, truth)) = serve("50") else {
+    let Some((report, truth)) = serve("50", &[]) else {
         return;
     };
     let g = &report["gpus"][0];
@@ -128,7 +127,7 @@ fn a_server_waiting_for_requests_is_demand_not_input() {
 /// no longer calls it spare capacity.
 #[test]
 fn a_flooded_server_has_no_demand_to_wait_for() {
-    let Some((report, truth)) = serve("0") else {
+    let Some((report, truth)) = serve("0", &[]) else {
         return;
     };
     let g = &report["gpus"][0];
@@ -162,4 +161,32 @@ fn a_flooded_server_has_no_demand_to_wait_for() {
     let q = &g["requests"];
     eprintln!("flooded requests: {q}; truth {truth}");
     assert!(u64_of(q, "count") <= u64_of(&truth, "requests"), "{q:#}");
+}
+
+/// A server of its own making (a socket it accepted, read in a loop, no
+/// framework gapscope has a rule for): still `demand`, told by the
+/// connection — the kernel made it by accepting, so the peer is a client,
+/// not a data source. Before, the loop read as `input.network`.
+#[test]
+fn a_server_of_its_own_waits_on_a_connection_it_accepted() {
+    let Some((report, truth)) = serve("50", &["--plain"]) else {
+        return;
+    };
+    let g = &report["gpus"][0];
+    let want = u64_of(&truth, "idle_waiting_for_requests_ns") as f64 * 100.0
+        / u64_of(&truth, "idle_between_ns") as f64;
+    let got = demand_share(g);
+    eprintln!(
+        "plain: truth waiting for requests {want:.1}%, demand {got:.1}% ({})",
+        g["idle_by_cause_ns"]
+    );
+    assert!(
+        (got - want).abs() <= 5.0,
+        "demand {got:.1}% of the idle, waiting for requests {want:.1}%: {}",
+        g["idle_by_cause_ns"]
+    );
+    for r in report["recommendations"].as_array().unwrap() {
+        assert!(!r["cause"].as_str().unwrap().starts_with("input."), "{r:#}");
+    }
+    requests_match(g, &truth);
 }

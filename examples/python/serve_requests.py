@@ -1,7 +1,8 @@
 """An inference server on a SIMULATED GPU, and the client that loads it.
 
-Everything on the host is real: a socketserver TCP server on loopback
-reads requests, one line each, from a client process over one connection;
+Everything on the host is real: a socketserver TCP server on loopback (or
+with --plain a loop of its own over a socket it accepted) reads requests,
+one line each, from a client process over one connection;
 for each it runs --kernel-ms of kernels on the simulated GPU
 (libgs_simgpu.so, gapscope's simulated device: it says so to gapscope, and
 reports show `source: "simulated"`), synchronizes, and writes the answer
@@ -47,6 +48,11 @@ def main():
     p.add_argument("--requests", type=int, default=80)
     p.add_argument("--kernel-ms", type=float, default=4.0)
     p.add_argument("--interval-ms", type=float, default=50.0)
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="serve from a plain socket loop instead of socketserver",
+    )
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.client:
@@ -59,31 +65,46 @@ def main():
     now = time.monotonic_ns
     kernels, waits, answers = [], [], []
 
-    class Handler(socketserver.StreamRequestHandler):
-        def handle(self):
-            while True:
-                w0 = now()
-                line = self.rfile.readline()
-                arrived = now()
-                waits.append((w0, arrived))
-                if not line:
-                    return
-                end = gpu.gs_simgpu_launch(int(a.kernel_ms * 1e6), 20_000)
-                kernels.append((end - int(a.kernel_ms * 1e6), end))
-                gpu.gs_simgpu_synchronize()
-                self.wfile.write(b"answer\n")
-                self.wfile.flush()
-                answers.append(now() - arrived)
+    def serve(rfile, wfile):
+        # One connection's requests, until the client hangs up.
+        while True:
+            w0 = now()
+            line = rfile.readline()
+            arrived = now()
+            waits.append((w0, arrived))
+            if not line:
+                return
+            end = gpu.gs_simgpu_launch(int(a.kernel_ms * 1e6), 20_000)
+            kernels.append((end - int(a.kernel_ms * 1e6), end))
+            gpu.gs_simgpu_synchronize()
+            wfile.write(b"answer\n")
+            wfile.flush()
+            answers.append(now() - arrived)
 
-    with socketserver.TCPServer(("127.0.0.1", 0), Handler) as server:
-        port = server.server_address[1]
-        c = subprocess.Popen(
-            [sys.executable, __file__, "--client", str(port)] + sys.argv[1:]
-        )
-        # The one connection the client opens, served until it closes.
-        server.handle_request()
-        if c.wait():
-            sys.exit("serve_requests: the client failed")
+    def client_of(port):
+        return subprocess.Popen([sys.executable, __file__, "--client", str(port)] + sys.argv[1:])
+
+    if a.plain:
+        # A server of its own making: no framework's code on its stack.
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            c = client_of(listener.getsockname()[1])
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as rfile, conn.makefile("wb") as wfile:
+                serve(rfile, wfile)
+    else:
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                serve(self.rfile, self.wfile)
+
+        with socketserver.TCPServer(("127.0.0.1", 0), Handler) as server:
+            c = client_of(server.server_address[1])
+            # The one connection the client opens, served until it closes.
+            server.handle_request()
+    if c.wait():
+        sys.exit("serve_requests: the client failed")
     gpu.gs_simgpu_close()
 
     busy = []

@@ -27,6 +27,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::analyze::code::{Code, Region};
+use crate::session::FdKind;
 use crate::timeline::{Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
 
 /// Waits followed from thread to thread before giving up.
@@ -615,6 +616,9 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                 }
                 Some(Cause::Comm)
             }
+            // Blocked on a connection it accepted, in code of no known
+            // server: a client's next request, not data it went to fetch.
+            State::Off(o) if hops == 0 && o.fd_kind == FdKind::SockAccepted => Some(Cause::Demand),
             State::Off(o) => match o.kind {
                 OffKind::File => Some(Cause::InputIo),
                 OffKind::Net => Some(Cause::InputNetwork),

@@ -376,6 +376,10 @@ pub enum FdKind {
     Gpu,
     Char,
     Pseudo,
+    /// An INET socket the kernel made by accepting a connection (a server's
+    /// side of it), where the recording saw it accepted; others are
+    /// `SockInet`.
+    SockAccepted,
 }
 
 impl FdKind {
@@ -391,6 +395,7 @@ impl FdKind {
             8 => FdKind::Gpu,
             9 => FdKind::Char,
             10 => FdKind::Pseudo,
+            11 => FdKind::SockAccepted,
             _ => FdKind::None,
         }
     }

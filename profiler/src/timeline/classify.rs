@@ -64,7 +64,7 @@ pub enum ByteClass {
 pub fn byte_class(kind: FdKind) -> ByteClass {
     match kind {
         FdKind::File | FdKind::Block => ByteClass::File,
-        FdKind::SockInet | FdKind::SockOther => ByteClass::Net,
+        FdKind::SockInet | FdKind::SockAccepted | FdKind::SockOther => ByteClass::Net,
         FdKind::SockUnix | FdKind::Pipe | FdKind::Anon => ByteClass::Ipc,
         FdKind::Gpu | FdKind::Char | FdKind::Pseudo | FdKind::None => ByteClass::Other,
     }
@@ -73,7 +73,7 @@ pub fn byte_class(kind: FdKind) -> ByteClass {
 fn wait_on_fd(kind: FdKind) -> OffKind {
     match kind {
         FdKind::File | FdKind::Block => OffKind::File,
-        FdKind::SockInet | FdKind::SockOther => OffKind::Net,
+        FdKind::SockInet | FdKind::SockAccepted | FdKind::SockOther => OffKind::Net,
         FdKind::SockUnix | FdKind::Pipe | FdKind::Anon => OffKind::Ipc,
         FdKind::Gpu => OffKind::Gpu,
         FdKind::Char | FdKind::Pseudo | FdKind::None => OffKind::Other,

@@ -33,6 +33,7 @@ const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("gs_sys_enter", "sys_enter"),
     ("gs_sys_exit", "sys_exit"),
     ("gs_page_fault_user", "page_fault_user"),
+    ("gs_inet_sock_set_state", "inet_sock_set_state"),
 ];
 
 #[derive(Debug, thiserror::Error)]
