@@ -197,6 +197,8 @@ pub struct GpuFigures {
     #[serde(serialize_with = "r3")]
     pub idle_pct: f64,
     pub idle_by_cause_ns: IdleByCause,
+    /// The requests its server answered, where it serves (see the report's).
+    pub requests: Option<crate::export::gpu_report::RequestsReport>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -456,6 +458,7 @@ fn figures(g: &GpuReport) -> GpuFigures {
         idle_ns: g.idle_ns,
         idle_pct: pct(g.idle_ns, g.allocated_ns),
         idle_by_cause_ns: g.idle_by_cause_ns.clone(),
+        requests: g.requests.clone(),
     }
 }
 

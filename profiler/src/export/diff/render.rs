@@ -183,7 +183,8 @@ fn figures_rows(b: Option<&GpuFigures>, n: Option<&GpuFigures>) -> Vec<Vec<Strin
         (_, Some(ns)) => units::duration(ns),
         _ => "-".into(),
     };
-    rows.iter()
+    let mut out: Vec<Vec<String>> = rows
+        .iter()
         .map(|(label, pick)| {
             let (x, y) = (get(b, pick), get(n, pick));
             let change = match (x, y) {
@@ -205,7 +206,51 @@ fn figures_rows(b: Option<&GpuFigures>, n: Option<&GpuFigures>) -> Vec<Vec<Strin
             };
             vec![label.to_string(), share(b, x), share(n, y), change]
         })
-        .collect()
+        .collect();
+    out.extend(request_rows(b, n));
+    out
+}
+
+/// A server's request figures side by side, where either side served.
+fn request_rows(b: Option<&GpuFigures>, n: Option<&GpuFigures>) -> Vec<Vec<String>> {
+    use crate::export::gpu_report::RequestsReport;
+    let (x, y) = (
+        b.and_then(|f| f.requests.as_ref()),
+        n.and_then(|f| f.requests.as_ref()),
+    );
+    if x.is_none() && y.is_none() {
+        return Vec::new();
+    }
+    let rate =
+        |q: Option<&RequestsReport>| q.map_or("-".into(), |q| format!("{:.1}/s", q.rate_per_s));
+    let mut rows = vec![vec![
+        "requests".to_string(),
+        rate(x),
+        rate(y),
+        match (x, y) {
+            (Some(x), Some(y)) => format!("{:+.1}/s", y.rate_per_s - x.rate_per_s),
+            _ => "-".into(),
+        },
+    ]];
+    type Pick = fn(&RequestsReport) -> u64;
+    let times: [(&str, Pick); 3] = [
+        ("  p50 a request", |q| q.latency_p50_ns),
+        ("  p99 a request", |q| q.latency_p99_ns),
+        ("  GPU busy a request", |q| q.gpu_busy_per_request_ns),
+    ];
+    for (label, pick) in times {
+        let at = |q: Option<&RequestsReport>| q.map_or("-".into(), |q| units::duration(pick(q)));
+        let change = match (x, y) {
+            (Some(x), Some(y)) => {
+                let d = pick(y) as i128 - pick(x) as i128;
+                let sign = if d < 0 { "−" } else { "+" };
+                format!("{sign}{}", units::duration(d.unsigned_abs() as u64))
+            }
+            _ => "-".into(),
+        };
+        rows.push(vec![label.to_string(), at(x), at(y), change]);
+    }
+    rows
 }
 
 fn blocks(d: &Diff) -> Vec<Block> {
@@ -647,7 +692,46 @@ fn write_html(c: &Compared, out: &mut dyn Write) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::short_stack;
+    use super::{request_rows, short_stack, GpuFigures};
+    use crate::export::gpu_report::{BusyByKindReport, RequestsReport};
+
+    fn serving(p50_ms: u64, rate_per_s: f64) -> GpuFigures {
+        GpuFigures {
+            allocated_ns: 1_000_000_000,
+            busy_ns: 0,
+            busy_by_kind_ns: BusyByKindReport {
+                compute: 0,
+                communication: 0,
+                memory: 0,
+            },
+            idle_ns: 1_000_000_000,
+            idle_pct: 100.0,
+            idle_by_cause_ns: Default::default(),
+            requests: Some(RequestsReport {
+                count: 80,
+                span_ns: 1_000_000_000,
+                rate_per_s,
+                latency_p50_ns: p50_ms * 1_000_000,
+                latency_p99_ns: 2 * p50_ms * 1_000_000,
+                latency_max_ns: 3 * p50_ms * 1_000_000,
+                gpu_busy_per_request_ns: 4_000_000,
+                energy_per_request_j: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_servers_requests_are_compared_side_by_side() {
+        let (b, n) = (serving(6, 20.0), serving(4, 30.5));
+        let rows = request_rows(Some(&b), Some(&n));
+        assert_eq!(rows[0], ["requests", "20.0/s", "30.5/s", "+10.5/s"]);
+        assert_eq!(rows[1], ["  p50 a request", "6.0ms", "4.0ms", "−2.0ms"]);
+        assert_eq!(rows[2], ["  p99 a request", "12.0ms", "8.0ms", "−4.0ms"]);
+        let mut training = serving(1, 1.0);
+        training.requests = None;
+        assert!(request_rows(Some(&training), Some(&training)).is_empty());
+        assert_eq!(request_rows(Some(&training), Some(&n))[0][1], "-");
+    }
 
     fn folded(s: &str) -> Vec<String> {
         s.split(';').map(str::to_string).collect()
