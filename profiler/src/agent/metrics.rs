@@ -303,6 +303,62 @@ mod tests {
         assert_eq!(out, "x_total{command=\"a\\\"b\\\\c\\nd\"} 1.5\n");
     }
 
+    /// The golden recording's report, its GPU made a server's: a third of
+    /// its held time waiting for requests, 40 of them answered.
+    fn serving_window() -> Report {
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/golden/simtrain-mixed.gsz");
+        let a = crate::analyze::analyze(golden, &Default::default()).unwrap();
+        let mut r = crate::export::View::new(&a).report;
+        let g = &mut r.gpus[0];
+        let third = g.allocated_ns / 3;
+        g.idle_by_cause_ns = crate::analyze::cause::IdleByCause::from_fn(|c| match c {
+            Cause::Demand => third,
+            _ => 0,
+        });
+        g.requests = Some(crate::export::report::RequestsReport {
+            count: 40,
+            span_ns: g.allocated_ns,
+            rate_per_s: 1.0,
+            latency_p50_ns: 1,
+            latency_p99_ns: 1,
+            latency_max_ns: 1,
+            gpu_busy_per_request_ns: 1,
+            energy_per_request_j: None,
+        });
+        r
+    }
+
+    /// A sample's value in an exposition, by its line's start.
+    fn value(text: &str, series: &str) -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series))
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_servers_requests_and_its_wait_for_work_are_exposed() {
+        let r = serving_window();
+        let mut m = Metrics::default();
+        let labels: Labels = [("workload", "serve".to_string())].into_iter().collect();
+        m.add_window("serve", &labels, &r, 0);
+        m.add_window("serve", &labels, &r, 0);
+        let text = m.exposition(0, "0.1.0");
+        // Requests add up over windows; the wait for work is the latest
+        // window's, a third of a GPU.
+        assert_eq!(value(&text, "gapscope_gpu_requests_total{"), 80.0);
+        let waiting = value(&text, "gapscope_gpus_waiting_for_work ");
+        assert!((waiting - 1.0 / 3.0).abs() < 1e-3, "{waiting}");
+        // A job not seen for two of its windows has ended: it waits for
+        // nothing.
+        let job = m.jobs.get_mut("serve").unwrap();
+        job.last_seen -= 3 * job.window;
+        let text = m.exposition(0, "0.1.0");
+        assert_eq!(value(&text, "gapscope_gpus_waiting_for_work "), 0.0);
+    }
+
     #[test]
     fn an_empty_agent_still_says_who_it_is() {
         let m = Metrics::default();

@@ -301,7 +301,7 @@ pub struct CodeReport {
     pub on_cpu_ns: u64,
 }
 
-pub use super::gpu_report::{ApiThread, GpuReport, SyncReport};
+pub use super::gpu_report::{ApiThread, GpuReport, RequestsReport, SyncReport};
 use crate::session::SourceKind;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
