@@ -96,14 +96,6 @@ pub struct Timed {
     pub launched: usize,
 }
 
-/// Each step's time, ns, by number ([`timed`]).
-pub fn times(tl: &Timeline, steps: &Steps) -> Vec<(u64, u64)> {
-    timed(tl, steps)
-        .into_iter()
-        .map(|t| (t.number, t.end - t.begin))
-        .collect()
-}
-
 /// Each step from the moment the previous step's results were out to the
 /// moment its own were — its host span's end, or the end of the GPU work
 /// it launched when that came later. (A loop that never waits for its GPU

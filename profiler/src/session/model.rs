@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
 /// and ShimInjected; 4 added CpuIdle; 5 the Window mode; 6 ChargedSwitch;
-/// 7 ProcessRank.
+/// 7 ProcessRank and the SockAccepted fd kind.
 pub const FORMAT_VERSION: u16 = 7;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

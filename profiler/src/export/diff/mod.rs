@@ -16,7 +16,6 @@ use super::gpu_report::{BusyByKindReport, GpuReport};
 use super::{Labelled, View};
 use crate::analyze::cause::{Cause, IdleByCause};
 use crate::analyze::stats::{self, Summary};
-use crate::analyze::steps;
 use crate::session::SourceKind;
 
 pub use render::{write, DiffFormat};
@@ -373,12 +372,12 @@ impl<'a> Built<'a> {
         }
     }
 
-    /// The steps of input `i`: what marked them, and each one's time by
-    /// number.
+    /// The steps of input `i` as its analysis timed them (two or more):
+    /// what marked them, and each one's time by number.
     fn steps_of(&self, i: usize) -> Option<Steps> {
-        let tl = &self.side.inputs.get(i)?.analysis.timeline;
-        let s = steps::find(tl)?;
-        Some((s.source.clone(), steps::times(tl, &s)))
+        let s = self.side.inputs.get(i)?.analysis.diagnosis.steps.as_ref()?;
+        let times = s.timed.iter().map(|t| (t.number, t.end - t.begin));
+        Some((s.source.clone(), times.collect()))
     }
 
     /// The first input that marks steps, and its steps.
