@@ -43,27 +43,10 @@ fn dataset(py: &Path) -> PathBuf {
 /// Records the loop with `workers` (and `more` of the script's options);
 /// its report and ground truth.
 fn record(py: &Path, data: &Path, workers: u32, more: &[&str]) -> (Value, Value) {
-    let dir = scratch(&format!("dataloader-{workers}"));
-    let truth = dir.path().join("truth.json");
-    let lib = target_dir().join("libgs_simgpu.so");
     let n = workers.to_string();
-    let mut cmd = vec![
-        py.to_str().unwrap(),
-        SCRIPT,
-        "--data",
-        data.to_str().unwrap(),
-        "--lib",
-        lib.to_str().unwrap(),
-        "--truth",
-        truth.to_str().unwrap(),
-        "--workers",
-        &n,
-    ];
-    cmd.extend_from_slice(more);
-    let r = run(&dir.path().join("rec"), &["-q", "--no-exports"], &cmd);
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
-    (r.report(), truth)
+    let mut args = vec!["--data", data.to_str().unwrap(), "--workers", &n];
+    args.extend_from_slice(more);
+    record_python_workload(&format!("dataloader-{workers}"), py, SCRIPT, &args)
 }
 
 /// Percent of the GPU's idle between its first and last work: the truth's

@@ -27,22 +27,6 @@ fn duration_ns(text: &str) -> Option<f64> {
     Some(number * unit.1)
 }
 
-/// Of a GPU's idle between its first and last work (its idle less
-/// start-up and tear-down), the percent its causes `pick` took.
-fn share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
-    let causes = g["idle_by_cause_ns"].as_object().unwrap();
-    let between: u64 = causes
-        .iter()
-        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    let picked: u64 = causes
-        .iter()
-        .filter(|(c, _)| pick(c))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    picked as f64 * 100.0 / between.max(1) as f64
-}
 
 /// How the late rank is late (`--late-by`), and the causes its own GPU
 /// idles for by it.
@@ -95,27 +79,9 @@ fn one_recording(late_by: Late) {
     let Some(py) = venv_python("torch") else {
         return;
     };
-    let dir = scratch("ddp");
-    let truth = dir.path().join("truth.json");
-    let lib = target_dir().join("libgs_simgpu.so");
     let _lock = recording_lock();
-    let r = run(
-        &dir.path().join("rec"),
-        &["-q", "--no-exports"],
-        &[
-            py.to_str().unwrap(),
-            SCRIPT,
-            "--lib",
-            lib.to_str().unwrap(),
-            "--truth",
-            truth.to_str().unwrap(),
-            "--late-by",
-            late_by.arg(),
-        ],
-    );
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let report = r.report();
-    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+    let (report, truth) =
+        record_python_workload("ddp", &py, SCRIPT, &["--late-by", late_by.arg()]);
     let gpus = report["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 2, "one GPU per rank: {gpus:#?}");
     for rank in truth["ranks"].as_array().unwrap() {
@@ -129,9 +95,9 @@ fn one_recording(late_by: Late) {
         let want_comm = u64_of(rank, "idle_in_all_reduce_ns") as f64 * 100.0 / idle;
         let want_host = u64_of(rank, "idle_in_host_work_ns") as f64 * 100.0 / idle;
         let want_input = u64_of(rank, "idle_in_fetch_ns") as f64 * 100.0 / idle;
-        let comm = share(g, |c| c == "comm");
-        let host = share(g, |c| c == "cpu.host" || c == "sync");
-        let input = share(g, |c| c == "input.network");
+        let comm = idle_share(g, |c| c == "comm");
+        let host = idle_share(g, |c| c == "cpu.host" || c == "sync");
+        let input = idle_share(g, |c| c == "input.network");
         eprintln!(
             "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%, fetch {want_input:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}%, input.network {input:.1}% ({})",
             rank["rank"], g["idle_by_cause_ns"]

@@ -18,37 +18,17 @@ const SCRIPT: &str = concat!(
 /// (`--plain`) a loop of its own: its report and truth.
 fn serve(interval_ms: &str, extra: &[&str]) -> Option<(Value, Value)> {
     let py = venv_python("socketserver")?;
-    let dir = scratch(&format!("serve-{interval_ms}{}", extra.join("")));
-    let truth = dir.path().join("truth.json");
-    let lib = target_dir().join("libgs_simgpu.so");
     let _lock = recording_lock();
-    let mut cmd = vec![
-        py.to_str().unwrap(),
-        SCRIPT,
-        "--lib",
-        lib.to_str().unwrap(),
-        "--truth",
-        truth.to_str().unwrap(),
-        "--interval-ms",
-        interval_ms,
-    ];
-    cmd.extend(extra);
-    let r = run(&dir.path().join("rec"), &["-q", "--no-exports"], &cmd);
-    assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let truth: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
-    Some((r.report(), truth))
+    let mut args = vec!["--interval-ms", interval_ms];
+    args.extend_from_slice(extra);
+    let name = format!("serve-{interval_ms}{}", extra.join(""));
+    Some(record_python_workload(&name, &py, SCRIPT, &args))
 }
 
 /// Of the GPU's idle between its first and last work, the percent
 /// `demand` took.
 fn demand_share(g: &Value) -> f64 {
-    let causes = g["idle_by_cause_ns"].as_object().unwrap();
-    let between: u64 = causes
-        .iter()
-        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    u64_of(&g["idle_by_cause_ns"], "demand") as f64 * 100.0 / between.max(1) as f64
+    idle_share(g, |c| c == "demand")
 }
 
 /// The request figures against the server's clock: every request counted

@@ -705,3 +705,43 @@ pub fn venv_python(modules: &str) -> Option<PathBuf> {
     );
     None
 }
+
+/// Of a GPU's idle between its first and last work (its idle less
+/// start-up and tear-down), the percent its causes `pick` took: what a
+/// workload's own clock of a wait is compared with.
+pub fn idle_share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
+    let causes = g["idle_by_cause_ns"].as_object().unwrap();
+    let between: u64 = causes
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    let picked: u64 = causes
+        .iter()
+        .filter(|(c, _)| pick(c))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    picked as f64 * 100.0 / between.max(1) as f64
+}
+
+/// A Python workload of examples/python on the simulated GPU, recorded
+/// under `gapscope run` by `py`: `script --lib libgs_simgpu.so --truth T
+/// ARGS`, where it writes its ground truth to T. Its report and its truth.
+pub fn record_python_workload(name: &str, py: &Path, script: &str, args: &[&str]) -> (Value, Value) {
+    let dir = scratch(name);
+    let truth = dir.path().join("truth.json");
+    let lib = target_dir().join("libgs_simgpu.so");
+    let mut cmd = vec![
+        py.to_str().unwrap(),
+        script,
+        "--lib",
+        lib.to_str().unwrap(),
+        "--truth",
+        truth.to_str().unwrap(),
+    ];
+    cmd.extend_from_slice(args);
+    let r = run(&dir.path().join("rec"), &["-q", "--no-exports"], &cmd);
+    assert_eq!(r.code(), Some(0), "{}", r.stderr());
+    let truth = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+    (r.report(), truth)
+}
