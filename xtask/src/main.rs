@@ -443,7 +443,9 @@ fn test() -> Result<()> {
     // A bounded run of every fuzz target under libFuzzer, from the seeds;
     // before the tests, so that their summary is what a run ends on.
     fuzz(None, Fuzz::Gate)?;
-    run(cargo().args(["test", "--workspace"]))
+    // Every test binary runs even after one fails: a failure early in the
+    // suite must not hide how the rest fared.
+    run(cargo().args(["test", "--workspace", "--no-fail-fast"]))
 }
 
 /// Runs the fuzz targets with cargo-fuzz (installed from crates.io when
