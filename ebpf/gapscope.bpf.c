@@ -75,6 +75,31 @@ struct {
 	__type(value, __u8);
 } accepted SEC(".maps");
 
+/* TCP sockets a tracked thread was seen using — blocked on one, or
+ * connecting it — and that thread, by their struct sock: a retransmission
+ * happens in no process's context, and is the job's when its socket is. */
+struct sock_owner {
+	__u32 pid;
+	__u32 tid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct sock_owner);
+} sock_owners SEC(".maps");
+
+/* The current (tracked) thread uses socket `sk`. */
+static __always_inline void note_sock_owner(__u64 sk)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct sock_owner o = { .pid = id >> 32, .tid = (__u32)id };
+	struct sock_owner *was = bpf_map_lookup_elem(&sock_owners, &sk);
+	if (!was || was->pid != o.pid || was->tid != o.tid)
+		bpf_map_update_elem(&sock_owners, &sk, &o, BPF_ANY);
+}
+
 /* Stack hashes already sent to userspace. LRU: an evicted stack is simply
  * sent again, userspace deduplicates by hash. */
 struct {
@@ -540,6 +565,8 @@ static __always_inline __u8 file_kind(struct file *file)
 		__u16 family = BPF_CORE_READ(sock, sk, __sk_common.skc_family);
 		if (family == AF_INET || family == AF_INET6) {
 			__u64 sk = (__u64)BPF_CORE_READ(sock, sk);
+			/* Only ever asked for a tracked thread's fd. */
+			note_sock_owner(sk);
 			if (bpf_map_lookup_elem(&accepted, &sk))
 				return GS_FD_SOCK_ACCEPTED;
 			return GS_FD_SOCK_INET;
@@ -1069,9 +1096,45 @@ int gs_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
 	if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED) {
 		__u8 yes = 1;
 		bpf_map_update_elem(&accepted, &sk, &yes, BPF_ANY);
+	} else if (oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT) {
+		/* connect(), in the connecting thread's context. */
+		if (is_tracked(bpf_get_current_pid_tgid() >> 32))
+			note_sock_owner(sk);
 	} else if (newstate == TCP_CLOSE) {
 		bpf_map_delete_elem(&accepted, &sk);
+		bpf_map_delete_elem(&sock_owners, &sk);
 	}
+	return 0;
+}
+
+SEC("raw_tp/tcp_retransmit_skb")
+int gs_tcp_retransmit_skb(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(const struct sock *sk, const struct sk_buff *skb, int err) */
+	__u64 key = TP_ARG(ctx, 0);
+	struct sock_owner *o = bpf_map_lookup_elem(&sock_owners, &key);
+	if (!o || !is_tracked(o->pid))
+		return 0;
+	struct sock *sk = (struct sock *)key;
+	struct gs_retransmit *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(GS_EV_RETRANSMIT);
+		return 0;
+	}
+	fill_header(&e->h, GS_EV_RETRANSMIT, sizeof(*e), o->pid, o->tid, bpf_ktime_get_ns());
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	__builtin_memset(e->daddr, 0, sizeof(e->daddr));
+	if (family == AF_INET6) {
+		BPF_CORE_READ_INTO(&e->daddr, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr8);
+	} else {
+		__u32 addr = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+		__builtin_memcpy(e->daddr, &addr, 4);
+	}
+	e->family = family;
+	e->dport = __builtin_bswap16(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	e->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, rb_flags());
 	return 0;
 }
 

@@ -31,6 +31,7 @@ enum gs_event_kind {
 	GS_EV_OPEN = 10,
 	GS_EV_CUDA = 11,
 	GS_EV_PYCODE = 12,
+	GS_EV_RETRANSMIT = 13,
 	/* Not an event: the size of the per-kind drop counter array. */
 	GS_EV_KIND_MAX = 16,
 };
@@ -125,6 +126,17 @@ struct gs_fault {
 	struct gs_header h;
 	__u64 address;
 	__u64 error_code;
+};
+
+/* tcp:tcp_retransmit_skb on a TCP socket a tracked thread was seen using
+ * (blocked on it, or connecting it). header = that thread. */
+struct gs_retransmit {
+	struct gs_header h;
+	__u8 daddr[16]; /* the peer's address: AF_INET's in the first 4 bytes */
+	__u16 family;   /* AF_INET or AF_INET6 */
+	__u16 dport;    /* the peer's port, host order */
+	__u16 sport;    /* the local port, host order */
+	__u16 _pad;
 };
 
 #define GS_FORK_THREAD 1 /* the child is a new thread, not a new process */
@@ -330,6 +342,12 @@ GS_LAYOUT(gs_sample, kstack, 32);
 GS_LAYOUT_SIZE(gs_fault, 40);
 GS_LAYOUT(gs_fault, address, 24);
 GS_LAYOUT(gs_fault, error_code, 32);
+
+GS_LAYOUT_SIZE(gs_retransmit, 48);
+GS_LAYOUT(gs_retransmit, daddr, 24);
+GS_LAYOUT(gs_retransmit, family, 40);
+GS_LAYOUT(gs_retransmit, dport, 42);
+GS_LAYOUT(gs_retransmit, sport, 44);
 
 GS_LAYOUT_SIZE(gs_fork, 56);
 GS_LAYOUT(gs_fork, parent_pid, 24);

@@ -27,7 +27,6 @@ fn duration_ns(text: &str) -> Option<f64> {
     Some(number * unit.1)
 }
 
-
 /// How the late rank is late (`--late-by`), and the causes its own GPU
 /// idles for by it.
 #[derive(Clone, Copy)]
@@ -80,8 +79,7 @@ fn one_recording(late_by: Late) {
         return;
     };
     let _lock = recording_lock();
-    let (report, truth) =
-        record_python_workload("ddp", &py, SCRIPT, &["--late-by", late_by.arg()]);
+    let (report, truth) = record_python_workload("ddp", &py, SCRIPT, &["--late-by", late_by.arg()]);
     let gpus = report["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 2, "one GPU per rank: {gpus:#?}");
     for rank in truth["ranks"].as_array().unwrap() {

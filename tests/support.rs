@@ -727,7 +727,12 @@ pub fn idle_share(g: &Value, pick: impl Fn(&str) -> bool) -> f64 {
 /// A Python workload of examples/python on the simulated GPU, recorded
 /// under `gapscope run` by `py`: `script --lib libgs_simgpu.so --truth T
 /// ARGS`, where it writes its ground truth to T. Its report and its truth.
-pub fn record_python_workload(name: &str, py: &Path, script: &str, args: &[&str]) -> (Value, Value) {
+pub fn record_python_workload(
+    name: &str,
+    py: &Path,
+    script: &str,
+    args: &[&str],
+) -> (Value, Value) {
     let dir = scratch(name);
     let truth = dir.path().join("truth.json");
     let lib = target_dir().join("libgs_simgpu.so");

@@ -122,6 +122,14 @@ fn missing_for_tests() -> Vec<&'static str> {
     if !on_path("prometheus") || !on_path("promtool") {
         v.push("prometheus");
     }
+    // A network that loses segments: a namespace of the test's own (ip)
+    // with an nftables rule dropping some.
+    if !on_path("nft") {
+        v.push("nftables");
+    }
+    if !on_path("ip") {
+        v.push("iproute2");
+    }
     v
 }
 
@@ -307,7 +315,7 @@ fn setup(for_tests: bool) -> Result<()> {
         eprintln!(
             "xtask: setup: clang, libbpf headers{} are present",
             if for_tests {
-                ", chromium and prometheus"
+                ", chromium, prometheus and nftables"
             } else {
                 ""
             }

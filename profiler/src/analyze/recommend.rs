@@ -565,6 +565,31 @@ impl Evidence<'_> {
         (total, ops)
     }
 
+    /// TCP retransmissions on the job's connections (only the recorded
+    /// threads' sockets are watched), either end: where a wait on the
+    /// network was the network losing segments, not the peer being slow.
+    fn retransmits(&self) -> Option<String> {
+        let mut by: BTreeMap<crate::session::Peer, u64> = BTreeMap::new();
+        for r in &self.tl.retransmits {
+            *by.entry(r.peer).or_default() += 1;
+        }
+        let n: u64 = by.values().sum();
+        if n == 0 {
+            return None;
+        }
+        let mut peers: Vec<(crate::session::Peer, u64)> = by.into_iter().collect();
+        peers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let top: Vec<String> = peers
+            .iter()
+            .take(3)
+            .map(|(p, k)| format!("{p} ×{k}"))
+            .collect();
+        Some(format!(
+            "{n} TCP retransmissions on the job's connections (to {}): segments the network lost and TCP sent again, each after a wait for the loss to show — part of the wait was the network, not the peer",
+            top.join(", ")
+        ))
+    }
+
     /// For each GPU whose feeder waited in collectives for another rank of
     /// the job (the process its wakeups led to), that rank and what its own
     /// GPU idled for: the straggler's cause, whose fix comes first.
@@ -981,6 +1006,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
         }
         Cause::InputNetwork => {
             e.extend(ev.blocked_stack(&top, OffKind::Net));
+            e.extend(ev.retransmits());
             "The input pipeline waits on the network. Prefetch more (prefetch_factor, more workers), fetch shards in parallel, cache them on local disk, or move the data next to the GPUs.".into()
         }
         Cause::InputUnknown => {
@@ -1033,6 +1059,7 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
         }
         Cause::Comm => {
             e.extend(ev.stragglers());
+            e.extend(ev.retransmits());
             e.extend(ev.blocked_stack(&top, OffKind::Net));
             e.extend(ev.blocked_stack(&top, OffKind::Ipc));
             e.extend(ev.hot_stack(&top));

@@ -190,6 +190,9 @@ pub struct ProcessReport {
     pub execs: Vec<String>,
     pub exit_code: Option<i32>,
     pub threads: usize,
+    /// TCP segments sent again on its threads' connections (a peer or the
+    /// network lost them).
+    pub tcp_retransmits: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -524,6 +527,7 @@ pub fn build(a: &Analysis) -> Report {
                 .get(&(p.pid, p.start.unwrap_or(0)))
                 .copied()
                 .unwrap_or(0),
+            tcp_retransmits: tl.retransmits.iter().filter(|r| r.tid.0 == p.pid).count() as u64,
         })
         .collect();
 

@@ -401,6 +401,27 @@ impl FdKind {
     }
 }
 
+/// The other end of a TCP connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Peer {
+    /// IPv4's in the first four bytes where not `v6`.
+    pub addr: [u8; 16],
+    pub v6: bool,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.v6 {
+            let ip = std::net::Ipv6Addr::from(self.addr);
+            write!(f, "[{ip}]:{}", self.port)
+        } else {
+            let [a, b, c, d, ..] = self.addr;
+            write!(f, "{}:{}", std::net::Ipv4Addr::new(a, b, c, d), self.port)
+        }
+    }
+}
+
 /// The thread that left a CPU in a `Switch`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SwitchOut {
@@ -530,6 +551,16 @@ pub enum Event {
         in_: Option<(u32, u32)>,
         charged: u64,
     },
+    // New variants go last: a session holds variants by their index.
+    /// TCP sent a segment again on a socket thread `tid` used (blocked on
+    /// it, or connected it): one lost on the way, or its ACK.
+    Retransmit {
+        ts: u64,
+        pid: u32,
+        tid: u32,
+        peer: Peer,
+        local_port: u16,
+    },
 }
 
 impl Event {
@@ -540,6 +571,7 @@ impl Event {
             | Event::Syscall { ts, .. }
             | Event::Sample { ts, .. }
             | Event::Fault { ts, .. }
+            | Event::Retransmit { ts, .. }
             | Event::Fork { ts, .. }
             | Event::Exec { ts, .. }
             | Event::Exit { ts, .. }

@@ -29,6 +29,14 @@ pub struct ProcessTimeline {
     pub rank: Option<u32>,
 }
 
+/// TCP sent a segment again on a connection thread `tid` used.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Retransmit {
+    pub ts: u64,
+    pub tid: (u32, u32),
+    pub peer: crate::session::Peer,
+}
+
 #[derive(Debug)]
 pub struct Timeline {
     pub start: u64,
@@ -45,6 +53,8 @@ pub struct Timeline {
     /// The machine's idle CPU time, as read while recording, in order
     /// (empty when not recorded).
     pub cpu_idle: Vec<crate::session::CpuIdle>,
+    /// TCP retransmissions on the recorded threads' connections, in order.
+    pub retransmits: Vec<Retransmit>,
     /// What threads keep beyond their accounts.
     keep: Keep,
     /// Processes whose CUDA calls their shim reports: libcuda uprobes on
@@ -272,6 +282,7 @@ impl Timeline {
             retired_processes: Vec::new(),
             gpu,
             cpu_idle: session.cpu_idle.clone(),
+            retransmits: Vec::new(),
             keep,
             shimmed: session
                 .gpu_sources
@@ -440,6 +451,15 @@ impl Timeline {
                 t.evidence_of_running(*ts);
                 t.sample(*ts, *ustack, *kstack);
             }
+            // In no thread's context (a timer or the network stack): no
+            // evidence of the thread running.
+            Event::Retransmit {
+                ts, pid, tid, peer, ..
+            } => self.retransmits.push(Retransmit {
+                ts: *ts,
+                tid: (*pid, *tid),
+                peer: *peer,
+            }),
             Event::Fault { ts, pid, tid, .. } => {
                 let t = thread_mut(&mut self.threads, *pid, *tid, *ts, keep);
                 t.evidence_of_running(*ts);

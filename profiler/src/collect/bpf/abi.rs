@@ -22,6 +22,7 @@ pub mod kind {
     pub const OPEN: u16 = 10;
     pub const CUDA: u16 = 11;
     pub const PYCODE: u16 = 12;
+    pub const RETRANSMIT: u16 = 13;
     /// Size of the per-kind drop counter array.
     pub const MAX: usize = 16;
 
@@ -39,6 +40,7 @@ pub mod kind {
             OPEN => "open",
             CUDA => "cuda",
             PYCODE => "python code",
+            RETRANSMIT => "tcp retransmit",
             _ => "other",
         }
     }
@@ -121,6 +123,17 @@ pub struct Fault {
     pub h: Header,
     pub address: u64,
     pub error_code: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Retransmit {
+    pub h: Header,
+    pub daddr: [u8; 16],
+    pub family: u16,
+    pub dport: u16,
+    pub sport: u16,
+    pub _pad: u16,
 }
 
 #[repr(C)]
@@ -279,6 +292,7 @@ layout!(Wakeup, 40; waker_pid @ 24, waker_tid @ 28, target_cpu @ 32, flags @ 36)
 layout!(Syscall, 56; duration @ 24, ret @ 32, nr @ 40, fd @ 44, fd_kind @ 48);
 layout!(Sample, 40; ustack @ 24, kstack @ 32);
 layout!(Fault, 40; address @ 24, error_code @ 32);
+layout!(Retransmit, 48; daddr @ 24, family @ 40, dport @ 42, sport @ 44);
 layout!(Fork, 56; parent_pid @ 24, parent_tid @ 28, flags @ 32, comm @ 40);
 layout!(Exec, 304; old_tid @ 24, comm @ 32, filename @ 48);
 layout!(Io, 48; rchar @ 0, wchar @ 8, syscr @ 16, syscw @ 24, read_bytes @ 32, write_bytes @ 40);
@@ -342,6 +356,7 @@ mod tests {
             "gs_syscall" => Syscall { duration, ret, nr, fd, fd_kind },
             "gs_sample" => Sample { ustack, kstack },
             "gs_fault" => Fault { address, error_code },
+            "gs_retransmit" => Retransmit { daddr, family, dport, sport },
             "gs_fork" => Fork { parent_pid, parent_tid, flags, comm },
             "gs_exec" => Exec { old_tid, comm, filename },
             "gs_exit" => Exit { exit_code, group_dead, has_io, comm, io },

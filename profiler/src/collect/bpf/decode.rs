@@ -1,7 +1,7 @@
 //! Kernel records (abi) to session records. The only place that knows both.
 
 use super::abi::{self, kind};
-use crate::session::{Event, FdKind, IoCounters, Record, Stack, SwitchOut, ThreadIo};
+use crate::session::{Event, FdKind, IoCounters, Peer, Record, Stack, SwitchOut, ThreadIo};
 
 /// A code object the kernel side described (`GS_EV_PYCODE`): its process,
 /// its address, and what it is. None for another kind of record, or one
@@ -133,6 +133,20 @@ pub fn decode(bytes: &[u8]) -> Option<(Record, Option<Record>)> {
                 tid: h.tid,
                 address: e.address,
                 error_code: e.error_code,
+            }
+        }
+        kind::RETRANSMIT => {
+            let e: abi::Retransmit = abi::read(bytes)?;
+            Event::Retransmit {
+                ts: h.ts,
+                pid: h.pid,
+                tid: h.tid,
+                peer: Peer {
+                    addr: e.daddr,
+                    v6: e.family == 10,
+                    port: e.dport,
+                },
+                local_port: e.sport,
             }
         }
         kind::FORK => {

@@ -34,6 +34,7 @@ const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("gs_sys_exit", "sys_exit"),
     ("gs_page_fault_user", "page_fault_user"),
     ("gs_inet_sock_set_state", "inet_sock_set_state"),
+    ("gs_tcp_retransmit_skb", "tcp_retransmit_skb"),
 ];
 
 #[derive(Debug, thiserror::Error)]
