@@ -71,7 +71,28 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
             )
         })
         .collect();
-    let table = table.join("\n  ");
+    // What the recording saw of the feeder's CPU and of its own losses,
+    // to tell a wrong rule from a recording that missed something.
+    let feeder = &g["pids"][0];
+    let threads: Vec<String> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["pid"] == *feeder)
+        .map(|t| {
+            format!(
+                "thread {} {}: on CPU {} runnable {} stolen {} (ns)",
+                t["tid"], t["comm"], t["on_cpu_ns"], t["runnable_ns"], t["stolen_ns"]
+            )
+        })
+        .collect();
+    let table = format!(
+        "{}\n  {}\n  drops {}",
+        table.join("\n  "),
+        threads.join("\n  "),
+        report["drops"]
+    );
+    eprintln!("{bottleneck}:\n  {table}");
     // Which of a mixed scenario's causes dominates depends on this machine's
     // storage: it must be one the scenario makes, and ground truth's own
     // when that leads by more than the 5-point tolerance below.
@@ -84,7 +105,12 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
     if truth_shares[0] - truth_shares[1] > 5.0 {
         assert_eq!(top, dominant(want), "dominant cause\n  {table}");
     }
-    assert!(expected.contains(&top.as_str()), "{top}\n  {table}");
+    // On a machine busy enough that waiting for a CPU outgrew the
+    // scenario's own cause by the truth's count, that is the one to name.
+    assert!(
+        expected.contains(&top.as_str()) || top == dominant(want),
+        "{top}\n  {table}"
+    );
     for c in STEADY_CAUSES.iter().chain(["startup", "teardown"].iter()) {
         let (a, b) = (share(got, c, idle), share(want, c, truth_idle));
         assert!(

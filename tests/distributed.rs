@@ -4,8 +4,9 @@
 //! a slow data service (examples/python/ddp_train.py). Ground truth is each
 //! rank's own clock: of its GPU's idle between its first and last work, the
 //! time it spent inside `all_reduce`, inside its own host work and
-//! fetching, each less its waits for a CPU there (the kernel's schedstat),
-//! which are contention on a busy machine.
+//! fetching, each less its waits for a CPU there (in its host work, the time
+//! its CPU clock did not advance: run delay and a VM's steal; in its waits,
+//! the kernel's schedstat run delay), which are contention on a busy machine.
 //!
 //! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
 //! without it these tests skip, unless GAPSCOPE_REQUIRE_TORCH=1.
@@ -93,11 +94,12 @@ fn one_recording(late_by: Late) {
         let want_comm = u64_of(rank, "idle_in_all_reduce_ns") as f64 * 100.0 / idle;
         let want_host = u64_of(rank, "idle_in_host_work_ns") as f64 * 100.0 / idle;
         let want_input = u64_of(rank, "idle_in_fetch_ns") as f64 * 100.0 / idle;
+        let want_cpu = u64_of(rank, "idle_waiting_for_cpu_ns") as f64 * 100.0 / idle;
         let comm = idle_share(g, |c| c == "comm");
         let host = idle_share(g, |c| c == "cpu.host" || c == "sync");
         let input = idle_share(g, |c| c == "input.network");
         eprintln!(
-            "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%, fetch {want_input:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}%, input.network {input:.1}% ({})",
+            "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%, fetch {want_input:.1}%, waiting for a CPU {want_cpu:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}%, input.network {input:.1}% ({})",
             rank["rank"], g["idle_by_cause_ns"]
         );
         assert!(

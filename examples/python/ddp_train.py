@@ -17,8 +17,9 @@ a step; the late rank is late by
 Ground truth, written as JSON to --truth: for each rank, its GPU's idle
 between its first and last work, and of it the time the rank spent inside
 `all_reduce`, inside its own host work, and fetching its batch — each less
-the rank's waits for a CPU there (the kernel's schedstat run delay),
-counted apart.
+the rank's waits for a CPU there, counted apart: in its host work, the time
+the kernel did not charge it for (its CPU clock: run delay and steal); in
+its waits, the kernel's schedstat run delay.
 
     python ddp_train.py --lib libgs_simgpu.so --truth T.json [--late-ms 22]
         [--late-by host|input]
@@ -116,10 +117,13 @@ def rank_main(a):
             end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
             kernels.append((end - a.kernel_us * 1000, end))
         gpu.gs_simgpu_synchronize()
-        h0, d0 = now(), run_delay()
+        h0, c0 = now(), time.thread_time_ns()
         host_work(int(host_ms * 1e6))
-        h1, d1 = now(), run_delay()
-        hosts.append((h0, h1, d1 - d0))
+        h1, c1, d1 = now(), time.thread_time_ns(), run_delay()
+        # It never blocks there: what of the span the kernel did not charge
+        # it for is its wait for a CPU, and a CPU the hypervisor took from
+        # it (steal, which the run delay leaves out).
+        hosts.append((h0, h1, max(0, (h1 - h0) - (c1 - c0))))
         if data is not None:
             fetch(data)
             f1, e1 = now(), run_delay()

@@ -576,7 +576,10 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
                 own_work(s, e, t, sync_left, out);
                 None
             }
-            State::OnCpu | State::Runnable if receiving => Some(Cause::InputCpu),
+            // Waiting for a CPU to do that work on is not the work: it
+            // falls to the rules for waiting below (the loaders' CPUs, or
+            // others').
+            State::OnCpu if receiving => Some(Cause::InputCpu),
             State::OnCpu if hops == 0 => {
                 own_work(s, e, t, sync_left, out);
                 None
@@ -1551,9 +1554,11 @@ mod tests {
             (0, 500),
         );
         assert_eq!(a.get(Cause::Unattributed), 0);
-        // 100-300 the worker, 300-390 the queue's thread, 390-400 the
-        // feeder waiting for a CPU after the batch came: all input.
-        assert_eq!(a.get(Cause::InputCpu), 300, "{:?}", a.by_cause);
+        // 100-300 the worker, 300-390 the queue's thread: input; 390-400
+        // the feeder waiting for a CPU after the batch came, with no
+        // loader of the job on one: contention.
+        assert_eq!(a.get(Cause::InputCpu), 290, "{:?}", a.by_cause);
+        assert_eq!(a.get(Cause::CpuContention), 10, "{:?}", a.by_cause);
         assert_eq!(a.by_thread[&(Cause::InputCpu, WORKER)], 200);
         // Unknown creator: the time before its birth is not known.
         let mut orphan = queue.clone();
