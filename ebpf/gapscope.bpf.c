@@ -42,7 +42,10 @@ struct inflight {
 	__s32 nr;   /* -1: not in a syscall */
 	__s32 fd;
 	__u8 fd_kind;
-	__u8 _pad[7];
+	/* Passed sched_process_exit as a tracked thread: its final switch-out
+	 * is reported even after its process left `tracked`. */
+	__u8 exiting;
+	__u8 _pad[6];
 	/* The last file classified and its kind: threads call on the same
 	 * files over and over. Keyed by file and inode together, so a struct
 	 * file freed and reused for another file is not taken for the old. */
@@ -178,6 +181,8 @@ struct {
  * ctx->args[i]: bpf_raw_tracepoint_args declares a flexible array, and
  * indexing it emits a CO-RE relocation that not every loader accepts. */
 #define TP_ARG(ctx, i) (((const __u64 *)(ctx))[i])
+/* include/linux/sched.h: the state a task switches out in for good. */
+#define TASK_DEAD 0x00000080
 
 static __always_inline void count_drop(__u32 kind)
 {
@@ -826,8 +831,17 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	__u32 prev_tgid = BPF_CORE_READ(prev, tgid), prev_tid = BPF_CORE_READ(prev, pid);
 	__u32 next_tgid = BPF_CORE_READ(next, tgid), next_tid = BPF_CORE_READ(next, pid);
 	__u8 flags = 0;
-	if (prev_tid != 0 && is_tracked(prev_tgid))
+	if (prev_tid != 0 && is_tracked(prev_tgid)) {
 		flags |= GS_SW_PREV_TRACKED;
+	} else if (prev_tid != 0 && (prev_state & TASK_DEAD)) {
+		/* The last thread of a process switches out for good after
+		 * its exit untracked it: what the kernel charged its last run
+		 * is still wanted (a thread that ran to its end without a
+		 * switch-out has its steal only there). current is prev. */
+		struct inflight *f = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+		if (f && f->exiting)
+			flags |= GS_SW_PREV_TRACKED;
+	}
 	if (next_tid != 0 && is_tracked(next_tgid))
 		flags |= GS_SW_NEXT_TRACKED;
 	if (!flags)
@@ -838,7 +852,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		flags |= GS_SW_PREEMPT;
 
 	__u64 ustack = 0, kstack = 0;
-	if ((flags & GS_SW_PREV_TRACKED) && blocked && gs_offcpu_stacks) {
+	if ((flags & GS_SW_PREV_TRACKED) && blocked && !(prev_state & TASK_DEAD) && gs_offcpu_stacks) {
 		/* current is still prev here. */
 		ustack = capture_stack(ctx, SCRATCH_SWITCH, prev_tgid, 0);
 		kstack = capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
@@ -1077,6 +1091,11 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 	} else {
 		count_drop(GS_EV_EXIT);
 	}
+	/* Its final switch-out is still wanted (gs_sched_switch). */
+	struct inflight *f =
+		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (f)
+		f->exiting = 1;
 	/* inflight is task storage: freed with the task. */
 	if (group_dead) {
 		bpf_map_delete_elem(&tracked, &tgid);

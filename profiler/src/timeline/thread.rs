@@ -89,6 +89,13 @@ enum Cur {
         hint: Option<OffCpu>,
     },
     Known(State),
+    /// Exited at `at` in a run that began with a reported switch-in: held
+    /// open until its final switch-out says what the kernel charged the
+    /// run (a thread that ran to its end without a switch-out has that
+    /// run's steal only there). Dead to every other event.
+    Exiting {
+        at: u64,
+    },
     Dead,
 }
 
@@ -358,10 +365,9 @@ impl ThreadTimeline {
     /// Up to when the thread's states are final: every interval that will
     /// ever cover time before this has been closed.
     pub fn closed_until(&self) -> u64 {
-        if self.is_dead() {
-            u64::MAX
-        } else {
-            self.since
+        match self.cur {
+            Cur::Dead => u64::MAX,
+            _ => self.since,
         }
     }
 
@@ -388,7 +394,7 @@ impl ThreadTimeline {
     }
 
     pub fn is_dead(&self) -> bool {
-        matches!(self.cur, Cur::Dead)
+        matches!(self.cur, Cur::Dead | Cur::Exiting { .. })
     }
 
     pub fn lifetime(&self) -> u64 {
@@ -406,7 +412,7 @@ impl ThreadTimeline {
                 (State::Off(o), None) => State::Off(o),
                 (b, _) => b,
             },
-            Cur::Dead => return,
+            Cur::Dead | Cur::Exiting { .. } => return,
         };
         let dur = ts - self.since;
         match &state {
@@ -454,15 +460,25 @@ impl ThreadTimeline {
     /// `charged`: the CPU time the kernel charged the run that ends here,
     /// when the recording says.
     pub fn switch_out(&mut self, ts: u64, out: &SwitchOut, charged: Option<u64>) {
+        if let Cur::Exiting { at } = self.cur {
+            // Its last run, charged up to its final switch-out: the part
+            // before the exit at the run's rate.
+            self.cur = Cur::Known(State::OnCpu);
+            if let Some(stolen) = charged.and_then(|c| self.stolen_in_run(ts, c)) {
+                let ran = (at - self.since) as u128;
+                let wall = ts.saturating_sub(self.since).max(1) as u128;
+                let before = (stolen as u128 * ran / wall).min(stolen as u128);
+                self.spread_stolen(at, before as u64);
+            }
+            return self.died(at);
+        }
         if self.is_dead() {
             return;
         }
         if let (Some(charged), true, Cur::Known(State::OnCpu)) =
             (charged, self.run_from_switch_in, &self.cur)
         {
-            let wall = ts.saturating_sub(self.since);
-            let stolen = wall.saturating_sub(charged);
-            if stolen > STOLEN_FLOOR_NS + wall * STOLEN_NOISE_PPM / 1_000_000 {
+            if let Some(stolen) = self.stolen_in_run(ts, charged) {
                 self.spread_stolen(ts, stolen);
             }
         }
@@ -474,6 +490,14 @@ impl ThreadTimeline {
             State::Off(OffCpu::from_switch(out))
         });
         self.pending_wakeup = None;
+    }
+
+    /// Of the run since the last switch-in, up to `ts`, the time the
+    /// kernel did not charge (`charged`), when more than the clocks' noise.
+    fn stolen_in_run(&self, ts: u64, charged: u64) -> Option<u64> {
+        let wall = ts.saturating_sub(self.since);
+        let stolen = wall.saturating_sub(charged);
+        (stolen > STOLEN_FLOOR_NS + wall * STOLEN_NOISE_PPM / 1_000_000).then_some(stolen)
     }
 
     /// Lays `stolen` of the run that ends at `ts` over it evenly: each
@@ -567,12 +591,34 @@ impl ThreadTimeline {
     }
 
     pub fn exit(&mut self, ts: u64) {
+        if let Cur::Exiting { at } = self.cur {
+            return self.died(at);
+        }
+        if self.run_from_switch_in && matches!(self.cur, Cur::Known(State::OnCpu)) && ts > self.since {
+            // Until its final switch-out (`switch_out`), or the window's end.
+            self.run_from_switch_in = false;
+            self.cur = Cur::Exiting { at: ts };
+            self.end = ts;
+            return;
+        }
+        self.died(ts);
+    }
+
+    /// Its account ends at `ts`, on a CPU since the last state's start.
+    fn died(&mut self, ts: u64) {
+        if let Cur::Exiting { .. } = self.cur {
+            self.cur = Cur::Known(State::OnCpu);
+        }
         self.close(ts, State::OnCpu);
         self.cur = Cur::Dead;
     }
 
     /// Ends the account at the window end.
     pub fn finish(&mut self, end: u64) {
+        if let Cur::Exiting { at } = self.cur {
+            // Its final switch-out never came: its last run as it was.
+            self.died(at);
+        }
         if !self.is_dead() {
             // Never switched during the window: a thread seen running was on
             // a CPU the whole time.
@@ -794,6 +840,33 @@ mod tests {
         let mut t = ThreadTimeline::seeded(&seed, 0, false);
         t.switch_out(100 * MS, &pre, Some(MS));
         assert_eq!((t.on_cpu, t.stolen), (100 * MS, 0));
+    }
+
+    /// A thread that ran to its end without a switch-out: its exit holds
+    /// the run open for its final switch-out's charge, whose share before
+    /// the exit is steal; without that switch-out, the run stays whole.
+    #[test]
+    fn a_run_that_ends_in_exit_keeps_its_steal() {
+        const MS: u64 = 1_000_000;
+        let mut t = ThreadTimeline::forked(1, 1, 0, true);
+        t.switch_in(0);
+        t.exit(100 * MS);
+        assert_eq!(t.closed_until(), 0, "open until its final switch-out");
+        t.wakeup(100 * MS + 10, (1, 2)); // after its exit: nothing
+        // 110 ms by the clock to the final switch-out, 77 ms charged:
+        // 33 ms taken, 30 of them before the exit.
+        t.switch_out(110 * MS, &blocked(0, FdKind::None), Some(77 * MS));
+        assert_eq!(t.closed_until(), u64::MAX);
+        assert_eq!((t.on_cpu, t.stolen), (70 * MS, 30 * MS));
+        assert_eq!(t.lifetime(), 100 * MS);
+        t.finish(200 * MS);
+        assert_eq!(t.on_cpu + t.stolen, t.lifetime());
+
+        let mut t = ThreadTimeline::forked(1, 1, 0, true);
+        t.switch_in(0);
+        t.exit(100 * MS);
+        t.finish(200 * MS);
+        assert_eq!((t.on_cpu, t.stolen, t.lifetime()), (100 * MS, 0, 100 * MS));
     }
 
     #[test]
