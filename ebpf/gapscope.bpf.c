@@ -46,6 +46,10 @@ struct inflight {
 	 * is reported even after its process left `tracked`. */
 	__u8 exiting;
 	__u8 _pad[6];
+	/* se.prev_sum_exec_runtime at the exit: the final switch-out's charge
+	 * is the exiting run's only while it is unchanged (an unreported
+	 * preemption in between starts another run). */
+	__u64 exit_run_base;
 	/* The last file classified and its kind: threads call on the same
 	 * files over and over. Keyed by file and inode together, so a struct
 	 * file freed and reused for another file is not taken for the old. */
@@ -831,6 +835,8 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	__u32 prev_tgid = BPF_CORE_READ(prev, tgid), prev_tid = BPF_CORE_READ(prev, pid);
 	__u32 next_tgid = BPF_CORE_READ(next, tgid), next_tid = BPF_CORE_READ(next, pid);
 	__u8 flags = 0;
+	/* Set for a task reported after its process was untracked. */
+	__u64 *exit_run_base = 0;
 	if (prev_tid != 0 && is_tracked(prev_tgid)) {
 		flags |= GS_SW_PREV_TRACKED;
 	} else if (prev_tid != 0 && (prev_state & TASK_DEAD)) {
@@ -839,8 +845,10 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		 * is still wanted (a thread that ran to its end without a
 		 * switch-out has its steal only there). current is prev. */
 		struct inflight *f = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
-		if (f && f->exiting)
+		if (f && f->exiting) {
 			flags |= GS_SW_PREV_TRACKED;
+			exit_run_base = &f->exit_run_base;
+		}
 	}
 	if (next_tid != 0 && is_tracked(next_tgid))
 		flags |= GS_SW_NEXT_TRACKED;
@@ -912,7 +920,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		if (policy == 0 /* NORMAL */ || policy == 3 /* BATCH */ || policy == 5 /* IDLE */) {
 			__u64 sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
 			__u64 from = BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
-			if (sum >= from) {
+			if (sum >= from && (!exit_run_base || from == *exit_run_base)) {
 				charged = sum - from;
 				flags |= GS_SW_CHARGED;
 			}
@@ -1094,8 +1102,10 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 	/* Its final switch-out is still wanted (gs_sched_switch). */
 	struct inflight *f =
 		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (f)
+	if (f) {
 		f->exiting = 1;
+		f->exit_run_base = BPF_CORE_READ(p, se.prev_sum_exec_runtime);
+	}
 	/* inflight is task storage: freed with the task. */
 	if (group_dead) {
 		bpf_map_delete_elem(&tracked, &tgid);

@@ -594,7 +594,10 @@ impl ThreadTimeline {
         if let Cur::Exiting { at } = self.cur {
             return self.died(at);
         }
-        if self.run_from_switch_in && matches!(self.cur, Cur::Known(State::OnCpu)) && ts > self.since {
+        if self.run_from_switch_in
+            && matches!(self.cur, Cur::Known(State::OnCpu))
+            && ts > self.since
+        {
             // Until its final switch-out (`switch_out`), or the window's end.
             self.run_from_switch_in = false;
             self.cur = Cur::Exiting { at: ts };
@@ -853,8 +856,8 @@ mod tests {
         t.exit(100 * MS);
         assert_eq!(t.closed_until(), 0, "open until its final switch-out");
         t.wakeup(100 * MS + 10, (1, 2)); // after its exit: nothing
-        // 110 ms by the clock to the final switch-out, 77 ms charged:
-        // 33 ms taken, 30 of them before the exit.
+                                         // 110 ms by the clock to the final switch-out, 77 ms charged:
+                                         // 33 ms taken, 30 of them before the exit.
         t.switch_out(110 * MS, &blocked(0, FdKind::None), Some(77 * MS));
         assert_eq!(t.closed_until(), u64::MAX);
         assert_eq!((t.on_cpu, t.stolen), (70 * MS, 30 * MS));
