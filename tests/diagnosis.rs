@@ -125,14 +125,14 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
     for c in expected {
         // A major cause: a tenth of the idle, or, where this machine made
         // the scenario's other cause so large that the truth's own share of
-        // this one fell under that (slow storage under load: input.io 86%,
-        // sync 8.9% of the truth's idle), half of that — it is named, and
-        // the check above holds it to the truth.
-        let floor = if share(want, c, truth_idle) >= 10.0 {
-            10.0
-        } else {
-            5.0
-        };
+        // this one fell under a fifth (slow storage under load: input.io
+        // 86%, sync 8.9% of the truth's idle), half the truth's share and
+        // at least 5% — it is named, and the check above holds it to the
+        // truth. (A floor that jumped from 5 to 10 as the truth passed 10%
+        // asked a report of 8.7% against a truth of 10.2% for more than the
+        // 5-point tolerance: mixed, beside two busy loops and a disk-heavy
+        // neighbour.)
+        let floor = (share(want, c, truth_idle) / 2.0).clamp(5.0, 10.0);
         assert!(
             share(got, c, idle) >= floor,
             "{c} should be a major cause\n  {table}"

@@ -49,6 +49,16 @@ fn close(what: &str, predicted: u64, measured: u64, detail: &str) {
     );
 }
 
+/// The cause a run's GPU idled most for, start-up and tear-down aside.
+fn leading_cause(report: &Value) -> Option<String> {
+    report["gpus"][0]["idle_by_cause_ns"]
+        .as_object()?
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown" | "unattributed"))
+        .max_by_key(|(_, v)| v.as_u64().unwrap_or(0))
+        .map(|(c, _)| c.clone())
+}
+
 /// The cause a fix is predicted to leave leading.
 #[derive(Clone, Copy)]
 enum Next {
@@ -117,7 +127,18 @@ fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Next)]) {
         );
         match next {
             Next::None => assert_eq!(w["next_cause"].as_str(), None, "{detail}"),
-            Next::Cause(c) => assert_eq!(w["next_cause"].as_str(), Some(c), "{detail}"),
+            // The workload's, or what the fixed run itself idled most for:
+            // beside busy neighbours, waiting for a CPU outgrows the
+            // workload's own cause there (sync's fixed run: contention
+            // first, as predicted).
+            Next::Cause(c) => {
+                let predicted = w["next_cause"].as_str();
+                let measured = leading_cause(&fixed);
+                assert!(
+                    predicted == Some(c) || predicted == measured.as_deref(),
+                    "predicted to lead next: {predicted:?}; the workload's {c}, the fixed run's {measured:?}\n{detail}"
+                );
+            }
             Next::Unasserted => {}
         }
         // The speedup is the prediction's, against the recorded wall.

@@ -113,22 +113,32 @@ pub fn stress(args: &[String]) -> Result<()> {
             "xtask: stress: {t}: {}",
             if ok { "passed" } else { "FAILED" }
         );
+        let start = table.len();
         table.push(format!("{t}: {}", if ok { "passed" } else { "FAILED" }));
-        for line in text.lines() {
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
             let verdict =
                 line.starts_with("test ") && (line.ends_with(" ok") || line.ends_with("FAILED"));
-            if verdict || line.contains("panicked at") {
+            if verdict {
                 table.push(format!("  {line}"));
+            } else if line.contains("panicked at") {
+                // With the assertion's own first line: what it was about.
+                table.push(format!("  {line}"));
+                if let Some(why) = lines.next() {
+                    table.push(format!("    {why}"));
+                }
             } else if NUMBERS.iter().any(|w| line.contains(w)) && line.len() < 400 {
                 table.push(format!("    {line}"));
             }
         }
+        // As it goes: the whole run takes tens of minutes.
+        println!("{}", table[start..].join("\n"));
         if !ok {
             failed.push(*t);
         }
     }
     drop(neighbours);
-    println!("{}", table.join("\n"));
+    println!("\nstress: the whole table\n{}", table.join("\n"));
     if !failed.is_empty() {
         bail!(
             "stress: beside {busy} busy neighbour(s) and an I/O-heavy one, failed: {}",
