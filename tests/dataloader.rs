@@ -73,26 +73,16 @@ fn shares_of(
     let g = &report["gpus"][0];
     assert_eq!(g["source"], "simulated");
     assert_eq!(u64_of(g, "busy_ns"), u64_of(truth, "busy_ns"));
-    let causes = g["idle_by_cause_ns"].as_object().unwrap();
-    let between: u64 = causes
-        .iter()
-        .filter(|(c, _)| !matches!(c.as_str(), "startup" | "teardown"))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    let picked: u64 = causes
-        .iter()
-        .filter(|(c, _)| cause(c))
-        .map(|(_, v)| v.as_u64().unwrap())
-        .sum();
-    let pct = |ns: u64, of: u64| ns as f64 * 100.0 / of.max(1) as f64;
-    let table = causes
-        .iter()
-        .map(|(c, v)| format!("{c} {:.1}%", pct(v.as_u64().unwrap(), between)))
+    let table = g["idle_by_cause_ns"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|c| format!("{c} {:.1}%", idle_share(g, |x| x == c)))
         .collect::<Vec<_>>()
         .join(", ");
     (
-        pct(truth_ns, u64_of(truth, "idle_between_ns")),
-        pct(picked, between),
+        truth_ns as f64 * 100.0 / u64_of(truth, "idle_between_ns").max(1) as f64,
+        idle_share(g, cause),
         table,
     )
 }

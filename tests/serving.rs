@@ -25,10 +25,18 @@ fn serve(interval_ms: &str, extra: &[&str]) -> Option<(Value, Value)> {
     Some(record_python_workload(&name, &py, SCRIPT, &args))
 }
 
-/// Of the GPU's idle between its first and last work, the percent
-/// `demand` took.
-fn demand_share(g: &Value) -> f64 {
-    idle_share(g, |c| c == "demand")
+/// Of the GPU's idle between its first and last work: the percent the
+/// server waited for requests by its own clock, and the percent `demand`
+/// took; printed after `label`.
+fn demand_shares(label: &str, g: &Value, truth: &Value) -> (f64, f64) {
+    let want = u64_of(truth, "idle_waiting_for_requests_ns") as f64 * 100.0
+        / u64_of(truth, "idle_between_ns") as f64;
+    let got = idle_share(g, |c| c == "demand");
+    eprintln!(
+        "{label}truth waiting for requests {want:.1}%, demand {got:.1}% ({})",
+        g["idle_by_cause_ns"]
+    );
+    (want, got)
 }
 
 /// The request figures against the server's clock: every request counted
@@ -77,13 +85,7 @@ fn a_server_waiting_for_requests_is_demand_not_input() {
     };
     let g = &report["gpus"][0];
     assert_eq!(g["source"], "simulated");
-    let want = u64_of(&truth, "idle_waiting_for_requests_ns") as f64 * 100.0
-        / u64_of(&truth, "idle_between_ns") as f64;
-    let got = demand_share(g);
-    eprintln!(
-        "truth waiting for requests {want:.1}%, demand {got:.1}% ({})",
-        g["idle_by_cause_ns"]
-    );
+    let (want, got) = demand_shares("", g, &truth);
     assert!(want >= 90.0, "the workload's own premise: {want:.1}%");
     assert!(
         (got - want).abs() <= 5.0,
@@ -111,13 +113,7 @@ fn a_flooded_server_has_no_demand_to_wait_for() {
         return;
     };
     let g = &report["gpus"][0];
-    let want = u64_of(&truth, "idle_waiting_for_requests_ns") as f64 * 100.0
-        / u64_of(&truth, "idle_between_ns") as f64;
-    let got = demand_share(g);
-    eprintln!(
-        "flooded: truth waiting for requests {want:.1}%, demand {got:.1}% ({})",
-        g["idle_by_cause_ns"]
-    );
+    let (want, got) = demand_shares("flooded: ", g, &truth);
     // What idle is left is a few hundred µs a request, read at the
     // resolution of the switches around it: demand never claims more of it
     // than the server spent waiting.
@@ -153,13 +149,7 @@ fn a_server_of_its_own_waits_on_a_connection_it_accepted() {
         return;
     };
     let g = &report["gpus"][0];
-    let want = u64_of(&truth, "idle_waiting_for_requests_ns") as f64 * 100.0
-        / u64_of(&truth, "idle_between_ns") as f64;
-    let got = demand_share(g);
-    eprintln!(
-        "plain: truth waiting for requests {want:.1}%, demand {got:.1}% ({})",
-        g["idle_by_cause_ns"]
-    );
+    let (want, got) = demand_shares("plain: ", g, &truth);
     assert!(
         (got - want).abs() <= 5.0,
         "demand {got:.1}% of the idle, waiting for requests {want:.1}%: {}",
