@@ -488,7 +488,7 @@ fn status_field(pid: u32, key: &str) -> String {
 
 /// The mapping line of a shim injected through a memfd.
 fn memfd_shim() -> String {
-    format!("/memfd:{} (deleted)", gapscope_cupti::LIBRARY_NAME)
+    format!("/memfd:{} (deleted)", gapscope_wire::LIBRARY_NAME)
 }
 
 fn session(dir: &Path) -> gapscope::session::Session {
@@ -871,7 +871,7 @@ fn a_setuid_process_is_not_injected_unless_asked() {
     let ended = lab.attach(target.pid(), "1", &out, &["--no-exports"]);
     s.assert_payload_never_ran(target.pid());
     ended.assert_ok("attach");
-    assert!(!maps(target.pid()).contains(gapscope_cupti::LIBRARY_NAME));
+    assert!(!maps(target.pid()).contains(gapscope_wire::LIBRARY_NAME));
     let notes = session(&out).notes;
     assert!(
         notes
@@ -952,7 +952,7 @@ fn under_sudo_a_setuid_child_is_neither_injected_nor_mapped() {
     std::thread::sleep(Duration::from_millis(500));
     s.assert_payload_never_ran(child);
     ended.assert_ok("attach");
-    assert!(!maps(child).contains(gapscope_cupti::LIBRARY_NAME));
+    assert!(!maps(child).contains(gapscope_wire::LIBRARY_NAME));
     let rec = session(&out);
     assert!(
         rec.processes.iter().any(|p| p.pid == child),

@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::protocol::{ClockMethod, Frame};
-use gapscope_cupti::{ApiDomain, GpuRecord};
+use gapscope_wire::protocol::{ClockMethod, Frame};
+use gapscope_wire::{ApiDomain, GpuRecord};
 use gapscope_tests::*;
 use serde_json::Value;
 
@@ -245,7 +245,7 @@ fn every_kernel_arrives_on_the_cpu_clock_and_bookkeeping_calls_are_left_out() {
         .collect();
     assert_eq!(
         syncs,
-        vec![gapscope_cupti::record::sync_type::CONTEXT_SYNCHRONIZE; 9],
+        vec![gapscope_wire::record::sync_type::CONTEXT_SYNCHRONIZE; 9],
         "one wait per step and the final one, no query"
     );
     assert_eq!(life.skipped(), (0, 0));

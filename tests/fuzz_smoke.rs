@@ -90,7 +90,7 @@ fn the_seeds_are_real_inputs() {
     assert_eq!(
         s.gpu
             .iter()
-            .filter(|(_, r)| matches!(r, gapscope_cupti::GpuRecord::Kernel { .. }))
+            .filter(|(_, r)| matches!(r, gapscope_wire::GpuRecord::Kernel { .. }))
             .count(),
         1
     );

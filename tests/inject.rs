@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gapscope::collect::inject::{self, Limits, Outcome};
 use gapscope::collect::pidns;
-use gapscope_cupti::Frame;
+use gapscope_wire::Frame;
 use gapscope_tests::*;
 
 fn tracer_of(pid: u32) -> u32 {
@@ -23,7 +23,7 @@ fn tracer_of(pid: u32) -> u32 {
 fn shim_mapped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .unwrap()
-        .contains(gapscope_cupti::LIBRARY_NAME)
+        .contains(gapscope_wire::LIBRARY_NAME)
 }
 
 /// Starts `cmd` and waits for its first line, which must start with `ready`.
@@ -500,12 +500,12 @@ fn a_process_in_its_own_namespaces_is_injected() {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let line = maps
         .lines()
-        .find(|l| l.contains(gapscope_cupti::LIBRARY_NAME))
+        .find(|l| l.contains(gapscope_wire::LIBRARY_NAME))
         .expect("the shim is mapped");
     assert!(
         line.ends_with(&format!(
             "/memfd:{} (deleted)",
-            gapscope_cupti::LIBRARY_NAME
+            gapscope_wire::LIBRARY_NAME
         )),
         "{line}"
     );

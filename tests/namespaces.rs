@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use gapscope::collect::pidns::{self, HostIds};
 use gapscope::collect::procfs;
-use gapscope_cupti::protocol::Frame;
-use gapscope_cupti::{ApiDomain, GpuRecord};
+use gapscope_wire::protocol::Frame;
+use gapscope_wire::{ApiDomain, GpuRecord};
 use gapscope_tests::*;
 
 /// Generous: the machine may be a loaded 2-core one.
@@ -178,7 +178,7 @@ fn wait_listening(pid: u32) {
 
 /// The pid (as we number it) of the process at the other end.
 fn peer_pid(s: &UnixStream) -> i32 {
-    gapscope_cupti::transport::peer_cred(s)
+    gapscope_wire::transport::peer_cred(s)
         .expect("SO_PEERCRED")
         .pid
 }

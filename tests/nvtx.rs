@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::protocol::Frame;
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::protocol::Frame;
+use gapscope_wire::GpuRecord;
 use gapscope_tests::*;
 use serde_json::Value;
 

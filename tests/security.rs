@@ -156,7 +156,7 @@ fn a_stranger_cannot_switch_a_dormant_shim_on() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let name = gapscope_cupti::transport::local_control_socket_name(host.id());
+    let name = gapscope_wire::transport::local_control_socket_name(host.id());
     // The address is built before forking: the child only makes syscalls.
     // SAFETY: a zeroed sockaddr_un is valid; the name fits (it is short).
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };

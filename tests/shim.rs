@@ -9,7 +9,7 @@ use std::os::unix::net::{SocketAddr, UnixListener};
 use std::process::Command;
 use std::time::Duration;
 
-use gapscope_cupti::protocol::{ClockMethod, Frame};
+use gapscope_wire::protocol::{ClockMethod, Frame};
 use gapscope_tests::*;
 use serde_json::Value;
 
@@ -121,7 +121,7 @@ fn attach_switches_a_dormant_shim_on_and_leaving_switches_it_off() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let name = gapscope_cupti::transport::local_control_socket_name(child.id());
+    let name = gapscope_wire::transport::local_control_socket_name(child.id());
     let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
     let mut conn = None;
     for _ in 0..200 {

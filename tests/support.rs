@@ -657,8 +657,8 @@ pub fn a_signal_to_gapscope_reaches_the_target(sig: i32) {
 }
 
 /// Every frame in bytes a shim sent, which must all be well formed.
-pub fn frames_of(bytes: &[u8]) -> Vec<gapscope_cupti::Frame> {
-    let mut d = gapscope_cupti::Decoder::new();
+pub fn frames_of(bytes: &[u8]) -> Vec<gapscope_wire::Frame> {
+    let mut d = gapscope_wire::Decoder::new();
     d.push(bytes);
     let mut frames = Vec::new();
     while let Some(f) = d.next_frame().expect("well-formed frames") {

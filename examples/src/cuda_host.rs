@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::io::Write;
 use std::time::Duration;
 
-use gapscope_cupti::clock::{monotonic_ns, read as read_clock};
+use gapscope_wire::clock::{monotonic_ns, read as read_clock};
 use serde_json::{json, Value};
 
 #[path = "../fakecupti/src/control.rs"]
@@ -242,7 +242,7 @@ fn inject() -> (Option<i32>, u64) {
 
 /// CLOCK_MONOTONIC minus the stand-in's GPU clock (CLOCK_REALTIME).
 fn realtime_to_monotonic() -> i64 {
-    gapscope_cupti::clock::monotonic_minus(|| read_clock(libc::CLOCK_REALTIME))
+    gapscope_wire::clock::monotonic_minus(|| read_clock(libc::CLOCK_REALTIME))
 }
 
 struct Launched {

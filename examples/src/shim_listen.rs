@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::{Frame, GpuRecord};
+use gapscope_wire::{Frame, GpuRecord};
 use serde_json::{json, Value};
 
 const PROG: &str = "gs-shim-listen";
@@ -103,7 +103,7 @@ fn parse_args() -> Options {
     let shim = shim.unwrap_or_else(|| {
         std::env::current_exe()
             .ok()
-            .and_then(|p| p.parent().map(|d| d.join(gapscope_cupti::LIBRARY_NAME)))
+            .and_then(|p| p.parent().map(|d| d.join(gapscope_wire::LIBRARY_NAME)))
             .unwrap_or_else(|| die("cannot find my own directory; pass --shim"))
     });
     if !shim.is_file() {
@@ -360,7 +360,7 @@ type Reader = (Arc<Mutex<Conn>>, std::thread::JoinHandle<()>);
 /// Reads one connection to its end (or until `stop`), frame by frame.
 fn serve(mut s: UnixStream, conn: Arc<Mutex<Conn>>, stop: Arc<AtomicBool>, keep_spans: bool) {
     let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
-    let mut dec = gapscope_cupti::Decoder::new();
+    let mut dec = gapscope_wire::Decoder::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
         match s.read(&mut buf) {
@@ -456,7 +456,7 @@ fn main() {
     let name = format!(
         "gs-shim-listen.{}.{}",
         std::process::id(),
-        gapscope_cupti::clock::monotonic_ns()
+        gapscope_wire::clock::monotonic_ns()
     );
     let addr = SocketAddr::from_abstract_name(name.as_bytes())
         .unwrap_or_else(|e| die(&format!("socket name: {e}")));

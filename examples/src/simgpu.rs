@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use gapscope_cupti::clock::monotonic_ns as now;
-use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
-use gapscope_cupti::record::{copy_kind, memory_kind, sync_type};
-use gapscope_cupti::{ApiDomain, GpuRecord};
+use gapscope_wire::clock::monotonic_ns as now;
+use gapscope_wire::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
+use gapscope_wire::record::{copy_kind, memory_kind, sync_type};
+use gapscope_wire::{ApiDomain, GpuRecord};
 
 /// Busy-waits `ns` of wall time (work the host cannot hide, e.g. a launch).
 pub fn spin_wall(ns: u64) {
@@ -102,7 +102,7 @@ impl SimDevice {
         let sighted: Arc<std::sync::atomic::AtomicU64> = Arc::default();
         let conn = std::env::var("GAPSCOPE_SOCKET")
             .ok()
-            .and_then(|name| gapscope_cupti::transport::connect(&name).ok());
+            .and_then(|name| gapscope_wire::transport::connect(&name).ok());
         match conn {
             Some(c) => *lock(&link) = Some(c),
             None => {
@@ -393,7 +393,7 @@ fn send(link: &Link, bytes: &[u8]) {
 /// attach` and the agent look for it), one profiler at a time: each gets the
 /// greeting, then the device's records from that moment until it leaves.
 fn wait_dormant(link: Link, greeting: Vec<u8>, sighted: Arc<std::sync::atomic::AtomicU64>) {
-    use gapscope_cupti::transport;
+    use gapscope_wire::transport;
     let name = transport::local_control_socket_name(std::process::id());
     let Ok(listener) = transport::listen(&name) else {
         return;

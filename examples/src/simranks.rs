@@ -15,7 +15,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gapscope_cupti::clock::monotonic_ns as now;
+use gapscope_wire::clock::monotonic_ns as now;
 use gs_simgpu::{spin_wall, SimDevice};
 
 const USAGE: &str = "\

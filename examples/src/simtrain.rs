@@ -27,8 +27,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gapscope_cupti::clock::monotonic_ns as now;
-use gapscope_cupti::clock::thread_cpu_ns as thread_cpu;
+use gapscope_wire::clock::monotonic_ns as now;
+use gapscope_wire::clock::thread_cpu_ns as thread_cpu;
 use gs_simgpu::{sleep_until, union_in_place, SimDevice};
 
 const USAGE: &str = "\

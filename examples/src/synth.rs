@@ -21,8 +21,8 @@ use gapscope::session::{
     Event, FdKind, Footer, Frame, GpuBatch, GpuSource, Mode, ProcessInfo, Record, SessionHeader,
     SessionWriter, StopReason, SwitchOut, Symbols,
 };
-use gapscope_cupti::record::ApiDomain;
-use gapscope_cupti::{ClockMethod, GpuRecord, Hello};
+use gapscope_wire::record::ApiDomain;
+use gapscope_wire::{ClockMethod, GpuRecord, Hello};
 
 const TRAINER: u32 = 1000;
 const LOADERS: u32 = 4;
@@ -162,7 +162,7 @@ fn main() {
         pid: TRAINER,
         kind: gapscope::session::SourceKind::Simulated,
         hello: Hello {
-            version: gapscope_cupti::protocol::VERSION,
+            version: gapscope_wire::protocol::VERSION,
             pid: TRAINER,
             driver_version: 0,
             cupti_version: 0,

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::clock::monotonic_ns;
-use gapscope_cupti::clock::thread_cpu_ns;
+use gapscope_wire::clock::monotonic_ns;
+use gapscope_wire::clock::thread_cpu_ns;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
@@ -643,21 +643,21 @@ fn cmd_pipeline(a: &Args) {
 /// A simulated GPU: reports kernels it never ran, with exact timestamps, so
 /// tests can check the GPU arithmetic end to end. Says so in its Hello.
 fn cmd_fake_gpu(a: &Args) {
-    use gapscope_cupti::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
-    use gapscope_cupti::GpuRecord;
+    use gapscope_wire::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
+    use gapscope_wire::GpuRecord;
     let n = a.num("kernels", 10);
     let k = a.num("kernel-us", 100) * 1_000;
     let g = a.num("gap-us", 50) * 1_000;
     let Ok(name) = std::env::var("GAPSCOPE_SOCKET") else {
         die("fake-gpu needs GAPSCOPE_SOCKET (run it under gapscope run)");
     };
-    let mut conn = gapscope_cupti::transport::connect(&name)
+    let mut conn = gapscope_wire::transport::connect(&name)
         .unwrap_or_else(|e| die(&format!("connect {name}: {e}")));
     let t0 = monotonic_ns() + 1_000_000;
     // The "launch calls", made now, on this thread, while it runs.
     let launched = monotonic_ns();
     let launches = (0..n).map(|i| GpuRecord::Api {
-        domain: gapscope_cupti::ApiDomain::Runtime,
+        domain: gapscope_wire::ApiDomain::Runtime,
         cbid: 211, // cudaLaunchKernel
         start: launched + i,
         end: launched + i + 1,

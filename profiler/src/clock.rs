@@ -1,8 +1,8 @@
 //! Clocks as the profiler uses them. The timeline is CLOCK_MONOTONIC
 //! nanoseconds, the clock bpf_ktime_get_ns() uses; readings come from
-//! gapscope_cupti::clock, shared with the shim.
+//! gapscope_wire::clock, shared with the shim.
 
-use gapscope_cupti::clock::read;
+use gapscope_wire::clock::read;
 
 /// CLOCK_MONOTONIC, ns: the timeline's clock.
 pub fn monotonic_ns() -> u64 {

@@ -89,7 +89,7 @@ pub fn session_records(data: &[u8]) {
 
 /// Bytes from the shim's socket, fed in pieces whose sizes the bytes pick.
 pub fn wire_protocol(data: &[u8]) {
-    let mut d = gapscope_cupti::Decoder::new();
+    let mut d = gapscope_wire::Decoder::new();
     let step = data.first().map_or(1, |b| *b as usize % 61 + 1);
     for piece in data.chunks(step) {
         d.push(piece);
@@ -160,7 +160,7 @@ fn seed_records() -> Vec<u8> {
     use crate::session::{
         Event, FdKind, Footer, GpuBatch, Mode, Record, SessionHeader, StopReason, SwitchOut,
     };
-    use gapscope_cupti::{ApiDomain, GpuRecord};
+    use gapscope_wire::{ApiDomain, GpuRecord};
     let t = 1_000_000_000u64;
     let records = vec![
         Record::Header(SessionHeader {
@@ -266,12 +266,12 @@ fn seed_records() -> Vec<u8> {
 }
 
 fn seed_frames() -> Vec<u8> {
-    use gapscope_cupti::protocol::{encode, Frame};
-    use gapscope_cupti::{ClockMethod, GpuRecord, Hello};
+    use gapscope_wire::protocol::{encode, Frame};
+    use gapscope_wire::{ClockMethod, GpuRecord, Hello};
     let mut out = Vec::new();
     encode(
         &Frame::Hello(Hello {
-            version: gapscope_cupti::protocol::VERSION,
+            version: gapscope_wire::protocol::VERSION,
             pid: 1,
             driver_version: 12090,
             cupti_version: 26,

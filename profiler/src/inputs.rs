@@ -193,7 +193,7 @@ pub fn import_to(traces: &[PathBuf], dir: &Path) -> Result<Vec<Imported>, LoadEr
         }
         for chunk in s.gpu.chunks(4096) {
             // Records keep the pid of the process they belong to.
-            let mut by_pid: BTreeMap<u32, Vec<gapscope_cupti::GpuRecord>> = BTreeMap::new();
+            let mut by_pid: BTreeMap<u32, Vec<gapscope_wire::GpuRecord>> = BTreeMap::new();
             for (pid, r) in chunk {
                 by_pid.entry(*pid).or_default().push(r.clone());
             }

@@ -8,7 +8,7 @@
 //! collective on two ranks are the same moment. Then the starts say who
 //! came last: the rank the others waited for.
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 
 use crate::analyze::gpu::is_communication_kernel;
 use crate::timeline::gpu::GpuSide;

@@ -79,7 +79,7 @@ pub fn accounting(side: &GpuSide) -> ApiAccounting {
     }
     let mut syncs: BTreeMap<String, SyncReport> = BTreeMap::new();
     for (sync_type, (count, total_ns)) in by_type {
-        let kind = gapscope_cupti::record::sync_type::name(sync_type).to_string();
+        let kind = gapscope_wire::record::sync_type::name(sync_type).to_string();
         let sr = syncs.entry(kind.clone()).or_insert(SyncReport {
             kind,
             count: 0,

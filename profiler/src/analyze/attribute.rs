@@ -1130,7 +1130,7 @@ mod tests {
             start,
             end,
             role,
-            name: CallName::Api(gapscope_cupti::ApiDomain::Runtime, 0),
+            name: CallName::Api(gapscope_wire::ApiDomain::Runtime, 0),
             correlation: None,
         }
     }

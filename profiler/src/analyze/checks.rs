@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 use serde::Serialize;
 
 use crate::timeline::{Interval, State, Timeline};

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 
 use crate::intervals::{clip, holes, total, union};
 use crate::timeline::GpuSide;
@@ -161,15 +161,15 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
                         ..
                     } => {
                         let host_kind = match *copy_kind {
-                            gapscope_cupti::record::copy_kind::HTOD => *src_kind,
-                            gapscope_cupti::record::copy_kind::DTOH => *dst_kind,
+                            gapscope_wire::record::copy_kind::HTOD => *src_kind,
+                            gapscope_wire::record::copy_kind::DTOH => *dst_kind,
                             _ => 0,
                         };
                         let mut key =
-                            gapscope_cupti::record::copy_kind::name(*copy_kind).to_string();
+                            gapscope_wire::record::copy_kind::name(*copy_kind).to_string();
                         if host_kind != 0 {
                             key += " ";
-                            key += gapscope_cupti::record::memory_kind::name(host_kind);
+                            key += gapscope_wire::record::memory_kind::name(host_kind);
                         }
                         tl.copies.entry(key).or_default().add(s, e, *bytes);
                     }

@@ -27,7 +27,7 @@ pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 
-pub use gapscope_cupti::cbid::{api_name, cbid_of};
+pub use gapscope_wire::cbid::{api_name, cbid_of};
 
 use crate::session::{
     CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Outline, Rank, Session,

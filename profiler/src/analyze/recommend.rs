@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 use serde::Serialize;
 
 use crate::analyze::attribute::{ApiRole, Cause, Tid};

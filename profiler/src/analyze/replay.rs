@@ -39,8 +39,8 @@ use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use crate::timeline::gpu::{ApiRole, Call, Device};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
-use gapscope_cupti::record::memory_kind;
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::record::memory_kind;
+use gapscope_wire::GpuRecord;
 
 /// A pool busy this share of the recording paced the feeder.
 const POOL_BOUND: f64 = 0.75;
@@ -879,7 +879,7 @@ mod tests {
     use super::*;
     use crate::analyze::attribute::Piece;
     use crate::timeline::gpu::{CallName, Work};
-    use gapscope_cupti::GpuRecord;
+    use gapscope_wire::GpuRecord;
 
     const FEEDER: Tid = (1, 1);
     const LOADER: Tid = (2, 2);
@@ -918,7 +918,7 @@ mod tests {
                 start: self.at,
                 end: self.at + ns,
                 role,
-                name: CallName::Api(gapscope_cupti::ApiDomain::Runtime, cbid),
+                name: CallName::Api(gapscope_wire::ApiDomain::Runtime, cbid),
                 correlation: None,
             });
             let cause = match role {

@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 
 use super::attribute::{self, Attribution, Cause, Inputs, Tid};
 use super::checks::{on_cpu_at, ClockCheck};

@@ -7,7 +7,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gapscope_cupti::protocol::{Decoder, Frame};
+use gapscope_wire::protocol::{Decoder, Frame};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinSet;
@@ -18,7 +18,7 @@ use crate::session::{GpuBatch, GpuSource, Record, SourceKind};
 /// Where `gapscope run` finds the shim: installed beside the binary.
 pub fn shim_path() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let p = exe.parent()?.join(gapscope_cupti::LIBRARY_NAME);
+    let p = exe.parent()?.join(gapscope_wire::LIBRARY_NAME);
     p.exists().then_some(p)
 }
 
@@ -103,7 +103,7 @@ async fn serve(
     let mut end = StreamEnd {
         pid,
         tx: tx.clone(),
-        opened: gapscope_cupti::clock::monotonic_ns(),
+        opened: gapscope_wire::clock::monotonic_ns(),
         last_record_end: 0,
         goodbye: false,
         attached: blind_since.is_some(),
@@ -231,7 +231,7 @@ struct StreamEnd {
 }
 
 impl StreamEnd {
-    fn saw(&mut self, records: &[gapscope_cupti::GpuRecord]) {
+    fn saw(&mut self, records: &[gapscope_wire::GpuRecord]) {
         for r in records {
             if let Some((_, e)) = r.span() {
                 self.last_record_end = self.last_record_end.max(e);
@@ -241,8 +241,8 @@ impl StreamEnd {
 
     /// Closes an attached shim's initial blind span at the start of its
     /// first recorded GPU work (kernels, copies, memsets).
-    fn first_work(&mut self, records: &[gapscope_cupti::GpuRecord]) -> Option<Record> {
-        use gapscope_cupti::GpuRecord as G;
+    fn first_work(&mut self, records: &[gapscope_wire::GpuRecord]) -> Option<Record> {
+        use gapscope_wire::GpuRecord as G;
         let sighted = self.sighted?;
         let first = records
             .iter()
@@ -271,7 +271,7 @@ impl StreamEnd {
 
 impl Drop for StreamEnd {
     fn drop(&mut self) {
-        let now = gapscope_cupti::clock::monotonic_ns();
+        let now = gapscope_wire::clock::monotonic_ns();
         // Recording, and no work recorded: none was launched since.
         if let Some(r) = self.sighted.take().and_then(|at| self.close_blind(at)) {
             let _ = self.tx.send(r);
@@ -380,7 +380,7 @@ impl GpuStreams {
             self.connected.insert(pid);
             let stream = std::sync::Arc::new(stream);
             self.attached.push(std::sync::Arc::downgrade(&stream));
-            let since = first.unwrap_or_else(gapscope_cupti::clock::monotonic_ns);
+            let since = first.unwrap_or_else(gapscope_wire::clock::monotonic_ns);
             self.tasks
                 .spawn(serve(stream, pid, self.tx.clone(), Some(since)));
         }

@@ -505,7 +505,7 @@ fn gpu_environment(env: &mut Vec<(OsString, OsString)>) -> Result<gpu::GpuListen
     let Some(shim) = gpu::shim_path() else {
         return Err(format!(
             "the GPU shim ({}) is not installed beside gapscope: no CUPTI timeline",
-            gapscope_cupti::LIBRARY_NAME
+            gapscope_wire::LIBRARY_NAME
         ));
     };
     let listener = gpu::GpuListener::bind()
@@ -564,7 +564,7 @@ fn inject_shims(sink: &mut Sink, notes: &mut Vec<String>, limits: &inject::Limit
     let Some(shim) = gpu::shim_path() else {
         notes.push(format!(
             "the GPU shim ({}) is not installed beside gapscope: not injected",
-            gapscope_cupti::LIBRARY_NAME
+            gapscope_wire::LIBRARY_NAME
         ));
         return;
     };

@@ -17,8 +17,8 @@ use std::os::unix::net::{SocketAddr, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::transport::{control_socket_name, namespace_inode};
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::transport::{control_socket_name, namespace_inode};
+use gapscope_wire::GpuRecord;
 
 /// The ids of a process or thread from the `NSpid:` line of its
 /// `/proc/<id>/status`: outermost namespace (the one /proc was mounted
@@ -222,14 +222,14 @@ mod tests {
         assert!(namespace_of(me, "net").is_some());
         assert_eq!(
             control_socket_of(me),
-            Some(gapscope_cupti::transport::local_control_socket_name(
+            Some(gapscope_wire::transport::local_control_socket_name(
                 *ids.last().unwrap()
             ))
         );
         // Nothing to translate for a process of our own namespace.
         let mut ids = HostIds::new(me);
         let mut records = vec![GpuRecord::Api {
-            domain: gapscope_cupti::ApiDomain::Runtime,
+            domain: gapscope_wire::ApiDomain::Runtime,
             cbid: 1,
             start: 1,
             end: 2,

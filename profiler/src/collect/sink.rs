@@ -501,12 +501,12 @@ impl Sink {
                 self.push(Record::GpuSource(crate::session::GpuSource {
                     pid,
                     kind: SourceKind::Uprobe,
-                    hello: gapscope_cupti::Hello {
-                        version: gapscope_cupti::protocol::VERSION,
+                    hello: gapscope_wire::Hello {
+                        version: gapscope_wire::protocol::VERSION,
                         pid,
                         driver_version: 0,
                         cupti_version: 0,
-                        clock: gapscope_cupti::ClockMethod::Native,
+                        clock: gapscope_wire::ClockMethod::Native,
                         source: "libcuda uprobes (approximate: API calls, no kernel times)".into(),
                     },
                 }));

@@ -21,7 +21,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 
 use super::{RecordError, Recording};
 use crate::session::{
@@ -307,12 +307,12 @@ mod tests {
             s.remember(&Record::GpuSource(GpuSource {
                 pid,
                 kind: SourceKind::Simulated,
-                hello: gapscope_cupti::Hello {
+                hello: gapscope_wire::Hello {
                     version: 1,
                     pid,
                     driver_version: 0,
                     cupti_version: 0,
-                    clock: gapscope_cupti::ClockMethod::Native,
+                    clock: gapscope_wire::ClockMethod::Native,
                     source: "simulated".into(),
                 },
             }));

@@ -219,7 +219,7 @@ pub fn build(a: &Analysis) -> GpuSection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gapscope_cupti::GpuRecord;
+    use gapscope_wire::GpuRecord;
 
     #[test]
     fn busy_plus_idle_is_allocated_and_causes_sum_to_idle() {

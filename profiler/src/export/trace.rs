@@ -7,8 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
-use gapscope_cupti::record::{copy_kind, memory_kind};
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::record::{copy_kind, memory_kind};
+use gapscope_wire::GpuRecord;
 
 use super::{Options, View};
 use crate::timeline::gpu::CallName;

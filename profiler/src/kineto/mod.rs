@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gapscope_cupti::record::{copy_kind, memory_kind};
-use gapscope_cupti::{ApiDomain, ClockMethod, GpuRecord, Hello};
+use gapscope_wire::record::{copy_kind, memory_kind};
+use gapscope_wire::{ApiDomain, ClockMethod, GpuRecord, Hello};
 
 pub use parse::{looks_like_trace, us_text_to_ns, KinetoError, RawEvent};
 
@@ -46,7 +46,7 @@ fn memcpy_kinds(name: &str) -> (u8, u8, u8) {
 
 /// The CUPTI callback id of a runtime or driver function named in a trace.
 fn cbid_of(domain: ApiDomain, name: &str) -> u32 {
-    gapscope_cupti::cbid::cbid_of(domain, name).unwrap_or(u32::MAX)
+    gapscope_wire::cbid::cbid_of(domain, name).unwrap_or(u32::MAX)
 }
 
 /// The categories torch has written, 1.8 to today, by what they hold:
@@ -330,7 +330,7 @@ pub fn import(path: &Path) -> Result<Session, KinetoError> {
         pid: host,
         kind: SourceKind::Kineto,
         hello: Hello {
-            version: gapscope_cupti::protocol::VERSION,
+            version: gapscope_wire::protocol::VERSION,
             pid: host,
             driver_version: 0,
             cupti_version: 0,

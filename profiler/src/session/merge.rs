@@ -178,10 +178,10 @@ impl Merger {
             Record::Gpu(mut b) => {
                 let pid = b.pid;
                 b.records.retain(|r| match r {
-                    gapscope_cupti::GpuRecord::Device { id, .. } => {
+                    gapscope_wire::GpuRecord::Device { id, .. } => {
                         self.devices.insert((pid, *id, false))
                     }
-                    gapscope_cupti::GpuRecord::DeviceUuid { id, .. } => {
+                    gapscope_wire::GpuRecord::DeviceUuid { id, .. } => {
                         self.devices.insert((pid, *id, true))
                     }
                     _ => {
@@ -256,7 +256,7 @@ mod tests {
         read_session, FdKind, Footer, GpuBatch, GpuSource, IoCounters, Mode, ProcessInfo,
         SessionHeader, SourceKind, StopReason, ThreadIo, ThreadSeed,
     };
-    use gapscope_cupti::GpuRecord;
+    use gapscope_wire::GpuRecord;
 
     /// One window as a recording cut into windows writes it: header, seeds,
     /// what it repeats to stand alone, its GPU work, its own counts, end.
@@ -298,12 +298,12 @@ mod tests {
             Record::GpuSource(GpuSource {
                 pid: 1,
                 kind: SourceKind::Simulated,
-                hello: gapscope_cupti::Hello {
+                hello: gapscope_wire::Hello {
                     version: 1,
                     pid: 1,
                     driver_version: 0,
                     cupti_version: 0,
-                    clock: gapscope_cupti::ClockMethod::Native,
+                    clock: gapscope_wire::ClockMethod::Native,
                     source: "simulated".into(),
                 },
             }),

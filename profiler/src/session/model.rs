@@ -251,13 +251,13 @@ pub struct GpuSource {
     pub pid: u32,
     /// The report's `source`.
     pub kind: SourceKind,
-    pub hello: gapscope_cupti::Hello,
+    pub hello: gapscope_wire::Hello,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuBatch {
     pub pid: u32,
-    pub records: Vec<gapscope_cupti::GpuRecord>,
+    pub records: Vec<gapscope_wire::GpuRecord>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -313,8 +313,8 @@ impl Mode {
 
 /// A kernel on stream 7 of device 0, for unit tests.
 #[cfg(test)]
-pub fn test_kernel(start: u64, end: u64) -> gapscope_cupti::GpuRecord {
-    gapscope_cupti::GpuRecord::Kernel {
+pub fn test_kernel(start: u64, end: u64) -> gapscope_wire::GpuRecord {
+    gapscope_wire::GpuRecord::Kernel {
         start,
         end,
         device: 0,

@@ -3,7 +3,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use gapscope_cupti::GpuRecord;
+use gapscope_wire::GpuRecord;
 
 use super::{
     Drops, Event, FdPath, Footer, Frame, GpuBlind, GpuLost, GpuSource, HostOp, NvmlDevice,

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gapscope_cupti::{ApiDomain, GpuRecord};
+use gapscope_wire::{ApiDomain, GpuRecord};
 
 use crate::session::{span_within, within, HostOp, NvmlDevice, Session, SourceKind};
 
@@ -55,7 +55,7 @@ pub enum CallName {
 impl CallName {
     pub fn name(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            CallName::Api(domain, cbid) => gapscope_cupti::cbid::api_name(*domain, *cbid),
+            CallName::Api(domain, cbid) => gapscope_wire::cbid::api_name(*domain, *cbid),
             CallName::Uprobe { function, .. } => std::borrow::Cow::Borrowed(function),
         }
     }

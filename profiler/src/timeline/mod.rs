@@ -678,12 +678,12 @@ mod tests {
         let source = |pid, kind| GpuSource {
             pid,
             kind,
-            hello: gapscope_cupti::Hello {
+            hello: gapscope_wire::Hello {
                 version: 0,
                 pid,
                 driver_version: 0,
                 cupti_version: 0,
-                clock: gapscope_cupti::ClockMethod::Native,
+                clock: gapscope_wire::ClockMethod::Native,
                 source: String::new(),
             },
         };

@@ -148,7 +148,7 @@ fn is_shim(file_name: &str) -> bool {
     file_name
         .strip_prefix("memfd:")
         .unwrap_or(file_name)
-        .starts_with(gapscope_cupti::LIBRARY_NAME)
+        .starts_with(gapscope_wire::LIBRARY_NAME)
 }
 
 /// The file name of a mapping line's path, if it has one.
@@ -793,7 +793,7 @@ fn fill_memfd(pid: u32, fd: u64, image: &[u8]) -> Result<(), Refusal> {
     use std::os::fd::AsRawFd;
     let link = format!("/proc/{pid}/fd/{fd}");
     let target = fs::read_link(&link).map_err(|e| format!("cannot see its memfd ({e})"))?;
-    let want = format!("/memfd:{} (deleted)", gapscope_cupti::LIBRARY_NAME);
+    let want = format!("/memfd:{} (deleted)", gapscope_wire::LIBRARY_NAME);
     if target.as_os_str() != want.as_str() {
         return Err(format!(
             "its fd {fd} is not the memfd made for the shim ({})",

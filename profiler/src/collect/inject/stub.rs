@@ -337,7 +337,7 @@ mod tests {
         let b = fill(b"/opt/cuda/libcupti.so.13").unwrap();
         let name = &b[l.memfd_name..];
         let name = &name[..name.iter().position(|&c| c == 0).unwrap()];
-        assert_eq!(name, gapscope_cupti::LIBRARY_NAME.as_bytes());
+        assert_eq!(name, gapscope_wire::LIBRARY_NAME.as_bytes());
         assert_eq!(u64::from_le_bytes(b[l.fd..l.fd + 8].try_into().unwrap()), 6);
         assert_eq!(&b[l.cupti..l.cupti + 25], b"/opt/cuda/libcupti.so.13\0");
         // Paths that do not fit are refused, not cut.
