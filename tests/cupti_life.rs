@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gapscope_tests::*;
 use gapscope_wire::protocol::{ClockMethod, Frame};
 use gapscope_wire::{ApiDomain, GpuRecord};
-use gapscope_tests::*;
 use serde_json::Value;
 
 fn stand_in() -> PathBuf {

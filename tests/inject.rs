@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use gapscope::collect::inject::{self, Limits, Outcome};
 use gapscope::collect::pidns;
-use gapscope_wire::Frame;
 use gapscope_tests::*;
+use gapscope_wire::Frame;
 
 fn tracer_of(pid: u32) -> u32 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -503,10 +503,7 @@ fn a_process_in_its_own_namespaces_is_injected() {
         .find(|l| l.contains(gapscope_wire::LIBRARY_NAME))
         .expect("the shim is mapped");
     assert!(
-        line.ends_with(&format!(
-            "/memfd:{} (deleted)",
-            gapscope_wire::LIBRARY_NAME
-        )),
+        line.ends_with(&format!("/memfd:{} (deleted)", gapscope_wire::LIBRARY_NAME)),
         "{line}"
     );
     assert_eq!(tmp_entries(pid), tmp_before);

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use gapscope::collect::pidns::{self, HostIds};
 use gapscope::collect::procfs;
+use gapscope_tests::*;
 use gapscope_wire::protocol::Frame;
 use gapscope_wire::{ApiDomain, GpuRecord};
-use gapscope_tests::*;
 
 /// Generous: the machine may be a loaded 2-core one.
 const DEADLINE: Duration = Duration::from_secs(60);

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gapscope_tests::*;
 use gapscope_wire::protocol::Frame;
 use gapscope_wire::GpuRecord;
-use gapscope_tests::*;
 use serde_json::Value;
 
 /// Builds tests/nvtx/client.c into `dir`.

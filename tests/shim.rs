@@ -9,8 +9,8 @@ use std::os::unix::net::{SocketAddr, UnixListener};
 use std::process::Command;
 use std::time::Duration;
 
-use gapscope_wire::protocol::{ClockMethod, Frame};
 use gapscope_tests::*;
+use gapscope_wire::protocol::{ClockMethod, Frame};
 use serde_json::Value;
 
 /// Runs the host with the shim, connected to a fresh listener; returns the

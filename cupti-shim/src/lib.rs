@@ -9,4 +9,4 @@ mod loader;
 mod nvtx;
 
 // The wire's modules under the names this crate's code has always used.
-use gapscope_wire::{cbid, clock, protocol, record, transport};
+use gapscope_wire::{clock, protocol, record, transport};
