@@ -3,8 +3,8 @@
 //! every step by its own host work or by its input, fetched over TCP from
 //! a slow data service (examples/python/ddp_train.py). Ground truth is each
 //! rank's own clock: of its GPU's idle between its first and last work, the
-//! time it spent inside `all_reduce`, inside its own host work and
-//! fetching, each less its waits for a CPU there (in its host work, the time
+//! time it spent inside `all_reduce`, inside its own host work, fetching,
+//! and inside the synchronize before its host work, each less its waits for a CPU there (in its host work, the time
 //! its CPU clock did not advance: run delay and a VM's steal; in its waits,
 //! the kernel's schedstat run delay), which are contention on a busy machine.
 //!
@@ -92,14 +92,19 @@ fn one_recording(late_by: Late) {
         assert_eq!(g["pids"], serde_json::json!([rank["pid"]]), "{g:#}");
         let idle = u64_of(rank, "idle_between_ns") as f64;
         let want_comm = u64_of(rank, "idle_in_all_reduce_ns") as f64 * 100.0 / idle;
-        let want_host = u64_of(rank, "idle_in_host_work_ns") as f64 * 100.0 / idle;
+        // Its host work, and its synchronize's own idle: the wake-up after
+        // the GPU's last kernel, which a busy machine makes late (sync
+        // 11.6% against host work 6.0% alone, under CI's load).
+        let want_host =
+            (u64_of(rank, "idle_in_host_work_ns") + u64_of(rank, "idle_in_sync_ns")) as f64 * 100.0
+                / idle;
         let want_input = u64_of(rank, "idle_in_fetch_ns") as f64 * 100.0 / idle;
         let want_cpu = u64_of(rank, "idle_waiting_for_cpu_ns") as f64 * 100.0 / idle;
         let comm = idle_share(g, |c| c == "comm");
         let host = idle_share(g, |c| c == "cpu.host" || c == "sync");
         let input = idle_share(g, |c| c == "input.network");
         eprintln!(
-            "rank {}: truth all_reduce {want_comm:.1}%, host work {want_host:.1}%, fetch {want_input:.1}%, waiting for a CPU {want_cpu:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}%, input.network {input:.1}% ({})",
+            "rank {}: truth all_reduce {want_comm:.1}%, host work + synchronize {want_host:.1}%, fetch {want_input:.1}%, waiting for a CPU {want_cpu:.1}%; report comm {comm:.1}%, cpu.host + sync {host:.1}%, input.network {input:.1}% ({})",
             rank["rank"], g["idle_by_cause_ns"]
         );
         assert!(
@@ -116,7 +121,7 @@ fn one_recording(late_by: Late) {
         );
         assert!(
             (host - want_host).abs() <= 5.0,
-            "rank {}: cpu.host + sync {host:.1}% of the idle, its own host work {want_host:.1}%: {}",
+            "rank {}: cpu.host + sync {host:.1}% of the idle, its own host work and synchronize {want_host:.1}%: {}",
             rank["rank"],
             g["idle_by_cause_ns"]
         );

@@ -19,7 +19,8 @@ and, with num_workers=0, its waits for a CPU (no loader holds one).
 With --host-ms,
 the trainer's own work between a batch's arrival and its launches (pure
 Python): the idle spent running it, its waits for a CPU excepted (those
-are the loaders', as above), and of that the part the synchronize before
+are the loaders', as above) and a CPU the hypervisor took from it there
+(steal: its CPU clock less the run delay; contention), and of that the part the synchronize before
 it kept from overlapping the GPU's work (as long as the synchronize
 waited), which is the synchronize's. With num_workers=0, the loading's own CPU
 clock of its stages: decoding (PIL), the rest of `__getitem__` (fetch),
@@ -180,7 +181,7 @@ def main():
 
     waits = []  # the trainer inside next(DataLoader)
     delays = []  # (start, end, ns waiting for a CPU) outside it
-    hosts = []  # (start, end, ns waiting for a CPU) of its own host work
+    hosts = []  # (start, end, ns waiting for a CPU, behind sync, stolen) of its own host work
     kernels = []  # the simulated GPU's work
     it = iter(loader)
     loop = (now(), machine_idle_ns(), machine_steal_ns())
@@ -194,11 +195,16 @@ def main():
         c1, r1 = sched()
         waits.append((t0, now(), c1 - c0, r1 - r0))
         if a.host_ms > 0:
-            h0, d0 = now(), run_delay()
+            h0, d0, c0 = now(), run_delay(), time.thread_time_ns()
             host_work(int(a.host_ms * 1e6))
+            h1, d1, c1 = now(), run_delay(), time.thread_time_ns()
             # The synchronize before it waited this long for the GPU.
             hid = delays[-1][1] - delays[-1][0] if delays else 0
-            hosts.append((h0, now(), run_delay() - d0, hid))
+            # It never blocks there: of what the kernel did not charge it,
+            # the run delay is the loaders' (they hold the CPUs), the rest
+            # a CPU the hypervisor took (steal) — contention, no one's here.
+            stolen = max(0, (h1 - h0) - (c1 - c0) - (d1 - d0))
+            hosts.append((h0, h1, d1 - d0, hid, stolen))
         # A forward and backward pass: kernels the batch feeds, then a
         # synchronize (loss.item()).
         assert batch.shape[1] == 3
@@ -251,9 +257,9 @@ def main():
         for ds, de, waited, *_ in delays + hosts:
             overlap = max(0, min(e, de) - max(s, ds))
             held += overlap * min(waited, de - ds) // max(de - ds, 1)
-        for hs, he, waited, hid in hosts:
+        for hs, he, waited, hid, stolen in hosts:
             overlap = max(0, min(e, he) - max(s, hs))
-            own = overlap - overlap * min(waited, he - hs) // max(he - hs, 1)
+            own = overlap - overlap * min(waited + stolen, he - hs) // max(he - hs, 1)
             # As much of it as the synchronize before waited for the GPU
             # would have run beside the GPU's work without that wait: the
             # synchronize's; the rest outlasts the GPU, the work's own.

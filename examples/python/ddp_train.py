@@ -16,7 +16,8 @@ a step; the late rank is late by
 
 Ground truth, written as JSON to --truth: for each rank, its GPU's idle
 between its first and last work, and of it the time the rank spent inside
-`all_reduce`, inside its own host work, and fetching its batch — each less
+`all_reduce`, inside its own host work, fetching its batch, and inside the
+synchronize before the host work (waking after the GPU's last kernel) — each less
 the rank's waits for a CPU there, counted apart: in its host work, the time
 the kernel did not charge it for (its CPU clock: run delay and steal); in
 its waits, the kernel's schedstat run delay.
@@ -108,7 +109,7 @@ def rank_main(a):
         with open("/proc/thread-self/schedstat") as f:
             return int(f.read().split()[1])
 
-    kernels, reduces, hosts, fetches = [], [], [], []
+    kernels, reduces, hosts, fetches, syncs = [], [], [], [], []
     delays = 0
     # Both ranks start their loop together.
     dist.barrier()
@@ -116,8 +117,12 @@ def rank_main(a):
         for _ in range(4):
             end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
             kernels.append((end - a.kernel_us * 1000, end))
+        s0, sd0 = now(), run_delay()
         gpu.gs_simgpu_synchronize()
         h0, c0 = now(), time.thread_time_ns()
+        # The GPU's idle before the synchronize returned (its wake-up
+        # after the GPU's last kernel, late on a busy machine): the sync's.
+        syncs.append((s0, h0, run_delay() - sd0))
         host_work(int(host_ms * 1e6))
         h1, c1, d1 = now(), time.thread_time_ns(), run_delay()
         # It never blocks there: what of the span the kernel did not charge
@@ -173,9 +178,11 @@ def rank_main(a):
                 "idle_in_all_reduce_ns": inside(reduces),
                 "idle_in_host_work_ns": inside(hosts),
                 "idle_in_fetch_ns": inside(fetches),
+                "idle_in_sync_ns": inside(syncs),
                 "idle_waiting_for_cpu_ns": waiting_for_cpu(hosts)
                 + waiting_for_cpu(reduces)
-                + waiting_for_cpu(fetches),
+                + waiting_for_cpu(fetches)
+                + waiting_for_cpu(syncs),
             },
             f,
         )
