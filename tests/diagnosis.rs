@@ -158,10 +158,17 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
     assert_eq!(gain(&recs[0]), gain(best), "{recs:#?}");
     // One the scenario makes, or (on a machine loaded enough that another
     // cause is as large by the truth's own count, within the tolerance) that
-    // cause.
+    // cause — counting with its own share the waits for a CPU inside its
+    // own work, which its fix takes away with it (beside busy neighbours,
+    // or under a hypervisor's heavy steal, host work behind a synchronize
+    // and the waits inside it outweigh the synchronize).
     let first = recs[0]["cause"].as_str().unwrap();
-    let as_large = share(want, first, truth_idle) >= truth_shares[0] - 5.0;
-    assert!(expected.contains(&first) || as_large, "{first}\n  {table}");
+    let within = share(&truth["contention_within_ns"], first, truth_idle);
+    let as_large = share(want, first, truth_idle) + within >= truth_shares[0] - 5.0;
+    assert!(
+        expected.contains(&first) || as_large,
+        "{first} (with {within:.1}% waiting for a CPU inside its own work)\n  {table}"
+    );
     let verdict = report["verdict"].as_str().unwrap();
     assert!(
         verdict.starts_with("More GPUs would not help until") && verdict.contains(first),

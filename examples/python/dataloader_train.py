@@ -14,7 +14,8 @@ waiting for a CPU (the kernel's schedstat run delay; nothing else of note
 runs here, so the CPUs were held by the loaders) — spread evenly over the
 span it was measured in, as simtrain's ground truth does. Inside next(),
 the part it had no CPU to load with is not the loading's: the hypervisor's
-steal (this machine's /proc/stat rate over the thread's CPU time there)
+steal (wall time less CPU time and run delay where it never blocked
+inside; else this machine's /proc/stat rate over its CPU time there)
 and, with num_workers=0, its waits for a CPU (no loader holds one).
 With --host-ms,
 the trainer's own work between a batch's arrival and its launches (pure
@@ -154,6 +155,15 @@ def main():
     def run_delay():
         return sched()[1]
 
+    def blocked_so_far():
+        # How often this thread has given up its CPU to wait (a read, a
+        # lock, a queue): unchanged over a span, it never blocked there.
+        with open("/proc/thread-self/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+        return None
+
     def machine_steal_ns():
         # Time the hypervisor ran something else on this machine's vCPUs
         # (steal), all CPUs summed.
@@ -186,14 +196,18 @@ def main():
     it = iter(loader)
     loop = (now(), machine_idle_ns(), machine_steal_ns())
     for _ in range(a.steps):
-        t0, (c0, r0) = now(), sched()
+        t0, (c0, r0), v0 = now(), sched(), blocked_so_far()
         try:
             batch = next(it)
         except StopIteration:
             it = iter(loader)
             batch = next(it)
-        c1, r1 = sched()
-        waits.append((t0, now(), c1 - c0, r1 - r0))
+        t1, (c1, r1), v1 = now(), sched(), blocked_so_far()
+        # Never blocked inside: what the kernel neither charged it nor had
+        # it wait for a CPU is what the hypervisor took (steal), exactly;
+        # otherwise that is not known, and the machine's rate stands in.
+        stolen = max(0, (t1 - t0) - (c1 - c0) - (r1 - r0)) if v0 is not None and v0 == v1 else None
+        waits.append((t0, t1, c1 - c0, r1 - r0, stolen))
         if a.host_ms > 0:
             h0, d0, c0 = now(), run_delay(), time.thread_time_ns()
             host_work(int(a.host_ms * 1e6))
@@ -239,15 +253,17 @@ def main():
     idle_ns = sum(e - s for s, e in idle)
     in_next = 0
     # Inside next(), the time the trainer had no CPU to load with: the
-    # hypervisor's steal (the machine's rate, over the CPU time it was
-    # charged there) and, with no workers to hold the CPUs, its waits for
-    # one — not the loading's cost.
+    # hypervisor's steal (exact where it never blocked there; else the
+    # machine's rate, over the CPU time it was charged there) and, with no
+    # workers to hold the CPUs, its waits for one — not the loading's cost.
     without_cpu = 0
     for s, e in idle:
-        for ws, we, cpu_ns, waited in waits:
+        for ws, we, cpu_ns, waited, stolen in waits:
             overlap = max(0, min(e, we) - max(s, ws))
             in_next += overlap
-            lost = int(cpu_ns * steal / (1 - steal)) + (waited if a.workers == 0 else 0)
+            if stolen is None:
+                stolen = int(cpu_ns * steal / (1 - steal))
+            lost = stolen + (waited if a.workers == 0 else 0)
             lost = min(lost, max(we - ws - cpu_ns, 0))
             without_cpu += overlap * lost // max(we - ws, 1)
     held = 0

@@ -237,11 +237,20 @@ impl Log {
     }
 
     /// Idle time of the device in `[lo, hi)` split by what the trainer did;
-    /// `union`: its busy spans, disjoint and in order.
-    fn idle_by_cause(&self, union: &[(u64, u64)], lo: u64, hi: u64) -> BTreeMap<&'static str, u64> {
+    /// `union`: its busy spans, disjoint and in order. Beside it, of the
+    /// `cpu.contention` there, how much fell inside each cause's own work
+    /// (what taking that work away takes with it).
+    #[allow(clippy::type_complexity)]
+    fn idle_by_cause(
+        &self,
+        union: &[(u64, u64)],
+        lo: u64,
+        hi: u64,
+    ) -> (BTreeMap<&'static str, u64>, BTreeMap<&'static str, u64>) {
         let mut out = BTreeMap::new();
+        let mut within: BTreeMap<&'static str, u64> = BTreeMap::new();
         let Some(&(first, _)) = union.first() else {
-            return out;
+            return (out, within);
         };
         let last = union.last().unwrap().1;
         *out.entry("startup").or_default() += first - lo;
@@ -250,6 +259,7 @@ impl Log {
         // counted in a few locals (a map's entry per gap costs a launch-bound
         // run tens of ms at exit in a debug build, inside the recording).
         let mut sums: Vec<(&'static str, u64)> = Vec::new();
+        let mut inside: Vec<(&'static str, u64)> = Vec::new();
         let mut bump = |c: &'static str, ns: u64| match sums.iter_mut().find(|x| x.0 == c) {
             Some(x) => x.1 += ns,
             None => sums.push((c, ns)),
@@ -270,6 +280,12 @@ impl Log {
                     let waiting = ((e - s) as u128 * waited as u128 / len as u128) as u64;
                     bump("cpu.contention", waiting);
                     bump(c, e - s - waiting);
+                    if waiting > 0 {
+                        match inside.iter_mut().find(|x| x.0 == c) {
+                            Some(x) => x.1 += waiting,
+                            None => inside.push((c, waiting)),
+                        }
+                    }
                     covered += e - s;
                 }
                 j += 1;
@@ -280,7 +296,8 @@ impl Log {
         for (c, ns) in sums {
             *out.entry(c).or_default() += ns;
         }
-        out
+        within.extend(inside);
+        (out, within)
     }
 }
 
@@ -742,21 +759,24 @@ fn main() {
         *e = (*e).min(t_end);
         s < e
     });
-    let by_cause = log.idle_by_cause(&spans, t_start, t_end);
+    let (by_cause, contention_within) = log.idle_by_cause(&spans, t_start, t_end);
     let busy: u64 = spans.iter().map(|(s, e)| e - s).sum();
-    let causes: Vec<String> = by_cause
-        .iter()
-        .map(|(k, v)| format!("\"{k}\": {v}"))
-        .collect();
+    let fields = |m: &BTreeMap<&str, u64>| -> String {
+        m.iter()
+            .map(|(k, v)| format!("\"{k}\": {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let lost = match dev.lost {
         Some((s, e, n)) => format!("{{\"start\": {s}, \"end\": {e}, \"records\": {n}}}"),
         None => "null".into(),
     };
     let json = format!(
-        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"lost_gpu\": {lost}}}\n",
+        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"contention_within_ns\": {{{}}}, \"lost_gpu\": {lost}}}\n",
         b,
         t_end - t_start,
-        causes.join(", ")
+        fields(&by_cause),
+        fields(&contention_within)
     );
     std::fs::write(&o.truth, json).unwrap_or_else(|e| die(&format!("{}: {e}", o.truth.display())));
     println!(
