@@ -248,9 +248,8 @@ impl Log {
         hi: u64,
     ) -> (BTreeMap<&'static str, u64>, BTreeMap<&'static str, u64>) {
         let mut out = BTreeMap::new();
-        let mut within: BTreeMap<&'static str, u64> = BTreeMap::new();
         let Some(&(first, _)) = union.first() else {
-            return (out, within);
+            return (out, BTreeMap::new());
         };
         let last = union.last().unwrap().1;
         *out.entry("startup").or_default() += first - lo;
@@ -296,8 +295,7 @@ impl Log {
         for (c, ns) in sums {
             *out.entry(c).or_default() += ns;
         }
-        within.extend(inside);
-        (out, within)
+        (out, inside.into_iter().collect())
     }
 }
 

@@ -855,9 +855,10 @@ mod tests {
         t.switch_in(0);
         t.exit(100 * MS);
         assert_eq!(t.closed_until(), 0, "open until its final switch-out");
-        t.wakeup(100 * MS + 10, (1, 2)); // after its exit: nothing
-                                         // 110 ms by the clock to the final switch-out, 77 ms charged:
-                                         // 33 ms taken, 30 of them before the exit.
+        // After its exit: nothing.
+        t.wakeup(100 * MS + 10, (1, 2));
+        // 110 ms by the clock to the final switch-out, 77 ms charged:
+        // 33 ms taken, 30 of them before the exit.
         t.switch_out(110 * MS, &blocked(0, FdKind::None), Some(77 * MS));
         assert_eq!(t.closed_until(), u64::MAX);
         assert_eq!((t.on_cpu, t.stolen), (70 * MS, 30 * MS));
