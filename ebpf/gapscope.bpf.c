@@ -176,6 +176,19 @@ struct {
 	__type(value, __u64);
 } drops SEC(".maps");
 
+/* enum gs_neighbours -> ns, per CPU: what unrecorded tasks of the fair
+ * class ran, charged as the kernel charged it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GS_NEIGHBOURS_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} neighbours SEC(".maps");
+
+/* The recorded job's scheduling group: the task_group the last tracked
+ * task switched out of (a job's processes share one as a rule). */
+__u64 gs_job_group = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 32 * 1024 * 1024); /* resized by the loader */
@@ -193,6 +206,45 @@ static __always_inline void count_drop(__u32 kind)
 	__u64 *n = bpf_map_lookup_elem(&drops, &kind);
 	if (n)
 		*n += 1;
+}
+
+/* The fair class starts prev_sum_exec_runtime afresh each time it puts a
+ * task on a CPU and has charged prev up to now before sched_switch fires
+ * (dequeue or put_prev), so the difference is what this run cost in the
+ * kernel's own accounting. Other classes (RT, deadline, ext) leave
+ * prev_sum_exec_runtime stale: not known. */
+static __always_inline int fair_charge(struct task_struct *p, __u64 *charged, __u64 *from)
+{
+	__u32 policy = BPF_CORE_READ(p, policy);
+	if (policy != 0 /* NORMAL */ && policy != 3 /* BATCH */ && policy != 5 /* IDLE */)
+		return 0;
+	__u64 sum = BPF_CORE_READ(p, se.sum_exec_runtime);
+	*from = BPF_CORE_READ(p, se.prev_sum_exec_runtime);
+	if (sum < *from)
+		return 0;
+	*charged = sum - *from;
+	return 1;
+}
+
+static __always_inline __u64 task_group_of(struct task_struct *p)
+{
+	if (!bpf_core_field_exists(p->sched_task_group))
+		return 0;
+	return (__u64)BPF_CORE_READ(p, sched_task_group);
+}
+
+/* An unrecorded task's run, to its neighbours slot. */
+static __always_inline void count_neighbour(struct task_struct *prev)
+{
+	__u64 charged, from;
+	if (!fair_charge(prev, &charged, &from))
+		return;
+	__u64 group = task_group_of(prev);
+	__u32 slot = group && group == gs_job_group ? GS_NEIGHBOURS_SAME_GROUP
+						      : GS_NEIGHBOURS_ELSEWHERE;
+	__u64 *n = bpf_map_lookup_elem(&neighbours, &slot);
+	if (n)
+		*n += charged;
 }
 
 static __always_inline __u64 rb_flags(void)
@@ -852,6 +904,13 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	}
 	if (next_tid != 0 && is_tracked(next_tgid))
 		flags |= GS_SW_NEXT_TRACKED;
+	if (flags & GS_SW_PREV_TRACKED) {
+		__u64 group = task_group_of(prev);
+		if (group != gs_job_group)
+			gs_job_group = group;
+	} else if (prev_tid != 0) {
+		count_neighbour(prev);
+	}
 	if (!flags)
 		return 0;
 	/* A task preempted before it could block stays on the runqueue. */
@@ -909,22 +968,13 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		}
 	}
 
-	/* The fair class starts prev_sum_exec_runtime afresh each time it
-	 * puts a task on a CPU and has charged prev up to now before this
-	 * tracepoint (dequeue or put_prev), so the difference is what this
-	 * run cost in the kernel's own accounting. Other classes (RT,
-	 * deadline, ext) leave prev_sum_exec_runtime stale: not known. */
-	__u64 charged = 0;
-	if (flags & GS_SW_PREV_TRACKED) {
-		__u32 policy = BPF_CORE_READ(prev, policy);
-		if (policy == 0 /* NORMAL */ || policy == 3 /* BATCH */ || policy == 5 /* IDLE */) {
-			__u64 sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
-			__u64 from = BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
-			if (sum >= from && (!exit_run_base || from == *exit_run_base)) {
-				charged = sum - from;
-				flags |= GS_SW_CHARGED;
-			}
-		}
+	/* What the kernel charged prev's run (see fair_charge). */
+	__u64 charged = 0, from = 0;
+	if ((flags & GS_SW_PREV_TRACKED) && fair_charge(prev, &charged, &from)) {
+		if (!exit_run_base || from == *exit_run_base)
+			flags |= GS_SW_CHARGED;
+		else
+			charged = 0;
 	}
 
 	struct gs_switch *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);

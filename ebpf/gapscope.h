@@ -52,6 +52,17 @@ enum gs_fd_kind {
 	GS_FD_SOCK_ACCEPTED = 11, /* an INET socket the kernel made by accepting a connection */
 };
 
+/* Slots of the `neighbours` map: the CPU time the machine's unrecorded
+ * tasks ran, by whether they share the recorded job's scheduling group
+ * (the task_group of its cgroup or autogroup). The fair class divides a
+ * group's CPUs thread by thread and the machine's group by group, so more
+ * threads of the job win CPU from neighbours in its own group only. */
+enum gs_neighbours {
+	GS_NEIGHBOURS_SAME_GROUP = 0,
+	GS_NEIGHBOURS_ELSEWHERE = 1,
+	GS_NEIGHBOURS_MAX = 2,
+};
+
 /* Every record starts with this. */
 struct gs_header {
 	__u64 ts;   /* CLOCK_MONOTONIC ns (bpf_ktime_get_ns) */

@@ -559,3 +559,115 @@ fn a_python_program_agrees_with_the_kernels_accounting() {
         0.20,
     );
 }
+
+/// A busy loop's CPU time so far, by the kernel's schedstat.
+fn schedstat_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no schedstat for {pid}"))
+}
+
+/// A busy loop, in this process's session or (`own_session`) in one of its
+/// own, which the kernel puts in its own autogroup.
+fn busy_loop(own_session: bool) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "while :; do :; done"]).stdin(Stdio::null());
+    if own_session {
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().expect("sh")
+}
+
+/// The scheduling group the kernel puts `pid` in, as /proc tells it: its
+/// cpu cgroup and, where autogroups apply (on, and the task in the root
+/// cpu cgroup), its autogroup.
+fn sched_group(pid: u32) -> String {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let cpu = cgroup
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (controllers, path) = rest.split_once(':')?;
+            controllers
+                .split(',')
+                .any(|c| c == "cpu")
+                .then(|| path.to_string())
+        })
+        .or_else(|| {
+            cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .unwrap_or_default();
+    let autogroups = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|s| s.trim() == "1");
+    if autogroups && cpu == "/" {
+        let ag = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).unwrap_or_default();
+        format!("/ {}", ag.split_whitespace().next().unwrap_or(""))
+    } else {
+        cpu
+    }
+}
+
+/// What unrecorded tasks ran goes to the job's own scheduling group or
+/// elsewhere, as the kernel groups them: a busy loop started from the same
+/// session shares the job's autogroup, one in a session of its own does not
+/// (unless cgroups put them together). Each loop's CPU time by its
+/// schedstat is the reference; everything else the machine ran only adds.
+#[test]
+fn neighbours_cpu_goes_to_the_jobs_scheduling_group_or_elsewhere() {
+    if !bpf_ready("neighbours_cpu_goes_to_the_jobs_scheduling_group_or_elsewhere") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("neighbours");
+    let mut loops = [busy_loop(false), busy_loop(true)];
+    let pids = loops.each_ref().map(|c| c.id());
+    let from = (Instant::now(), pids.map(schedstat_ns));
+    let (run, _) = run_workload(dir.path(), &["-q"], &["spin", "--ms", "1500"]);
+    let rates = pids.map(|p| {
+        (schedstat_ns(p) - from.1[pids.iter().position(|&q| q == p).unwrap()]) as f64
+            / from.0.elapsed().as_nanos() as f64
+    });
+    let groups = pids.map(sched_group);
+    let job = sched_group(std::process::id());
+    for c in &mut loops {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let s = gapscope::session::read_session(&run.dir).unwrap();
+    let (first, last) = (s.neighbours.first().unwrap(), s.neighbours.last().unwrap());
+    let span = (last.ts - first.ts) as f64;
+    assert!(span > 1e9, "{} readings over {span} ns", s.neighbours.len());
+    let same = (last.same_group_ns - first.same_group_ns) as f64 / span;
+    let elsewhere = (last.elsewhere_ns - first.elsewhere_ns) as f64 / span;
+    eprintln!(
+        "loops {rates:.2?} CPUs in {groups:?} (the job's: {job}); recorded: {same:.2} CPUs in the job's group, {elsewhere:.2} elsewhere"
+    );
+    let (mut want_same, mut want_elsewhere) = (0.0, 0.0);
+    for (rate, group) in rates.iter().zip(&groups) {
+        if *group == job {
+            want_same += rate;
+        } else {
+            want_elsewhere += rate;
+        }
+    }
+    assert!(
+        same >= 0.9 * want_same,
+        "the job's group: {same:.3} CPUs recorded, its loop alone had {want_same:.3}"
+    );
+    assert!(
+        elsewhere >= 0.9 * want_elsewhere,
+        "elsewhere: {elsewhere:.3} CPUs recorded, the other loop alone had {want_elsewhere:.3}"
+    );
+}

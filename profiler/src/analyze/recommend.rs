@@ -46,7 +46,8 @@ pub struct WhatIf {
     /// recommendation).
     pub next_cause: Option<Cause>,
     /// For input causes, the other way out: more loader workers (their
-    /// computing spread over no more than the CPUs the run had spare).
+    /// computing spread over the CPUs they got, those that sat idle and a
+    /// share of those their scheduling group's other tasks held).
     pub more_workers: Vec<MoreWorkers>,
 }
 
@@ -106,7 +107,7 @@ impl Recommendation {
                 .map(|m| format!("{} workers {:.2}x", m.workers, m.speedup))
                 .collect();
             out.push(format!(
-                "or more loader workers instead (computing spread over the CPUs the run had spare, storage at its recorded pace): {}",
+                "or more loader workers instead (computing on the CPUs the loaders got, those that sat idle and a share of those the job's scheduling group's other tasks held; storage at its recorded pace): {}",
                 options.join(" · ")
             ));
         }
@@ -995,13 +996,23 @@ fn advice(cause: Cause, ev: &Evidence, involved: &HashMap<Tid, u64>) -> (String,
                 );
             }
             let crowded = ev.nr_cpus > 0 && n as u32 >= ev.nr_cpus;
+            // Unrecorded tasks of the job's own scheduling group share its
+            // CPUs thread by thread: more workers take theirs.
+            let group = ev
+                .tl
+                .neighbour_cpus(ev.tl.start, ev.tl.end)
+                .map_or(0.0, |n| n.0);
+            let workers = if !crowded {
+                " Raise num_workers toward the cores available.".to_string()
+            } else if group >= 0.25 {
+                format!(
+                    " The loaders hold every CPU the rest of the job leaves; other processes in its scheduling group (its cgroup, or its session's autogroup) held {group:.1} CPUs beside them, and more workers would win a share of those, at their expense: better give the job CPUs of its own."
+                )
+            } else {
+                " The loaders already hold every CPU, the trainer's included: more workers will not help; give the job more CPUs.".to_string()
+            };
             format!(
-                "Data loading is CPU-bound (decode, augmentation in {n} loader process(es), {cpus}).{} Keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.{stage_fix}",
-                if crowded {
-                    " The loaders already hold every CPU, the trainer's included: more workers will not help; give the job more CPUs."
-                } else {
-                    " Raise num_workers toward the cores available."
-                }
+                "Data loading is CPU-bound (decode, augmentation in {n} loader process(es), {cpus}).{workers} Keep torch.set_num_threads(1) in workers, move decode/augmentation to the GPU (DALI, torchvision v2 on GPU), or preprocess offline.{stage_fix}"
             )
         }
         Cause::InputNetwork => {

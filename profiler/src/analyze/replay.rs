@@ -222,8 +222,12 @@ pub struct Run<'a> {
     /// CPUs the loaders could have: the machine's, less the feeder's share.
     pub spare_cpus: f64,
     /// CPUs that sat idle while they worked, on average (infinite when not
-    /// recorded): the most more workers can add to what they used.
+    /// recorded): more workers could have them.
     pub idle_cpus: f64,
+    /// CPUs unrecorded tasks in the job's own scheduling group held while
+    /// the loaders worked, on average (0 when not recorded): more workers
+    /// win a share of them, thread by thread.
+    pub group_cpus: f64,
 }
 
 /// A piece of GPU work as the replay schedules it.
@@ -396,23 +400,45 @@ impl Run<'_> {
         if k == 0.0 {
             return 1.0;
         }
-        let before = self.pool.service(None, k, k, self.spare_cpus);
-        // More workers add the CPUs that sat idle to those the pool got (a
-        // worker that waited for a CPU got less than one), up to those the
-        // run had spare: never fewer than before, never counting as gained
-        // the CPU a recorded worker was waiting for.
-        let got = k * self.pool.cpu_share();
-        let cpus = (got + self.idle_cpus)
-            .min(self.spare_cpus)
-            .max(k.min(self.spare_cpus));
-        let after = self
-            .pool
-            .service(plan.removed, k + plan.add_workers as f64, k, cpus);
+        // The CPUs the pool computed on: a worker that waited for a CPU a
+        // tenth of the time it asked for one got nine tenths of one.
+        let got = (k * self.pool.cpu_share()).min(self.spare_cpus);
+        let before = self.pool.service(None, k, k, got);
+        let workers = k + plan.add_workers as f64;
+        let cpus = if plan.removed == Some(Cause::CpuContention) {
+            // Nothing took a CPU it asked for.
+            workers.min(self.spare_cpus)
+        } else if plan.add_workers == 0 {
+            // The same workers wait for a CPU as they did.
+            got
+        } else {
+            // More workers add the CPUs that sat idle and what they win
+            // from their group's other tasks, up to those the run had
+            // spare; never the CPU a hypervisor or another group held.
+            (got + self.idle_cpus + self.won_in_group(got, k, workers))
+                .min(self.spare_cpus)
+                .max(got)
+        };
+        let after = self.pool.service(plan.removed, workers, k, cpus);
         if before <= 0.0 {
             1.0
         } else {
             after / before
         }
+    }
+
+    /// The CPUs `workers` workers (`k` of them recorded, on `got` CPUs)
+    /// would win from the unrecorded tasks of their own scheduling group,
+    /// whose CPUs the kernel shares thread by thread: those tasks count as
+    /// as many threads as their CPUs hold at a worker's rate, and the two
+    /// share what both held.
+    fn won_in_group(&self, got: f64, k: f64, workers: f64) -> f64 {
+        let held = self.group_cpus;
+        if got <= 0.0 || held <= 0.0 || workers <= k {
+            return 0.0;
+        }
+        let rivals = held * k / got;
+        (got + held) * workers / (workers + rivals) - got
     }
 
     /// The feeder's call starting at or containing `t`, if it launches,
@@ -806,9 +832,11 @@ impl<'a> Job<'a> {
                 } else {
                     (nr_cpus as f64 - taken).max(1.0)
                 };
-                // Unrecorded processes take CPUs too: what sat idle is all
-                // a new worker could have (not what it might win from them).
+                // Unrecorded processes take CPUs too: a new worker could
+                // have what sat idle, and a share of what those in the
+                // job's own scheduling group held (not another group's).
                 let idle_cpus = tl.idle_cpus(life.0, life.1).unwrap_or(f64::INFINITY);
+                let group_cpus = tl.neighbour_cpus(life.0, life.1).map_or(0.0, |n| n.0);
                 Some(Run {
                     window,
                     busy: &g.gpu.busy,
@@ -819,6 +847,7 @@ impl<'a> Job<'a> {
                     pool,
                     spare_cpus,
                     idle_cpus,
+                    group_cpus,
                 })
             })
             .collect();
@@ -976,6 +1005,7 @@ mod tests {
                 pool,
                 spare_cpus: 2.0,
                 idle_cpus: self.idle_cpus.unwrap_or(f64::INFINITY),
+                group_cpus: 0.0,
             }
             .replay(plan)
         }
@@ -1245,18 +1275,65 @@ mod tests {
             pool,
             spare_cpus,
             idle_cpus,
+            group_cpus: 0.0,
         };
         let more = Plan {
             add_workers: 1,
             ..Plan::default()
         };
         assert!((pool.cpu_share() - 0.95).abs() < 1e-9);
-        // Computing bound before (95 ms on one CPU), after on 1.7 of them.
+        // Computing bound before (95 ms on 0.95 of a CPU: 100 ms), after
+        // on 1.7 CPUs.
         let pace = run(0.75, 2.0).pace(&more);
-        assert!((pace - 95.0 / 1.7 / 95.0).abs() < 1e-9, "{pace}");
+        assert!((pace - 95.0 / 1.7 / 100.0).abs() < 1e-9, "{pace}");
         // Nothing idle: a second worker only shares the one CPU.
         assert!((run(0.0, 2.0).pace(&more) - 1.0).abs() < 1e-9);
         // Nothing added, nothing changes.
         assert!((run(0.75, 2.0).pace(&Plan::default()) - 1.0).abs() < 1e-9);
+    }
+
+    /// Two workers on two CPUs got one between them: busy tasks of the
+    /// job's own group held the other. The kernel shares a group's CPUs
+    /// thread by thread, so two more workers (four against what counts as
+    /// two rivals) compute on 4/6 of the two CPUs; tasks of another group
+    /// keep their group's share, and more workers gain nothing from them.
+    #[test]
+    fn more_workers_win_cpus_from_their_own_group_only() {
+        let pool = Pool {
+            cpu: 100 * MS,
+            runnable: 100 * MS,
+            on_cpu: 100 * MS,
+            busiest: 100 * MS,
+            busiest_life: 100 * MS,
+            ..Pool::default()
+        };
+        let account = Account::default();
+        let run = |group_cpus: f64| Run {
+            window: (0, 0),
+            busy: &[],
+            feeder: FEEDER,
+            account: &account,
+            calls: &[],
+            work: Issued {
+                mine: Vec::new(),
+                others: Vec::new(),
+            },
+            pool,
+            spare_cpus: 2.0,
+            idle_cpus: 0.0,
+            group_cpus,
+        };
+        let more = Plan {
+            add_workers: 2,
+            ..Plan::default()
+        };
+        assert!((pool.workers() - 2.0).abs() < 1e-9);
+        let pace = run(1.0).pace(&more);
+        assert!((pace - 1.0 / (2.0 * 4.0 / 6.0)).abs() < 1e-9, "{pace}");
+        assert!((run(0.0).pace(&more) - 1.0).abs() < 1e-9);
+        // Without their rivals (cpu.contention fixed) two workers have
+        // both CPUs.
+        let pace = run(1.0).pace(&Plan::fix(Cause::CpuContention));
+        assert!((pace - 0.5).abs() < 1e-9, "{pace}");
     }
 }

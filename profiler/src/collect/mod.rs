@@ -693,7 +693,7 @@ async fn event_loop(
     // small ones and paces flushes, drop counters and the status line.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut status = status::StatusLine::new(opts.status_line);
-    read_cpu_idle(&mut sink);
+    read_machine(tracer, &mut sink);
     install_python(tracer, &mut sink);
     // The header and seeds go to disk now: a crash from here on still leaves
     // a readable session.
@@ -733,7 +733,7 @@ async fn event_loop(
                     if let Ok(d) = tracer.drops() {
                         sink.drops_record(&d);
                     }
-                    read_cpu_idle(&mut sink);
+                    read_machine(tracer, &mut sink);
                     sink.maintain();
                     if let Err(e) = sink.writer.flush() {
                         sink.error.get_or_insert(e);
@@ -814,7 +814,7 @@ async fn event_loop(
         }
         _ => now_ns,
     };
-    read_cpu_idle(&mut sink);
+    read_machine(tracer, &mut sink);
     sink.cpu_while_recording = own_cost().cpu_ns.saturating_sub(window_cpu_from);
 
     // GPU processes flush at exit; give their streams a moment to arrive.
@@ -888,7 +888,7 @@ fn cut(
     // falls between two windows (the new one's seeds are read a fraction
     // of a millisecond later).
     let (end_ns, end_unix_ns) = clock::pair();
-    read_cpu_idle(sink);
+    read_machine(tracer, sink);
     let drops = seal(tracer, sink, own_cost().cpu_ns.saturating_sub(cpu_from));
     let live = sorted(&sink.live);
     // Stacks the kernel side has sent are in the old window only: it sends
@@ -916,7 +916,7 @@ fn cut(
     for r in sticky.into_iter().flatten() {
         sink.push(r);
     }
-    read_cpu_idle(sink);
+    read_machine(tracer, sink);
     sink.writer.flush()?;
     Ok(windows::Closing {
         writer: old,
@@ -961,13 +961,20 @@ fn sorted(pids: &std::collections::HashSet<u32>) -> Vec<u32> {
     v
 }
 
-/// The machine's idle CPU time now: how many CPUs the job could have had
-/// beyond what it used (the replay's bound on more loader workers).
-fn read_cpu_idle(sink: &mut Sink) {
+/// The machine's idle CPU time now, and what unrecorded tasks have run:
+/// how many CPUs the job could have had beyond what it used, and from whom
+/// more threads of it would win some (the replay's bounds on more loader
+/// workers).
+fn read_machine(tracer: &Tracer, sink: &mut Sink) {
+    let ts = clock::monotonic_ns();
     if let Some(idle_ns) = procfs::machine_idle_ns() {
-        sink.push(Record::CpuIdle(crate::session::CpuIdle {
-            ts: clock::monotonic_ns(),
-            idle_ns,
+        sink.push(Record::CpuIdle(crate::session::CpuIdle { ts, idle_ns }));
+    }
+    if let Ok((same_group_ns, elsewhere_ns)) = tracer.neighbours() {
+        sink.push(Record::Neighbours(crate::session::Neighbours {
+            ts,
+            same_group_ns,
+            elsewhere_ns,
         }));
     }
 }

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
 /// and ShimInjected; 4 added CpuIdle; 5 the Window mode; 6 ChargedSwitch;
-/// 7 ProcessRank and the SockAccepted fd kind.
-pub const FORMAT_VERSION: u16 = 7;
+/// 7 ProcessRank and the SockAccepted fd kind; 8 Neighbours.
+pub const FORMAT_VERSION: u16 = 8;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -71,6 +71,8 @@ pub enum Record {
         pid: u32,
         rank: Rank,
     },
+    /// What the machine's unrecorded tasks had run, read with the idle time.
+    Neighbours(Neighbours),
 }
 
 /// The machine's idle CPU time, summed over its CPUs, since boot (the
@@ -82,6 +84,19 @@ pub enum Record {
 pub struct CpuIdle {
     pub ts: u64,
     pub idle_ns: u64,
+}
+
+/// The CPU time the machine's unrecorded tasks of the fair class had run
+/// since recording began, summed over its CPUs, read at `ts`: those in the
+/// recorded job's own scheduling group (its cgroup's or autogroup's) and
+/// those elsewhere. The kernel shares a group's CPUs thread by thread and
+/// the machine's among groups, so more threads of the job (loader workers)
+/// win CPU from the first and not from the second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Neighbours {
+    pub ts: u64,
+    pub same_group_ns: u64,
+    pub elsewhere_ns: u64,
 }
 
 /// The CUPTI shim was loaded into process `pid` by `attach`, through its

@@ -288,6 +288,9 @@ pub struct Session {
     /// Readings of the machine's idle CPU time, in order (absent in
     /// imported traces and sessions before format 4).
     pub cpu_idle: Vec<super::CpuIdle>,
+    /// Readings of what unrecorded tasks ran, in order (absent in imported
+    /// traces and sessions before format 8).
+    pub neighbours: Vec<super::Neighbours>,
     /// gapscope's own cost while recording (absent in imported traces).
     pub collector: Option<super::CollectorCost>,
     /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
@@ -554,6 +557,7 @@ fn read_records(
                 s.process_ranks.insert(pid, rank);
             }
             Record::CpuIdle(c) => s.cpu_idle.push(c),
+            Record::Neighbours(n) => s.neighbours.push(n),
         }
     }
     if let Some(e) = reader.refusal() {

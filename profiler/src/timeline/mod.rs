@@ -53,6 +53,9 @@ pub struct Timeline {
     /// The machine's idle CPU time, as read while recording, in order
     /// (empty when not recorded).
     pub cpu_idle: Vec<crate::session::CpuIdle>,
+    /// What unrecorded tasks ran, as read while recording, in order (empty
+    /// when not recorded).
+    pub neighbours: Vec<crate::session::Neighbours>,
     /// TCP retransmissions on the recorded threads' connections, in order.
     pub retransmits: Vec<Retransmit>,
     /// What threads keep beyond their accounts.
@@ -282,6 +285,7 @@ impl Timeline {
             retired_processes: Vec::new(),
             gpu,
             cpu_idle: session.cpu_idle.clone(),
+            neighbours: session.neighbours.clone(),
             retransmits: Vec::new(),
             keep,
             shimmed: session
@@ -319,29 +323,20 @@ impl Timeline {
     }
 
     /// How many CPUs sat idle on average over `[a, b)` (clipped to the
-    /// readings' span), each reading's counter taken as rising evenly to
-    /// the next; None without two readings inside it.
+    /// readings' span); None without two readings inside it.
     pub fn idle_cpus(&self, a: u64, b: u64) -> Option<f64> {
-        let v = &self.cpu_idle;
-        let (a, b) = (a.max(v.first()?.ts), b.min(v.last()?.ts));
-        if b <= a {
-            return None;
-        }
-        // The counter at `t`, inside the readings' span: the first reading
-        // at or after it, and the one before when it is after.
-        let at = |t: u64| -> f64 {
-            let i = v.partition_point(|r| r.ts < t);
-            let next = v[i];
-            match i.checked_sub(1).map(|j| v[j]) {
-                Some(prev) if next.ts > t => {
-                    prev.idle_ns as f64
-                        + next.idle_ns.saturating_sub(prev.idle_ns) as f64 * (t - prev.ts) as f64
-                            / (next.ts - prev.ts) as f64
-                }
-                _ => next.idle_ns as f64,
-            }
-        };
-        Some((at(b) - at(a)).max(0.0) / (b - a) as f64)
+        cpus_between(&self.cpu_idle, |r| (r.ts, r.idle_ns), a, b)
+    }
+
+    /// How many CPUs unrecorded tasks held on average over `[a, b)`: (in
+    /// the job's own scheduling group, elsewhere); None as for
+    /// [`Timeline::idle_cpus`].
+    pub fn neighbour_cpus(&self, a: u64, b: u64) -> Option<(f64, f64)> {
+        let v = &self.neighbours;
+        Some((
+            cpus_between(v, |r| (r.ts, r.same_group_ns), a, b)?,
+            cpus_between(v, |r| (r.ts, r.elsewhere_ns), a, b)?,
+        ))
     }
 
     /// Closes every account at the end of the recording. `last_event`: the
@@ -569,6 +564,31 @@ impl Timeline {
             }
         }
     }
+}
+
+/// A cumulative CPU-time counter's average rate over `[a, b)` in CPUs,
+/// clipped to its readings' span, each reading taken as rising evenly to
+/// the next; None without two readings inside it. `reading`: (time, ns).
+fn cpus_between<R>(v: &[R], reading: impl Fn(&R) -> (u64, u64), a: u64, b: u64) -> Option<f64> {
+    let (a, b) = (a.max(reading(v.first()?).0), b.min(reading(v.last()?).0));
+    if b <= a {
+        return None;
+    }
+    // The counter at `t`, inside the readings' span: the first reading at
+    // or after it, and the one before when it is after.
+    let at = |t: u64| -> f64 {
+        let i = v.partition_point(|r| reading(r).0 < t);
+        let next = reading(&v[i]);
+        match i.checked_sub(1).map(|j| reading(&v[j])) {
+            Some(prev) if next.0 > t => {
+                prev.1 as f64
+                    + next.1.saturating_sub(prev.1) as f64 * (t - prev.0) as f64
+                        / (next.0 - prev.0) as f64
+            }
+            _ => next.1 as f64,
+        }
+    };
+    Some((at(b) - at(a)).max(0.0) / (b - a) as f64)
 }
 
 #[cfg(test)]

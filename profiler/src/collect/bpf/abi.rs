@@ -46,6 +46,12 @@ pub mod kind {
     }
 }
 
+/// `enum gs_neighbours`: slots of the `neighbours` map.
+pub mod neighbours {
+    pub const SAME_GROUP: u32 = 0;
+    pub const ELSEWHERE: u32 = 1;
+}
+
 pub const SW_PREV_TRACKED: u8 = 1;
 pub const SW_NEXT_TRACKED: u8 = 2;
 pub const SW_PREEMPT: u8 = 4;
@@ -409,6 +415,20 @@ mod tests {
             checked > 50,
             "only {checked} layout lines found in gapscope.h"
         );
+    }
+
+    #[test]
+    fn neighbour_slots_match_the_header() {
+        let header = include_str!("../../../../ebpf/gapscope.h");
+        for (name, slot) in [
+            ("GS_NEIGHBOURS_SAME_GROUP", neighbours::SAME_GROUP),
+            ("GS_NEIGHBOURS_ELSEWHERE", neighbours::ELSEWHERE),
+        ] {
+            assert!(
+                header.contains(&format!("{name} = {slot},")),
+                "{name} is not {slot} in gapscope.h"
+            );
+        }
     }
 
     #[test]

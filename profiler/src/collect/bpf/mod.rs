@@ -90,6 +90,7 @@ pub struct Tracer {
     tracked: BpfHashMap<MapData, u32, u32>,
     py_procs: BpfHashMap<MapData, u32, abi::PyProc>,
     drops: PerCpuArray<MapData, u64>,
+    neighbours: PerCpuArray<MapData, u64>,
     ring: RingBuf<MapData>,
     sample_hz: u64,
     syscall_hooks: bool,
@@ -132,12 +133,14 @@ impl Tracer {
         let tracked = take_map(&mut ebpf, "tracked")?;
         let py_procs = take_map(&mut ebpf, "py_procs")?;
         let drops = take_map(&mut ebpf, "drops")?;
+        let neighbours = take_map(&mut ebpf, "neighbours")?;
         let ring = take_map(&mut ebpf, "events")?;
         Ok(Tracer {
             ebpf,
             tracked,
             py_procs,
             drops,
+            neighbours,
             ring,
             sample_hz: config.sample_hz,
             syscall_hooks: config.syscall_hooks,
@@ -262,6 +265,25 @@ impl Tracer {
             *slot = per_cpu.iter().sum();
         }
         Ok(out)
+    }
+
+    /// What the machine's unrecorded tasks have run since the programs
+    /// were attached (summed over CPUs): (in the job's own scheduling
+    /// group, elsewhere).
+    pub fn neighbours(&self) -> Result<(u64, u64), BpfError> {
+        let slot = |i: u32| {
+            self.neighbours
+                .get(&i, 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .map_err(|source| BpfError::Map {
+                    name: "neighbours",
+                    source,
+                })
+        };
+        Ok((
+            slot(abi::neighbours::SAME_GROUP)?,
+            slot(abi::neighbours::ELSEWHERE)?,
+        ))
     }
 }
 
