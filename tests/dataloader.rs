@@ -145,14 +145,15 @@ fn dataloader_workers_are_the_input_pipeline() {
         workers_run_input_code(report);
     }
     // What more workers would give, as each recording says: two workers
-    // already hold both CPUs, and more cannot compute faster. One worker
-    // on two CPUs leaves the other to a second — as far as whatever else
-    // this machine ran left it idle, by the loop's own reading of
-    // /proc/stat: the loaders cannot decode faster than the CPUs they used
-    // (the kernel's count for the joined workers) plus the idle ones let
-    // them, and with half a CPU or more idle the loop gets at least a
-    // fifth faster. (How close the first comes to a measured two-worker
-    // run moves with that load; simtrain's `whatif` tests hold it to 10%.)
+    // already hold both CPUs, and more compute faster only with CPUs that
+    // sat idle or that others held (tasks of the job's own scheduling
+    // group share theirs thread by thread) — never faster than the CPUs the
+    // loaders used plus those, by the loop's own reading of /proc/stat and
+    // the kernel's count for the joined workers. One worker on two CPUs
+    // leaves the other to a second: with half a CPU or more idle the loop
+    // gets at least a fifth faster. (How close the first comes to a
+    // measured two-worker run moves with that load; simtrain's `whatif`
+    // tests hold it to 10%.)
     let speedup = |r: &Value, add: u64| {
         let m = with_more_workers(&r["recommendations"][0], add);
         let c = &r["gpus"][0]["idle_by_cause_ns"];
@@ -160,26 +161,41 @@ fn dataloader_workers_are_the_input_pipeline() {
         let span = u64_of(&r["gpus"][0], "span_ns");
         span as f64 / (u64_of(&m, "wall_ns") - edges) as f64
     };
-    let (one, two) = (&runs[0].1, &runs[1].1);
-    let (a, b) = (speedup(one, 1), speedup(two, 2));
-    let idle = runs[0].2["idle_cpus"].as_f64().unwrap();
-    let used = runs[0].2["loader_cpus"].as_f64().unwrap();
+    let cpus = |truth: &Value, what: &str| truth[what].as_f64().unwrap();
+    let most = |truth: &Value| {
+        let used = cpus(truth, "loader_cpus");
+        (used + cpus(truth, "idle_cpus") + cpus(truth, "others_cpus")) / used
+    };
+    let (one, two) = (&runs[0], &runs[1]);
+    let (a, b) = (speedup(&one.1, 1), speedup(&two.1, 2));
+    let idle = cpus(&one.2, "idle_cpus");
     eprintln!(
-        "one worker + 1: {a:.2}x ({used:.2} CPUs used by the loader, {idle:.2} idle); two workers + 2: {b:.2}x"
+        "one worker + 1: {a:.2}x (the loader used {:.2} CPUs, {idle:.2} idle, others {:.2}); two workers + 2: {b:.2}x (the loaders used {:.2}, {:.2} idle, others {:.2})",
+        cpus(&one.2, "loader_cpus"),
+        cpus(&one.2, "others_cpus"),
+        cpus(&two.2, "loader_cpus"),
+        cpus(&two.2, "idle_cpus"),
+        cpus(&two.2, "others_cpus"),
     );
     assert!(
-        a <= 0.15 + (used + idle) / used,
-        "{a:.2}x, the loader used {used:.2} CPUs, {idle:.2} sat idle: {:#}",
-        one["recommendations"][0]
+        a <= 0.15 + most(&one.2),
+        "{a:.2}x, at most {:.2}x: {:#}",
+        most(&one.2),
+        one.1["recommendations"][0]
     );
     if idle >= 0.5 {
         assert!(
             a >= 1.25,
             "{a:.2}x, {idle:.2} CPUs idle: {:#}",
-            one["recommendations"][0]
+            one.1["recommendations"][0]
         );
     }
-    assert!(b <= 1.05, "{b:.2}x: {:#}", two["recommendations"][0]);
+    assert!(
+        b <= 0.05 + most(&two.2),
+        "{b:.2}x, at most {:.2}x: {:#}",
+        most(&two.2),
+        two.1["recommendations"][0]
+    );
 }
 
 /// num_workers=0, how most training scripts start: the trainer decodes the

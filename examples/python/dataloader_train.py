@@ -194,7 +194,11 @@ def main():
     hosts = []  # (start, end, ns waiting for a CPU, behind sync, stolen) of its own host work
     kernels = []  # the simulated GPU's work
     it = iter(loader)
-    loop = (now(), machine_idle_ns(), machine_steal_ns())
+    def own_cpu_ns():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return int((r.ru_utime + r.ru_stime) * 1e9)
+
+    loop = (now(), machine_idle_ns(), machine_steal_ns(), own_cpu_ns())
     for _ in range(a.steps):
         t0, (c0, r0), v0 = now(), sched(), blocked_so_far()
         try:
@@ -236,9 +240,15 @@ def main():
     # The loaders' CPU time, as the kernel accounted it to the workers once
     # they were joined: how many CPUs they used (a worker more needs as
     # much again, from the idle ones).
+    trainer_cpus = (own_cpu_ns() - loop[3]) / loop_ns
     del it
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     loader_cpus = (kids.ru_utime + kids.ru_stime) * 1e9 / loop_ns
+    # What the rest of the machine ran meanwhile (the recorder included):
+    # the most more workers could win from others, were all of it in the
+    # job's own scheduling group.
+    nr_cpus = os.cpu_count() or 1
+    others_cpus = max(0.0, nr_cpus * (1 - steal) - idle_cpus - loader_cpus - trainer_cpus)
 
     # The GPU's idle between its first and last work, and the part of it
     # the trainer spent inside next(DataLoader).
@@ -295,6 +305,7 @@ def main():
         "workers": a.workers,
         "idle_cpus": idle_cpus,
         "loader_cpus": loader_cpus,
+        "others_cpus": others_cpus,
         "torch": torch.__version__,
     }
     if a.workers == 0:

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use gapscope_wire::clock::monotonic_ns as now;
+use gapscope_wire::clock::{monotonic_ns as now, thread_cpu_ns};
 use gapscope_wire::protocol::{encode, ClockMethod, Frame, Hello, VERSION};
 use gapscope_wire::record::{copy_kind, memory_kind, sync_type};
 use gapscope_wire::{ApiDomain, GpuRecord};
@@ -25,6 +25,17 @@ pub fn spin_wall(ns: u64) {
     let end = now() + ns;
     while now() < end {
         std::hint::spin_loop();
+    }
+}
+
+/// Real CPU work, as a driver call does: `ns` of this thread's CPU time
+/// (a wait for a CPU in between makes it longer, as it would a real one).
+pub fn spin_cpu(ns: u64) {
+    let end = thread_cpu_ns() + ns;
+    while thread_cpu_ns() < end {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -62,6 +73,9 @@ pub struct SimDevice {
     /// Records dropped on purpose (`--lose-gpu-step`), and the span they
     /// covered.
     pub lost: Option<(u64, u64, u64)>,
+    /// Of the last launch call's time, how long its thread waited for a
+    /// CPU (its wall time less its CPU time): for the ground truth.
+    pub last_call_waited: u64,
     /// Dormant: when a profiler first connected (0 until then).
     sighted: Arc<std::sync::atomic::AtomicU64>,
     /// The thread that encodes and sends what the device says, as CUPTI
@@ -130,6 +144,7 @@ impl SimDevice {
             pending: Vec::new(),
             busy: Vec::new(),
             lost: None,
+            last_call_waited: 0,
             sighted,
             sender: Some((tx, thread)),
         }
@@ -217,14 +232,23 @@ impl SimDevice {
     }
 
     fn launch_kernels(&mut self, cbid: u32, n: usize, kernel_ns: u64, cost: u64) -> (u64, u64) {
-        let a = now();
-        spin_wall(cost);
-        let b = now();
-        let corr = self.api(cbid, a, b);
+        let (a, cpu) = (now(), thread_cpu_ns());
+        spin_cpu(cost);
+        // The driver queues the kernels before the call returns: that
+        // bookkeeping is the call's (with CUDA graphs it goes too).
+        let queued = now();
+        let corr = self.api(cbid, a, queued);
+        let record = self.pending.len() - 1;
         for _ in 0..n {
-            let span = self.schedule(b, kernel_ns);
+            let span = self.schedule(queued, kernel_ns);
             self.kernel(span, corr, "simulated_step_kernel");
         }
+        let cpu = thread_cpu_ns() - cpu;
+        let b = now();
+        if let Some(GpuRecord::Api { end, .. }) = self.pending.get_mut(record) {
+            *end = b;
+        }
+        self.last_call_waited = (b - a).saturating_sub(cpu);
         (a, b)
     }
 

@@ -189,15 +189,25 @@ struct Log {
 
 impl Log {
     fn add(&mut self, a: u64, b: u64, cause: &'static str) {
+        self.add_waiting(a, b, cause, 0);
+    }
+
+    /// A call of `cause` over `[a, b)` in which the thread waited `waited`
+    /// for a CPU (preempted, or its CPU taken): that part is contention.
+    fn add_waiting(&mut self, a: u64, b: u64, cause: &'static str, waited: u64) {
         if b <= a {
             return;
         }
         // Back-to-back spans of one cause are one (a launch loop's 300
-        // launches a step): the truth's bookkeeping at exit, inside the
-        // recorded run, must not grow with the launches a fix takes away.
+        // launches a step; their waits for a CPU summed, spread over it):
+        // the truth's bookkeeping at exit, inside the recorded run, must
+        // not grow with the launches a fix takes away.
         match self.spans.last_mut() {
-            Some(l) if l.2 == cause && l.3 == 0 && a >= l.1 && a - l.1 < MERGE_NS => l.1 = b,
-            _ => self.spans.push((a, b, cause, 0)),
+            Some(l) if l.2 == cause && a >= l.1 && a - l.1 < MERGE_NS => {
+                l.1 = b;
+                l.3 += waited;
+            }
+            _ => self.spans.push((a, b, cause, waited)),
         }
     }
 
@@ -658,13 +668,13 @@ fn main() {
             // Fixed: the step captured as one CUDA graph.
             Bottleneck::Launch if o.fix == Some(Fix::Launch) => {
                 let (a, b) = dev.launch_graph(300, 4_000);
-                log.add(a, b, "cpu.launch");
+                log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
             }
             Bottleneck::Launch => {
                 // Many tiny kernels: each launch costs more than it runs.
                 for _ in 0..300 {
                     let (a, b) = dev.launch(4_000, launch_cost(30_000));
-                    log.add(a, b, "cpu.launch");
+                    log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
                 }
             }
             Bottleneck::Memory => {
@@ -672,13 +682,13 @@ fn main() {
                 log.add(a, b, "memory");
                 for _ in 0..4 {
                     let (a, b) = dev.launch(1_500_000, launch_cost(20_000));
-                    log.add(a, b, "cpu.launch");
+                    log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
                 }
             }
             Bottleneck::None => {
                 for _ in 0..4 {
                     let (a, b) = dev.launch(5_000_000, launch_cost(20_000));
-                    log.add(a, b, "cpu.launch");
+                    log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
                 }
                 // Stay ahead of the GPU, but not unboundedly (the launch
                 // queue fills): wait only while it is busy.
@@ -689,7 +699,7 @@ fn main() {
             _ => {
                 for _ in 0..4 {
                     let (a, b) = dev.launch(1_500_000, launch_cost(20_000));
-                    log.add(a, b, "cpu.launch");
+                    log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
                 }
             }
         }
