@@ -192,6 +192,7 @@ def main():
     waits = []  # the trainer inside next(DataLoader)
     delays = []  # (start, end, ns waiting for a CPU) outside it
     hosts = []  # (start, end, ns waiting for a CPU, behind sync, stolen) of its own host work
+    launches = []  # (start, end, ns waiting for a CPU) of each step's launches
     kernels = []  # the simulated GPU's work
     it = iter(loader)
     def own_cpu_ns():
@@ -226,9 +227,13 @@ def main():
         # A forward and backward pass: kernels the batch feeds, then a
         # synchronize (loss.item()).
         assert batch.shape[1] == 3
+        # Launching is CPU work too: its waits for a CPU the loaders held
+        # are theirs, as the synchronize's are.
+        l0, ld0 = now(), run_delay()
         for _ in range(a.kernels):
             end = gpu.gs_simgpu_launch(a.kernel_us * 1000, 20_000)
             kernels.append((end - a.kernel_us * 1000, end))
+        launches.append((l0, now(), run_delay() - ld0))
         t1, d1 = now(), run_delay()
         gpu.gs_simgpu_synchronize()
         delays.append((t1, now(), run_delay() - d1))
@@ -280,7 +285,7 @@ def main():
     in_host = 0
     hidden = 0
     for s, e in idle:
-        for ds, de, waited, *_ in delays + hosts:
+        for ds, de, waited, *_ in delays + hosts + launches:
             overlap = max(0, min(e, de) - max(s, ds))
             held += overlap * min(waited, de - ds) // max(de - ds, 1)
         for hs, he, waited, hid, stolen in hosts:
