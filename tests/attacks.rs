@@ -64,7 +64,7 @@ impl Drop for Proc {
 /// can reach what is put there for it), the attacker's home in it, and
 /// root's files and directories for it to aim at.
 struct Lab {
-    dir: tempfile::TempDir,
+    dir: Scratch,
     uid: u32,
     home: PathBuf,
 }

@@ -104,7 +104,7 @@ fn a_process_without_cuda_gets_the_shim_and_runs_unaffected() {
     );
 }
 
-fn run_no_gpu(dir: &tempfile::TempDir) -> Value {
+fn run_no_gpu(dir: &Scratch) -> Value {
     let r = run(
         &dir.path().join("rec2"),
         &["-q", "--no-gpu"],

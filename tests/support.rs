@@ -87,13 +87,36 @@ pub fn recording_lock() -> RecordingLock {
 
 /// A scratch directory for one test, on a real filesystem (O_DIRECT needs
 /// one; /tmp may be tmpfs), removed when dropped.
-pub fn scratch(name: &str) -> tempfile::TempDir {
+pub fn scratch(name: &str) -> Scratch {
     let base = target_dir().join("test-scratch");
     std::fs::create_dir_all(&base).unwrap();
-    tempfile::Builder::new()
-        .prefix(&format!("{name}-"))
-        .tempdir_in(base)
-        .unwrap()
+    Scratch(Some(
+        tempfile::Builder::new()
+            .prefix(&format!("{name}-"))
+            .tempdir_in(base)
+            .unwrap(),
+    ))
+}
+
+/// A test's scratch directory: removed when the test passes, kept (and its
+/// path printed) when it fails, so that the recording that failed can be
+/// read again.
+pub struct Scratch(Option<tempfile::TempDir>);
+
+impl Scratch {
+    pub fn path(&self) -> &Path {
+        self.0.as_ref().expect("until dropped").path()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("kept for the failure: {}", dir.keep().display());
+            }
+        }
+    }
 }
 
 pub struct Run {

@@ -20,6 +20,15 @@ commands:
          (pread, K KiB, scattered over a page-cached 64 MiB file) per batch,
          decode them (P hashing passes), and hand a digest over a pipe to a
          consumer that computes a step on each of B batches
+  relay  --chunks N --read-kib K --decode-passes P --dir D [--cpu C]
+         a switch-heavy pipeline: a reader process reads a page-cached
+         file in K KiB chunks and hands each over a pipe (one chunk deep)
+         to a decoder process, which hashes it (P passes) and hands an
+         8-byte digest over a second pipe to the consumer: three processes
+         that block and wake each other for every chunk; all three pinned
+         to CPU C when given (every hand-over a context switch, and runs
+         that repeat: unpinned, where the scheduler puts them moves the
+         wall time by a fifth from one run to the next)
   cpu    --threads N --iters M
          CPU-bound: N threads hashing M rounds each, no syscalls
   events --threads N --secs S --rate R [--cpu C] [--nice N]
@@ -68,27 +77,153 @@ fn compute(rounds: u64, seed: u64) -> u64 {
     std::hint::black_box(h)
 }
 
+const FILE_LEN: u64 = 64 << 20;
+
+/// A 64 MiB file in `--dir`, read once so that runs compare CPU work, not
+/// the disk.
+fn cached_file(a: &Args, name: &str) -> std::path::PathBuf {
+    let path = a
+        .dir()
+        .join(format!("gs-bench-{name}-{}.dat", std::process::id()));
+    let mut f = File::create(&path).unwrap_or_else(|e| die(&format!("{}: {e}", path.display())));
+    let block: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(31) % 251) as u8)
+        .collect();
+    for _ in 0..FILE_LEN >> 20 {
+        f.write_all(&block).unwrap();
+    }
+    drop(f);
+    let _ = std::fs::read(&path);
+    path
+}
+
+/// A pipe that holds at most `len` bytes (the kernel rounds up to a page):
+/// its writer blocks until the reader has taken what it wrote.
+fn short_pipe(len: usize) -> [i32; 2] {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a 2-element array; F_SETPIPE_SZ on a pipe we own.
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::fcntl(fds[1], libc::F_SETPIPE_SZ, len as libc::c_int);
+    }
+    fds
+}
+
+/// Reads exactly `buf.len()` bytes from `fd`; false at its end.
+fn read_full(fd: i32, buf: &mut [u8]) -> bool {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the live rest of `buf`.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        if n <= 0 {
+            return false;
+        }
+        got += n as usize;
+    }
+    true
+}
+
+/// Writes all of `buf` to `fd`.
+fn write_full(fd: i32, buf: &[u8]) {
+    let mut put = 0;
+    while put < buf.len() {
+        // SAFETY: writing from the live rest of `buf`.
+        let n = unsafe { libc::write(fd, buf[put..].as_ptr().cast(), buf.len() - put) };
+        if n <= 0 {
+            die("a pipe closed");
+        }
+        put += n as usize;
+    }
+}
+
+/// In a child process: `f`, then exit.
+fn fork_child(f: impl FnOnce()) -> i32 {
+    // SAFETY: the child only computes, does file and pipe I/O and exits.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    if child == 0 {
+        f();
+        std::process::exit(0);
+    }
+    child
+}
+
+fn cmd_relay(a: &Args) {
+    let chunks = a.num("chunks", 100_000);
+    let len = (a.num("read-kib", 4) << 10) as usize;
+    let passes = a.num("decode-passes", 2);
+    let path = cached_file(a, "relay");
+    // Inherited by the children forked below.
+    pin(a.get("cpu").map(|_| a.num("cpu", 0)));
+    let start = Instant::now();
+    let raw = short_pipe(len);
+    let digests = short_pipe(8);
+    let reader = fork_child(|| {
+        // SAFETY: closing the ends this process does not use.
+        unsafe {
+            libc::close(raw[0]);
+            libc::close(digests[0]);
+            libc::close(digests[1]);
+        }
+        let f = File::open(&path).unwrap();
+        let mut buf = vec![0u8; len];
+        for c in 0..chunks {
+            let off = (c * len as u64) % (FILE_LEN - len as u64);
+            f.read_exact_at(&mut buf, off).unwrap();
+            write_full(raw[1], &buf);
+        }
+    });
+    let decoder = fork_child(|| {
+        // SAFETY: as above.
+        unsafe {
+            libc::close(raw[1]);
+            libc::close(digests[0]);
+        }
+        let mut buf = vec![0u8; len];
+        while read_full(raw[0], &mut buf) {
+            let mut h = 0;
+            for _ in 0..passes {
+                h = hash_bytes(h, &buf);
+            }
+            write_full(digests[1], &h.to_le_bytes());
+        }
+    });
+    // SAFETY: closing the ends the children own.
+    unsafe {
+        libc::close(raw[0]);
+        libc::close(raw[1]);
+        libc::close(digests[1]);
+    }
+    let mut acc = 0u64;
+    let mut d = [0u8; 8];
+    let mut n = 0;
+    while read_full(digests[0], &mut d) {
+        acc = compute(500, acc ^ u64::from_le_bytes(d));
+        n += 1;
+    }
+    for c in [reader, decoder] {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(c, &mut status, 0) };
+    }
+    if n != chunks {
+        die(&format!("{n} digests of {chunks} chunks"));
+    }
+    std::hint::black_box(acc);
+    let wall = start.elapsed();
+    let _ = std::fs::remove_file(&path);
+    finish(a, wall.as_nanos() as u64);
+}
+
 fn cmd_input(a: &Args) {
     let workers = a.num("workers", 4);
     let batches = a.num("batches", 2000);
     let reads = a.num("reads", 64);
     let read_len = (a.num("read-kib", 4) << 10) as usize;
     let passes = a.num("decode-passes", 8);
-    let dir = a.dir();
-    let path = dir.join(format!("gs-bench-input-{}.dat", std::process::id()));
-    const FILE_LEN: u64 = 64 << 20;
-    {
-        let mut f =
-            File::create(&path).unwrap_or_else(|e| die(&format!("{}: {e}", path.display())));
-        let block: Vec<u8> = (0..1u32 << 20)
-            .map(|i| (i.wrapping_mul(31) % 251) as u8)
-            .collect();
-        for _ in 0..FILE_LEN >> 20 {
-            f.write_all(&block).unwrap();
-        }
-    }
-    // Warm the page cache so runs compare CPU work, not the disk.
-    let _ = std::fs::read(&path);
+    let path = cached_file(a, "input");
 
     let start = Instant::now();
     let mut readers = Vec::new();
@@ -312,6 +447,7 @@ fn main() {
     let a = Args::parse("gs-bench");
     match a.cmd.as_str() {
         "input" => cmd_input(&a),
+        "relay" => cmd_relay(&a),
         "cpu" => cmd_cpu(&a),
         "events" => cmd_events(&a),
         "syscalls" => cmd_syscalls(&a),

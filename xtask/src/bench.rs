@@ -484,10 +484,49 @@ struct OverheadCase {
     /// Judged against bpftrace too: a case of syscalls, which is all
     /// bpftrace's program hooks (it samples nothing).
     versus_bpftrace: bool,
+    /// Also measured with each part of the recording turned off alone, and
+    /// with each BPF program's own run time: where the cost goes.
+    parts: bool,
+    /// Rounds at least (each one bare run and one under each profiler).
+    min_rounds: usize,
+}
+
+/// The recording with one part of it off, as a peer: what that part costs.
+fn gapscope_without_offcpu_stacks(b: &Bench, round: usize, cmd: &[String]) -> Result<Times> {
+    let rec = format!("rec-nostacks-{round}");
+    timed(b, under_gapscope(b, &["--no-offcpu-stacks"], rec, cmd))
+}
+
+fn gapscope_without_samples(b: &Bench, round: usize, cmd: &[String]) -> Result<Times> {
+    let rec = format!("rec-nosamples-{round}");
+    timed(b, under_gapscope(b, &["--freq", "0"], rec, cmd))
+}
+
+/// Each BPF program of one default recording of `cmd`: its runs, the time
+/// they took per run and in all, against the bare run's CPU time `bare_cpu`
+/// (ns), most costly first.
+fn program_shares(b: &Bench, cmd: &[String], bare_cpu: f64) -> Result<String> {
+    let costs = program_costs(under_gapscope(b, &[], "rec-programs".into(), cmd))?;
+    let mut v: Vec<(String, (u64, u64))> = costs
+        .into_iter()
+        .filter(|(name, (_, runs))| name.starts_with("gs_") && *runs > 0)
+        .collect();
+    v.sort_by_key(|(_, (ns, _))| std::cmp::Reverse(*ns));
+    Ok(v.iter()
+        .map(|(name, (ns, runs))| {
+            format!(
+                "{name} {:.1}k runs × {:.0} ns = {:.2}%",
+                *runs as f64 / 1e3,
+                *ns as f64 / *runs as f64,
+                *ns as f64 / bare_cpu * 100.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", "))
 }
 
 fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
-    let peers = peers(b);
+    let all_peers = peers(b);
     let dir = b.dir.to_str().unwrap().to_string();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let cases = [
@@ -510,12 +549,39 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             ]),
             target: 1.01,
             versus_bpftrace: true,
+            parts: false,
+            min_rounds: 0,
+        },
+        // Three processes that block and wake each other for every 4 KiB
+        // chunk: the scheduler tracepoints and the blocked-time stacks at
+        // their most frequent.
+        OverheadCase {
+            name: "switch-heavy pipeline",
+            args: s(&[
+                "relay",
+                "--chunks",
+                "50000",
+                "--read-kib",
+                "4",
+                "--decode-passes",
+                "2",
+                "--cpu",
+                "1",
+                "--dir",
+                &dir,
+            ]),
+            target: 1.01,
+            versus_bpftrace: true,
+            parts: true,
+            min_rounds: 9,
         },
         OverheadCase {
             name: "CPU-bound",
             args: s(&["cpu", "--threads", "2", "--iters", "800000000"]),
             target: 1.02,
             versus_bpftrace: false,
+            parts: false,
+            min_rounds: 0,
         },
         OverheadCase {
             name: "syscall storm",
@@ -536,13 +602,32 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             ]),
             target: 1.03,
             versus_bpftrace: true,
+            parts: false,
+            min_rounds: 0,
         },
     ];
-    for case in cases {
-        eprintln!(
-            "xtask: bench: overhead, {} ({} rounds)",
-            case.name, b.rounds
-        );
+    // GAPSCOPE_BENCH_CASE=TEXT: only the overhead cases whose name has it.
+    let only = std::env::var("GAPSCOPE_BENCH_CASE").ok();
+    for case in cases
+        .into_iter()
+        .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
+    {
+        let rounds = b.rounds.max(case.min_rounds);
+        let mut peers: Vec<&Profiler> = all_peers.iter().collect();
+        let parts = [
+            Profiler {
+                name: "gapscope --no-offcpu-stacks",
+                run: gapscope_without_offcpu_stacks,
+            },
+            Profiler {
+                name: "gapscope --freq 0",
+                run: gapscope_without_samples,
+            },
+        ];
+        if case.parts {
+            peers.extend(&parts);
+        }
+        eprintln!("xtask: bench: overhead, {} ({rounds} rounds)", case.name);
         let mut cmd = vec![b.bin("gs-bench").to_str().unwrap().to_string()];
         cmd.extend(case.args.clone());
         cmd.push("--time-file".into());
@@ -550,7 +635,7 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
         let mut cpu_ratio = Vec::new();
         let (mut bare_walls, mut bare_cpu) = (Vec::new(), Vec::new());
-        for round in 0..b.rounds {
+        for round in 0..rounds {
             // Alternate: bare, then each profiler, each against that bare
             // run; the order of the profilers rotates between rounds.
             let (bw, bc) = timed(b, bare(b, round, &cmd))?;
@@ -565,14 +650,14 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
                 }
             }
         }
-        let rec = report_json(b, &b.dir.join(format!("rec-{}", b.rounds - 1)))?;
+        let rec = report_json(b, &b.dir.join(format!("rec-{}", rounds - 1)))?;
         let session = &rec["session"];
         let own_cpu = session["collector_cpu_ns"].as_f64().unwrap_or(0.0);
         let own_rss = session["collector_peak_rss_bytes"].as_f64().unwrap_or(0.0);
         let duration = session["duration_ns"].as_f64().unwrap_or(1.0);
         // The default records no syscall one by one: count them where
         // every one was (the same work, so the same number).
-        let all = report_json(b, &b.dir.join(format!("rec-all-{}", b.rounds - 1)))?;
+        let all = report_json(b, &b.dir.join(format!("rec-all-{}", rounds - 1)))?;
         let all_duration = all["session"]["duration_ns"].as_f64().unwrap_or(1.0);
         let syscalls: f64 = all["threads"]
             .as_array()
@@ -602,7 +687,7 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         // The job's own CPU time, BPF programs included (they run in its
         // context).
         let cpu = median(cpu_ratio);
-        let measured = format!(
+        let mut measured = format!(
             "{gs:.3}× wall, {cpu:.3}× job CPU ({}; noise ±{:.1}%: bare runs' spread or the placebo's distance from 1) · {:.0}k syscalls/s · gapscope itself {:.1} ms CPU ({:.2}% of one CPU), {:.0} MiB peak",
             others.join(", "),
             noise * 100.0,
@@ -611,6 +696,14 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             own_cpu / duration * 100.0,
             own_rss / (1 << 20) as f64,
         );
+        if case.parts {
+            // The kernel's own count of each program's runs and their time
+            // (bpf_stats_enabled), against the job's bare CPU time.
+            match program_shares(b, &cmd, median(bare_cpu.clone())) {
+                Ok(p) => measured.push_str(&format!(" · BPF programs, of the bare job's CPU: {p}")),
+                Err(e) => eprintln!("xtask: bench: the BPF programs' own costs: {e:#}"),
+            }
+        }
         // Below bpftrace's figure in the same run, where it ran and the
         // case is one it is a peer in.
         let bpftrace = peers
@@ -638,7 +731,7 @@ fn overhead(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
             Verdict::Met
         };
         rows.push(Row {
-            case: format!("overhead: {} (median of {})", case.name, b.rounds),
+            case: format!("overhead: {} (median of {rounds})", case.name),
             measured,
             target,
             verdict,
