@@ -1247,6 +1247,31 @@ mod tests {
         assert!((after / before - 1.0).abs() < 1e-9, "{after} vs {before}");
     }
 
+    /// A run of which only the pool's pace is asked.
+    fn pool_only(
+        pool: Pool,
+        account: &Account,
+        spare_cpus: f64,
+        idle_cpus: f64,
+        group_cpus: f64,
+    ) -> Run<'_> {
+        Run {
+            window: (0, 0),
+            busy: &[],
+            feeder: FEEDER,
+            account,
+            calls: &[],
+            work: Issued {
+                mine: Vec::new(),
+                others: Vec::new(),
+            },
+            pool,
+            spare_cpus,
+            idle_cpus,
+            group_cpus,
+        }
+    }
+
     /// One worker that got 0.95 of a CPU (the rest of its working time it
     /// waited for one), and 0.75 of a CPU idle beside it: a second worker
     /// makes the pool compute on 1.7 CPUs, not on 1.75 as if the first had
@@ -1262,21 +1287,8 @@ mod tests {
             ..Pool::default()
         };
         let account = Account::default();
-        let run = |idle_cpus: f64, spare_cpus: f64| Run {
-            window: (0, 0),
-            busy: &[],
-            feeder: FEEDER,
-            account: &account,
-            calls: &[],
-            work: Issued {
-                mine: Vec::new(),
-                others: Vec::new(),
-            },
-            pool,
-            spare_cpus,
-            idle_cpus,
-            group_cpus: 0.0,
-        };
+        let run =
+            |idle_cpus: f64, spare_cpus: f64| pool_only(pool, &account, spare_cpus, idle_cpus, 0.0);
         let more = Plan {
             add_workers: 1,
             ..Plan::default()
@@ -1308,21 +1320,7 @@ mod tests {
             ..Pool::default()
         };
         let account = Account::default();
-        let run = |group_cpus: f64| Run {
-            window: (0, 0),
-            busy: &[],
-            feeder: FEEDER,
-            account: &account,
-            calls: &[],
-            work: Issued {
-                mine: Vec::new(),
-                others: Vec::new(),
-            },
-            pool,
-            spare_cpus: 2.0,
-            idle_cpus: 0.0,
-            group_cpus,
-        };
+        let run = |group_cpus: f64| pool_only(pool, &account, 2.0, 0.0, group_cpus);
         let more = Plan {
             add_workers: 2,
             ..Plan::default()
