@@ -138,7 +138,8 @@ fn write_full(fd: i32, buf: &[u8]) {
 
 /// In a child process: `f`, then exit.
 fn fork_child(f: impl FnOnce()) -> i32 {
-    // SAFETY: the child only computes, does file and pipe I/O and exits.
+    // SAFETY: every caller's child only computes, does file and pipe I/O
+    // and exits.
     let child = unsafe { libc::fork() };
     if child < 0 {
         die("fork failed");
@@ -148,6 +149,15 @@ fn fork_child(f: impl FnOnce()) -> i32 {
         std::process::exit(0);
     }
     child
+}
+
+/// Waits for each of our `children` to end.
+fn reap(children: impl IntoIterator<Item = i32>) {
+    for c in children {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(c, &mut status, 0) };
+    }
 }
 
 fn cmd_relay(a: &Args) {
@@ -203,11 +213,7 @@ fn cmd_relay(a: &Args) {
         acc = compute(500, acc ^ u64::from_le_bytes(d));
         n += 1;
     }
-    for c in [reader, decoder] {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(c, &mut status, 0) };
-    }
+    reap([reader, decoder]);
     if n != chunks {
         die(&format!("{n} digests of {chunks} chunks"));
     }
@@ -232,12 +238,7 @@ fn cmd_input(a: &Args) {
         let mut fds = [0; 2];
         // SAFETY: fds is a 2-element array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: the child only computes, does file I/O and exits.
-        let child = unsafe { libc::fork() };
-        if child < 0 {
-            die("fork failed");
-        }
-        if child == 0 {
+        let child = fork_child(|| {
             // SAFETY: closing the read end we do not use.
             unsafe { libc::close(fds[0]) };
             let f = File::open(&path).unwrap();
@@ -259,8 +260,7 @@ fn cmd_input(a: &Args) {
                 // SAFETY: writing 8 bytes from a live buffer to our pipe.
                 unsafe { libc::write(fds[1], d.as_ptr().cast(), 8) };
             }
-            std::process::exit(0);
-        }
+        });
         // SAFETY: closing the write end the child owns.
         unsafe { libc::close(fds[1]) };
         readers.push(fds[0]);
@@ -276,11 +276,7 @@ fn cmd_input(a: &Args) {
         }
         acc = compute(20_000, acc ^ u64::from_le_bytes(d));
     }
-    for c in children {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(c, &mut status, 0) };
-    }
+    reap(children);
     std::hint::black_box(acc);
     let wall = start.elapsed();
     let _ = std::fs::remove_file(&path);
