@@ -289,13 +289,19 @@ impl SimDevice {
         (a, b)
     }
 
-    /// A collective (NCCL's all-reduce) and the synchronize after it, as
-    /// one rank of several sees them: the kernel starts when the stream
-    /// reaches it and ends `xfer_ns` after the last rank's has started —
-    /// `meet` is told this rank's start and blocks until it knows the last
-    /// one (the host waits inside cudaStreamSynchronize, as it would for
-    /// `loss.item()` behind the all-reduce). Returns the kernel's span.
-    pub fn all_reduce(&mut self, xfer_ns: u64, meet: impl FnOnce(u64) -> u64) -> (u64, u64) {
+    /// A collective (NCCL's all-reduce) and, with `synchronize`, the
+    /// synchronize after it, as one rank of several sees them: the kernel
+    /// starts when the stream reaches it and ends `xfer_ns` after the last
+    /// rank's has started — `meet` is told this rank's start and blocks
+    /// until it knows the last one (the host then waits inside
+    /// cudaStreamSynchronize, as it would for `loss.item()` behind the
+    /// all-reduce). Returns the kernel's span.
+    pub fn all_reduce(
+        &mut self,
+        xfer_ns: u64,
+        synchronize: bool,
+        meet: impl FnOnce(u64) -> u64,
+    ) -> (u64, u64) {
         let a = now();
         let corr = self.api(211, a, now());
         let start = now().max(self.free_at);
@@ -308,7 +314,9 @@ impl SimDevice {
             corr,
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
         );
-        self.synchronize_from(synchronizing);
+        if synchronize {
+            self.synchronize_from(synchronizing);
+        }
         (start, end)
     }
 

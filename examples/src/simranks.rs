@@ -7,8 +7,10 @@
 //!
 //! Ground truth, written as JSON to --truth: for every rank, how long the
 //! others waited for it at all-reduces (the last rank's start less each
-//! other rank's, summed over the steps it came last) and how often it came
-//! last. Every rank knows every rank's start, so each writes the whole.
+//! other rank's, summed over the steps it came last), how often it came
+//! last, and how long its own all-reduces waited for the last rank's start
+//! (`waited_ns`). Every rank knows every rank's start, so each writes the
+//! whole.
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixDatagram;
@@ -22,9 +24,10 @@ const USAGE: &str = "\
 simranks: one rank of a data-parallel job on a SIMULATED GPU
 
 usage: simranks --rank R --world W --dir DIR [--steps N] [--compute-ms C]
-                [--late-ms L] [--truth FILE]
+                [--late-ms L] [--truth FILE] [--fix sync]
 
-  Rank R listens on DIR/rank-R.sock and meets the others there.";
+  Rank R listens on DIR/rank-R.sock and meets the others there.
+  --fix sync: no synchronize after each all-reduce (one at the end).";
 
 const HELLO: u64 = u64::MAX;
 
@@ -156,6 +159,13 @@ fn main() {
     let steps = num("--steps", Some(40));
     let compute = num("--compute-ms", Some(4)) * 1_000_000;
     let late = num("--late-ms", Some(0)) * 1_000_000;
+    let no_sync = match get("--fix") {
+        None => false,
+        Some("sync") => true,
+        Some(other) => die(&format!(
+            "--fix: only sync can be fixed, not {other}\n\n{USAGE}"
+        )),
+    };
     if world < 2 || rank >= world {
         die(&format!(
             "--rank must be below --world, which must be 2 or more\n\n{USAGE}"
@@ -178,6 +188,7 @@ fn main() {
     peers.barrier();
     let mut waited_for = vec![0u64; world as usize];
     let mut last_at = vec![0u64; world as usize];
+    let mut waited = vec![0u64; world as usize];
     for step in 0..steps {
         // This rank's host work before it can launch (what makes a rank
         // late: its input, its CPU), then forward and backward.
@@ -185,7 +196,7 @@ fn main() {
         dev.launch(compute / 2, 20_000);
         dev.launch(compute / 2, 20_000);
         let mut all = Vec::new();
-        dev.all_reduce(300_000, |start| {
+        dev.all_reduce(300_000, !no_sync, |start| {
             all = peers.meet(step, start);
             all.iter().map(|x| x.1).max().unwrap_or(start)
         });
@@ -193,14 +204,20 @@ fn main() {
         let (last_rank, last) = all.iter().copied().max_by_key(|x| x.1).unwrap();
         waited_for[last_rank as usize] += all.iter().map(|x| last - x.1).sum::<u64>();
         last_at[last_rank as usize] += 1;
+        for &(r, start) in &all {
+            waited[r as usize] += last - start;
+        }
+    }
+    if no_sync {
+        dev.synchronize();
     }
     dev.goodbye();
     if let Some(path) = get("--truth") {
         let ranks: Vec<String> = (0..world as usize)
             .map(|r| {
                 format!(
-                    "{{\"rank\": {r}, \"waited_for_ns\": {}, \"last_at\": {}}}",
-                    waited_for[r], last_at[r]
+                    "{{\"rank\": {r}, \"waited_for_ns\": {}, \"last_at\": {}, \"waited_ns\": {}}}",
+                    waited_for[r], last_at[r], waited[r]
                 )
             })
             .collect();

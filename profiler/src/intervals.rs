@@ -1,6 +1,9 @@
 //! Interval arithmetic on one clock: the union of possibly overlapping spans
 //! (GPU work across streams) and the holes between them.
 
+/// Disjoint spans `(start, end)`, sorted.
+pub type Spans = Vec<(u64, u64)>;
+
 /// Merges `spans` (any order, any overlap) into sorted, disjoint spans.
 /// Touching spans merge; empty spans contribute nothing.
 pub fn union(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
@@ -35,6 +38,58 @@ pub fn clip(spans: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// How much of `[a, b)` disjoint sorted spans cover.
+pub fn within(spans: &[(u64, u64)], a: u64, b: u64) -> u64 {
+    let i = spans.partition_point(|x| x.1 <= a);
+    spans[i..]
+        .iter()
+        .take_while(|x| x.0 < b)
+        .map(|x| x.1.min(b) - x.0.max(a))
+        .sum()
+}
+
+/// The parts of disjoint sorted spans `a` that disjoint sorted spans `b`
+/// also cover.
+pub fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if e > s {
+            out.push((s, e));
+        }
+        // The span that ends first can meet nothing further on.
+        if a[i].1 <= b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// The parts of disjoint sorted spans `a` that `b` does not cover.
+pub fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &(mut s, e) in a {
+        while j < b.len() && b[j].1 <= s {
+            j += 1;
+        }
+        let mut k = j;
+        while k < b.len() && b[k].0 < e {
+            if b[k].0 > s {
+                out.push((s, b[k].0));
+            }
+            s = s.max(b[k].1);
+            k += 1;
+        }
+        if e > s {
+            out.push((s, e));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +113,22 @@ mod tests {
         assert_eq!(clip(&u, 10, 50), vec![(10, 30), (45, 50)]);
         assert!(union(vec![]).is_empty());
         assert!(holes(&[(0, 1)]).is_empty());
+    }
+
+    #[test]
+    fn intersect_and_minus_split_a_span_by_another_set() {
+        let a = [(0, 10), (20, 30), (40, 50)];
+        let b = [(5, 25), (28, 29), (45, 60)];
+        assert_eq!(
+            intersect(&a, &b),
+            vec![(5, 10), (20, 25), (28, 29), (45, 50)]
+        );
+        assert_eq!(minus(&a, &b), vec![(0, 5), (25, 28), (29, 30), (40, 45)]);
+        // What is taken and what is left make the whole.
+        assert_eq!(total(&intersect(&a, &b)) + total(&minus(&a, &b)), total(&a));
+        assert_eq!(minus(&a, &[]), a.to_vec());
+        assert!(intersect(&a, &[]).is_empty());
+        assert!(minus(&[(0, 10)], &[(0, 10)]).is_empty());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use gapscope_wire::GpuRecord;
 
 use crate::analyze::gpu::is_communication_kernel;
-use crate::timeline::gpu::GpuSide;
+use crate::timeline::gpu::{Device, GpuSide};
 
 /// The collectives' ends are matched only when, after the shift, they
 /// agree this closely (median distance from the median offset); clocks
@@ -47,27 +47,63 @@ pub struct Placement {
     pub waited_for_ns: u64,
     /// Collectives it started last.
     pub last_at: usize,
+    /// At matched collectives: the time its own kernel ran before the last
+    /// rank's had started, on its own monotonic clock — waiting for peers,
+    /// no data moved (a collective cannot progress until every rank is in).
+    pub waiting: Vec<(u64, u64)>,
+    /// Its matched collectives: `(start, n)`, its own kernel's start and
+    /// the reference's index of the collective, the same on every rank.
+    pub met: Vec<(u64, usize)>,
 }
 
-/// A session's collectives: the NCCL kernels of its GPU that ran most of
-/// them (a node's GPUs run the same ones), in order.
-pub fn collectives(side: &GpuSide) -> Vec<(u64, u64)> {
-    let mut best: Vec<(u64, u64)> = side
+/// The GPU of a session whose collectives stand for the session's: the
+/// one that ran most of them (a node's GPUs run the same ones).
+pub fn busiest(side: &GpuSide) -> Option<&Device> {
+    side.devices.iter().max_by_key(|d| collectives_of(d).len())
+}
+
+/// One GPU's collectives: its NCCL kernels, `(start, end)`, in order.
+pub fn collectives_of(device: &Device) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = device
+        .work
+        .iter()
+        .filter(|w| {
+            matches!(&w.record, GpuRecord::Kernel { name, .. } if is_communication_kernel(name))
+        })
+        .map(|w| w.span())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The GPUs of one recording that meet in collectives (several ranks'
+/// GPUs on one node, or one process driving several), on their one clock,
+/// by device index. Nothing for any GPU when fewer than two ran any.
+pub fn waits_within(side: &GpuSide) -> Vec<Placement> {
+    let mut out = vec![Placement::default(); side.devices.len()];
+    // One clock: no header offsets to start from.
+    let (meeting, ranks): (Vec<usize>, Vec<RankClock>) = side
         .devices
         .iter()
-        .map(|d| {
-            d.work
-                .iter()
-                .filter(|w| {
-                    matches!(&w.record, GpuRecord::Kernel { name, .. } if is_communication_kernel(name))
-                })
-                .map(|w| w.span())
-                .collect::<Vec<_>>()
+        .enumerate()
+        .map(|(i, d)| {
+            let collectives = collectives_of(d);
+            let clock = RankClock {
+                start_ns: 0,
+                start_unix_ns: 0,
+                collectives,
+            };
+            (i, clock)
         })
-        .max_by_key(Vec::len)
-        .unwrap_or_default();
-    best.sort_unstable();
-    best
+        .filter(|(_, r)| !r.collectives.is_empty())
+        .unzip();
+    if ranks.len() < 2 {
+        return out;
+    }
+    for (i, p) in meeting.into_iter().zip(align(&ranks)) {
+        out[i] = p;
+    }
+    out
 }
 
 /// Places every rank on the job's clock.
@@ -133,22 +169,46 @@ pub fn align(ranks: &[RankClock]) -> Vec<Placement> {
     // Each of the reference's collectives that every rank ran too: who
     // started it last, and how long the others waited.
     for n in 0..r_ends.len() as i64 {
-        let starts: Option<Vec<(usize, i128)>> = shift
+        let starts: Option<Vec<Arrival>> = shift
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                let k = usize::try_from(n - s).ok()?;
-                Some((i, wall(i, ranks[i].collectives.get(k)?.0, &out)))
+                let own = *ranks[i].collectives.get(usize::try_from(n - s).ok()?)?;
+                Some(Arrival {
+                    rank: i,
+                    own,
+                    at: wall(i, own.0, &out),
+                })
             })
             .collect();
         let Some(starts) = starts else { continue };
-        let Some(&(last, at)) = starts.iter().max_by_key(|x| x.1) else {
+        let Some(&Arrival { rank: last, at, .. }) = starts.iter().max_by_key(|x| x.at) else {
             continue;
         };
         out[last].last_at += 1;
-        out[last].waited_for_ns += starts.iter().map(|x| (at - x.1) as u64).sum::<u64>();
+        out[last].waited_for_ns += starts.iter().map(|x| (at - x.at) as u64).sum::<u64>();
+        for &Arrival {
+            rank: i,
+            own: (from, to),
+            at: start,
+        } in &starts
+        {
+            out[i].met.push((from, n as usize));
+            let until = from.saturating_add((at - start) as u64).min(to);
+            if until > from {
+                out[i].waiting.push((from, until));
+            }
+        }
     }
     out
+}
+
+/// A rank at one collective: its kernel on its own clock, and its start
+/// on the aligned clock.
+struct Arrival {
+    rank: usize,
+    own: (u64, u64),
+    at: i128,
 }
 
 /// The reference's end less the rank's, for each of the rank's
@@ -227,6 +287,20 @@ mod tests {
         assert_eq!(p[2].last_at, 20);
         assert_eq!(p[2].waited_for_ns, 20 * (2 * MS + 2 * MS + 300_000));
         assert_eq!((p[0].waited_for_ns, p[1].waited_for_ns), (0, 0));
+        // Each rank's own kernels waited for rank 2's start: rank 0's 2 ms,
+        // rank 1's 2.3 ms, rank 2's not at all; on their own clocks.
+        let waited = |r: usize| crate::intervals::total(&p[r].waiting);
+        assert_eq!(
+            (waited(0), waited(1), waited(2)),
+            (20 * 2 * MS, 20 * (2 * MS + 300_000), 0)
+        );
+        assert_eq!(
+            p[1].waiting[0],
+            (
+                ranks[1].collectives[0].0,
+                ranks[1].collectives[0].0 + 2 * MS + 300_000
+            )
+        );
     }
 
     fn p_end(r: &RankClock, p: &Placement) -> i128 {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use gapscope_wire::GpuRecord;
 
-use crate::intervals::{clip, holes, total, union};
+use crate::intervals::{clip, holes, intersect, minus, total, union, within, Spans};
+use crate::timeline::gpu::Device;
 use crate::timeline::GpuSide;
 
 /// Gaps strictly longer than these, in ns (the report's contract).
@@ -43,6 +44,10 @@ pub struct BusyByKind {
     pub compute: u64,
     pub communication: u64,
     pub memory: u64,
+    /// Of `communication`: its collectives waiting for the last GPU to
+    /// start its own, where those GPUs are in the recording — time a
+    /// collective cannot progress, not productive work.
+    pub communication_waiting: u64,
 }
 
 /// A kernel of a collective-communication library (NCCL names all of its
@@ -65,6 +70,13 @@ pub struct GpuTimeline {
     /// Disjoint busy spans inside the window.
     pub busy: Vec<(u64, u64)>,
     pub busy_by_kind: BusyByKind,
+    /// Its collectives waiting for the last GPU of the recording to start
+    /// its own (disjoint, sorted, not clipped): what the other ranks
+    /// arriving on time would take out.
+    pub waiting: Vec<(u64, u64)>,
+    /// Its collectives matched with every other GPU's of the recording:
+    /// `(start, n)`, n counting them alike on every GPU; sorted.
+    pub met: Vec<(u64, usize)>,
     pub kernels: OpStats,
     /// Copies by direction name ("HtoD pageable", ...).
     pub copies: BTreeMap<String, OpStats>,
@@ -78,12 +90,7 @@ impl GpuTimeline {
 
     /// Busy time inside `[a, b)`.
     pub fn busy_within(&self, a: u64, b: u64) -> u64 {
-        let i = self.busy.partition_point(|x| x.1 <= a);
-        self.busy[i..]
-            .iter()
-            .take_while(|x| x.0 < b)
-            .map(|x| x.1.min(b) - x.0.max(a))
-            .sum()
+        within(&self.busy, a, b)
     }
 
     pub fn first_activity(&self) -> Option<u64> {
@@ -125,9 +132,11 @@ impl GpuTimeline {
 /// Accounts each GPU of the timeline, clipped to the window `[start, end)`,
 /// in the timeline's device order.
 pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
+    let waits = crate::analyze::align::waits_within(side);
     side.devices
         .iter()
-        .map(|d| {
+        .zip(waits)
+        .map(|(d, placed)| {
             let mut tl = GpuTimeline {
                 device: d.id,
                 name: d.name.clone(),
@@ -136,23 +145,12 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
                 pids: d.pids.clone(),
                 ..Default::default()
             };
-            // Its activity: all of it, its compute kernels, its
-            // communication kernels.
             let mut all = Vec::with_capacity(d.work.len());
-            let mut compute = Vec::new();
-            let mut communication = Vec::new();
             for w in &d.work {
                 let (s, e) = w.span();
                 all.push((s, e));
                 match &w.record {
-                    GpuRecord::Kernel { name, .. } => {
-                        tl.kernels.add(s, e, 0);
-                        if is_communication_kernel(name) {
-                            communication.push((s, e));
-                        } else {
-                            compute.push((s, e));
-                        }
-                    }
+                    GpuRecord::Kernel { .. } => tl.kernels.add(s, e, 0),
                     GpuRecord::Memcpy {
                         bytes,
                         copy_kind,
@@ -177,20 +175,47 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
                     _ => {}
                 }
             }
-            let busy_of = |v: Vec<(u64, u64)>| clip(&union(v), start, end);
-            let mut kernels = busy_of(compute);
-            let compute = total(&kernels);
-            kernels.extend(busy_of(communication));
-            let kernels = total(&union(kernels));
-            tl.busy = busy_of(all);
+            tl.waiting = union(placed.waiting);
+            tl.met = placed.met;
+            let (compute, alone) = compute_and_communication_alone(d);
+            let (compute, alone) = (clip(&compute, start, end), clip(&alone, start, end));
+            let (compute, communication) = (total(&compute), total(&alone));
+            tl.busy = clip(&union(all), start, end);
             tl.busy_by_kind = BusyByKind {
                 compute,
-                communication: kernels - compute,
-                memory: total(&tl.busy) - kernels,
+                communication,
+                memory: total(&tl.busy) - compute - communication,
+                // Waiting with compute beside it cost nothing.
+                communication_waiting: total(&intersect(&alone, &tl.waiting)),
             };
             tl
         })
         .collect()
+}
+
+/// A GPU's compute kernels running, and its communication kernels running
+/// with no compute beside them: disjoint sorted spans each.
+fn compute_and_communication_alone(d: &Device) -> (Spans, Spans) {
+    let (mut compute, mut communication) = (Vec::new(), Vec::new());
+    for w in &d.work {
+        if let GpuRecord::Kernel { name, .. } = &w.record {
+            if is_communication_kernel(name) {
+                communication.push(w.span());
+            } else {
+                compute.push(w.span());
+            }
+        }
+    }
+    let compute = union(compute);
+    let alone = minus(&union(communication), &compute);
+    (compute, alone)
+}
+
+/// Of `waiting` (a GPU's collectives waiting for the other ranks), the
+/// time no compute ran beside it: what the waits cost this GPU.
+pub fn exposed_waiting(d: &Device, waiting: &[(u64, u64)]) -> u64 {
+    let (_, alone) = compute_and_communication_alone(d);
+    total(&intersect(&alone, &union(waiting.to_vec())))
 }
 
 #[cfg(test)]
@@ -328,12 +353,44 @@ mod tests {
             BusyByKind {
                 compute: 1_000,
                 communication: 500 + 400,
-                memory: 200
+                memory: 200,
+                communication_waiting: 0,
             }
         );
         let k = g.busy_by_kind;
         assert_eq!(k.compute + k.communication + k.memory, g.busy_ns());
         assert!(!is_communication_kernel("elementwise_kernel"));
+    }
+
+    /// Two GPUs of one recording meet in four all-reduces 10 µs apart;
+    /// GPU 1 reaches each 2 µs after GPU 0, whose collectives wait those
+    /// 2 µs — less the first µs of the first, hidden under a gemm.
+    #[test]
+    fn collectives_waiting_for_the_other_gpu_are_counted_where_nothing_else_ran() {
+        let named = |device, name: &str, start, end| {
+            let (pid, mut r) = kernel(device, 9, start, end);
+            if let GpuRecord::Kernel { name: n, .. } = &mut r {
+                *n = name.into();
+            }
+            (pid, r)
+        };
+        let mut gpu = vec![named(0, "sm90_xmma_gemm", 0, 2_000)];
+        for n in 0..4 {
+            let end = n * 10_000 + 5_000;
+            gpu.push(named(0, "ncclDevKernel_AllReduce", end - 4_000, end));
+            gpu.push(named(1, "ncclDevKernel_AllReduce", end - 2_000, end));
+        }
+        let tls = accounts(
+            Session {
+                gpu,
+                ..Default::default()
+            },
+            0,
+            100_000,
+        );
+        assert_eq!(tls[0].busy_by_kind.communication, 4 * 4_000 - 1_000);
+        assert_eq!(tls[0].busy_by_kind.communication_waiting, 4 * 2_000 - 1_000);
+        assert_eq!(tls[1].busy_by_kind.communication_waiting, 0);
     }
 
     #[test]

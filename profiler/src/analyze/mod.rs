@@ -14,6 +14,7 @@ pub mod code;
 pub mod diagnose;
 pub mod gpu;
 pub mod hta;
+pub mod lockstep;
 pub mod loss;
 pub mod nvml;
 mod python;

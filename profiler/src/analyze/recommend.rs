@@ -381,7 +381,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         .sum::<u64>()
         / n_gpus;
     if exposed as f64 >= MIN_SHARE * wall as f64 {
-        recs.push((exposed, communication_advice(tl, exposed, wall)));
+        recs.push((exposed, communication_advice(tl, d, exposed, wall)));
     }
     recs.sort_by(|a, b| {
         b.0.cmp(&a.0)
@@ -481,9 +481,38 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
     }
 }
 
+/// Why a rank the others waited for came late: its GPU's largest own
+/// cause of idle (waiting for others aside), as an evidence clause.
+fn late_because(h: &GpuDiagnosis) -> String {
+    // Of its idle between its first and last work.
+    let idle: u64 = h
+        .attribution
+        .by_cause
+        .iter()
+        .filter(|(c, _)| !matches!(c, Cause::Startup | Cause::Teardown))
+        .map(|x| x.1)
+        .sum();
+    let own = h
+        .attribution
+        .by_cause
+        .iter()
+        .filter(|(c, _)| c.removable() && **c != Cause::Comm)
+        .max_by_key(|x| (*x.1, std::cmp::Reverse(*x.0)));
+    match own {
+        Some((c, &n)) if n > 0 => format!(
+            "; that rank's GPU {} idled most for {} ({} of its idle): it came late because of {}, and its fix comes first",
+            h.gpu.device,
+            c.name(),
+            units::percent(n, idle),
+            c.name()
+        ),
+        _ => String::new(),
+    }
+}
+
 /// Collectives the GPUs waited in with nothing else running: the overlap of
 /// communication with compute is what to fix, or the slowest rank.
-fn communication_advice(tl: &Timeline, exposed: u64, wall: u64) -> Recommendation {
+fn communication_advice(tl: &Timeline, d: &Diagnosis, exposed: u64, wall: u64) -> Recommendation {
     let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for w in tl.gpu.devices.iter().flat_map(|d| &d.work) {
         if let GpuRecord::Kernel {
@@ -508,6 +537,29 @@ fn communication_advice(tl: &Timeline, exposed: u64, wall: u64) -> Recommendatio
     for (name, (count, ns)) in top.into_iter().take(TOP) {
         let short: String = name.chars().take(80).collect();
         evidence.push(format!("{short} ×{count} ({})", units::duration(ns)));
+    }
+    // Where the GPUs that meet are in the recording, how much of that was
+    // waiting for the last to arrive, and who arrived last (waited least).
+    let meeting: Vec<&GpuDiagnosis> = d
+        .gpus
+        .iter()
+        .filter(|g| g.gpu.busy_by_kind.communication > 0)
+        .collect();
+    let wait_of = |g: &GpuDiagnosis| g.gpu.busy_by_kind.communication_waiting;
+    let last = meeting.iter().copied().min_by_key(|g| wait_of(g));
+    if let Some(last) =
+        last.filter(|_| meeting.len() >= 2 && meeting.iter().any(|g| wait_of(g) > 0))
+    {
+        evidence.push(format!(
+            "waiting for the other GPUs to reach the collective: {}; GPU {} waited least — the others waited for it{}",
+            meeting
+                .iter()
+                .map(|g| format!("GPU {} {}", g.gpu.device, units::duration(wait_of(g))))
+                .collect::<Vec<_>>()
+                .join(", "),
+            last.gpu.device,
+            late_because(last)
+        ));
     }
     let est_speedup = wall as f64 / (wall - exposed.min(wall - 1)) as f64;
     Recommendation {
@@ -640,30 +692,7 @@ impl Evidence<'_> {
                 ));
                 continue;
             };
-            // Of its idle between its first and last work.
-            let idle: u64 = h
-                .attribution
-                .by_cause
-                .iter()
-                .filter(|(c, _)| !matches!(c, Cause::Startup | Cause::Teardown))
-                .map(|x| x.1)
-                .sum();
-            let own = h
-                .attribution
-                .by_cause
-                .iter()
-                .filter(|(c, _)| c.removable() && **c != Cause::Comm)
-                .max_by_key(|x| (*x.1, std::cmp::Reverse(*x.0)));
-            let why = match own {
-                Some((c, &n)) if n > 0 => format!(
-                    "; that rank's GPU {} idled most for {} ({} of its idle): it came late because of {}, and its fix comes first",
-                    h.gpu.device,
-                    c.name(),
-                    units::percent(n, idle),
-                    c.name()
-                ),
-                _ => String::new(),
-            };
+            let why = late_because(h);
             out.push(format!(
                 "GPU {}{waiter} waited {} in collectives for {}{why}",
                 g.gpu.device,

@@ -27,9 +27,14 @@
 //! spare). A pool that was mostly idle only adds latency: the fixed cause's
 //! part of each wait goes.
 //!
+//! GPUs of the recording whose collectives waited for each other go in
+//! lockstep: each is replayed at its own pace, its collectives without
+//! their waits for the last GPU, and the job goes at the slowest one's.
+//!
 //! Limits: one feeder per GPU (others' work keeps its place relative to
-//! it); GPUs are replayed one by one (a collective's wait for a slower rank
-//! is kept as it was); a synchronize waits for all earlier work, not only
+//! it); in lockstep, the rank that is slowest over the whole run is taken
+//! to be the last at every collective; a wait for a rank recorded
+//! elsewhere is kept as it was; a synchronize waits for all earlier work, not only
 //! its stream's; a pool's batches are assumed alike.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -37,6 +42,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::account::{Account, Moment, Who};
 use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
+use super::lockstep::Meeting;
 use crate::timeline::gpu::{ApiRole, Call, Device};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
 use gapscope_wire::record::memory_kind;
@@ -80,6 +86,8 @@ pub struct Outcome {
     /// after both (the process exiting).
     pub wall_ns: u64,
     pub busy_ns: u64,
+    /// Of it, collectives waiting for other GPUs.
+    pub waiting_ns: u64,
     /// The replayed GPU's idle time by the cause the feeder's replayed
     /// account gives it.
     pub idle: BTreeMap<Cause, u64>,
@@ -243,6 +251,10 @@ struct Item {
     /// A copy from or to pageable host memory: its call stages the data and
     /// returns once it is copied, asynchronous or not.
     pageable: bool,
+    /// Of `dur`: a collective waiting for the last GPU to start its own.
+    waiting: u64,
+    /// A collective every GPU of the recording ran: its number.
+    meet: Option<usize>,
 }
 
 /// A GPU's work as the replay issues it: the feeder's, by its launching
@@ -253,7 +265,14 @@ pub struct Issued {
 }
 
 impl Issued {
-    pub fn of(device: &Device, feeder: Tid) -> Issued {
+    /// `waiting` and `met`: the device's collectives waiting for the other
+    /// GPUs, and those matched with theirs (`GpuTimeline`'s).
+    pub fn of(
+        device: &Device,
+        feeder: Tid,
+        waiting: &[(u64, u64)],
+        met: &[(u64, usize)],
+    ) -> Issued {
         let (mut mine, mut others) = (Vec::new(), Vec::new());
         for w in &device.work {
             let (start, end) = w.span();
@@ -269,6 +288,12 @@ impl Issued {
                 dur: end.saturating_sub(start),
                 stream: w.stream(),
                 pageable,
+                waiting: crate::intervals::within(waiting, start, end),
+                meet: met
+                    .binary_search_by_key(&start, |m| m.0)
+                    .ok()
+                    .filter(|_| matches!(w.record, GpuRecord::Kernel { .. }))
+                    .map(|i| met[i].1),
             };
             match w.launch {
                 Some((t, at)) if t == feeder => mine.push(it(at)),
@@ -279,11 +304,31 @@ impl Issued {
         others.sort_by_key(|i| i.issued);
         Issued { mine, others }
     }
+
+    /// Whether any of its collectives waited for another GPU.
+    fn waited(&self) -> bool {
+        self.mine.iter().chain(&self.others).any(|i| i.waiting > 0)
+    }
+}
+
+/// How a replayed GPU's collectives meet the other GPUs'.
+#[derive(Clone, Copy, Default)]
+enum Peers<'m> {
+    /// Each waits as long as it did.
+    #[default]
+    AsRecorded,
+    /// The others are there on time: no wait.
+    OnTime,
+    /// Replayed beside them: each starts when the last GPU reaches it.
+    Met(&'m Meeting),
 }
 
 /// The replayed GPU: streams that run their work in order.
 #[derive(Default)]
-struct Gpu {
+struct Gpu<'m> {
+    peers: Peers<'m>,
+    /// Its collectives' time waiting for the other GPUs, summed.
+    waiting: u64,
     free: HashMap<u32, u64>,
     /// When everything issued so far is done.
     done: u64,
@@ -292,7 +337,7 @@ struct Gpu {
     ends: BTreeMap<u64, u64>,
 }
 
-impl Gpu {
+impl Gpu<'_> {
     fn run(&mut self, ready: u64, it: &Item) -> u64 {
         // Work that started just as other work ended waited for it (an
         // event between streams, a collective's inputs): it still does.
@@ -309,10 +354,17 @@ impl Gpu {
                 .map_or(0, |(_, &e)| e),
             false => 0,
         };
-        let free = self.free.entry(it.stream).or_default();
-        let start = ready.max(*free).max(dep);
-        let end = start + it.dur;
-        *free = end;
+        let free = self.free.get(&it.stream).copied().unwrap_or(0);
+        let start = ready.max(free).max(dep);
+        // A collective moves its data once every GPU is in.
+        let all_in = match (self.peers, it.meet) {
+            (Peers::AsRecorded, _) => start + it.waiting,
+            (Peers::OnTime, _) | (Peers::Met(_), None) => start,
+            (Peers::Met(m), Some(n)) => m.meet(n, start).max(start),
+        };
+        self.waiting += all_in - start;
+        let end = all_in + it.dur - it.waiting;
+        self.free.insert(it.stream, end);
         self.done = self.done.max(end);
         if it.dur > 0 {
             self.spans.push((start, end));
@@ -502,6 +554,20 @@ impl Run<'_> {
     }
 
     pub fn replay(&self, plan: &Plan) -> Outcome {
+        self.replay_beside(plan, Peers::AsRecorded)
+    }
+
+    fn replay_beside(&self, plan: &Plan, peers: Peers) -> Outcome {
+        /// Leaves the meeting however the replay ends.
+        struct Leave<'m>(Peers<'m>);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                if let Peers::Met(m) = self.0 {
+                    m.leave();
+                }
+            }
+        }
+        let _leave = Leave(peers);
         let (t0, t1) = self.window;
         let (first, last) = match (self.busy.first(), self.busy.last()) {
             (Some(f), Some(l)) => (f.0, l.1),
@@ -513,7 +579,10 @@ impl Run<'_> {
         let p0 = self.pool.start.clamp(t0, t1);
         let (mine, others) = (&self.work.mine, &self.work.others);
         let (mut mi, mut oi) = (0, 0);
-        let mut gpu = Gpu::default();
+        let mut gpu = Gpu {
+            peers,
+            ..Gpu::default()
+        };
         // Before the feeder began and after it ended (the process starting
         // and exiting, the recorder's last flush) nothing is replayed: those
         // stretches keep their recorded length.
@@ -733,7 +802,10 @@ impl Run<'_> {
             gpu.run(h, it);
         }
         let end = h.max(gpu.done) + tail;
-        outcome(t0, end, gpu.spans, &log)
+        Outcome {
+            waiting_ns: gpu.waiting,
+            ..outcome(t0, end, gpu.spans, &log)
+        }
     }
 }
 
@@ -747,6 +819,7 @@ fn outcome(t0: u64, end: u64, spans: Vec<(u64, u64)>, log: &[(u64, u64, Cause)])
         return Outcome {
             wall_ns: end - t0,
             busy_ns: 0,
+            waiting_ns: 0,
             idle: BTreeMap::from([(Cause::Unattributed, end - t0)]),
         };
     };
@@ -774,6 +847,7 @@ fn outcome(t0: u64, end: u64, spans: Vec<(u64, u64)>, log: &[(u64, u64, Cause)])
     Outcome {
         wall_ns: end - t0,
         busy_ns: crate::intervals::total(&busy),
+        waiting_ns: 0,
         idle,
     }
 }
@@ -784,6 +858,8 @@ pub struct Job<'a> {
     /// Each run replayed unchanged: how far the replay is from the record.
     baseline: Vec<Outcome>,
     recorded: u64,
+    /// Its GPUs wait for each other in collectives (see [`Job::new`]).
+    lockstep: bool,
 }
 
 /// A plan's outcome for the whole job.
@@ -843,7 +919,7 @@ impl<'a> Job<'a> {
                     feeder: f.tid,
                     account: &f.account,
                     calls: tl.gpu.calls.get(&f.tid).map_or(&[], Vec::as_slice),
-                    work: Issued::of(device, f.tid),
+                    work: Issued::of(device, f.tid, &g.gpu.waiting, &g.gpu.met),
                     pool,
                     spare_cpus,
                     idle_cpus,
@@ -851,11 +927,17 @@ impl<'a> Job<'a> {
                 })
             })
             .collect();
-        let baseline = runs.iter().map(|r| r.replay(&Plan::default())).collect();
+        // GPUs that waited for each other in collectives are replayed
+        // together: a fix that speeds up the rank the others waited for
+        // speeds up theirs too, and one that speeds up only the others
+        // gives nothing.
+        let lockstep = runs.len() >= 2 && runs.iter().any(|r| r.work.waited());
+        let baseline = replay_all(&runs, lockstep, &Plan::default());
         Job {
             runs,
             baseline,
             recorded: span,
+            lockstep,
         }
     }
 
@@ -881,13 +963,16 @@ impl<'a> Job<'a> {
         let mut wall = 0u64;
         let mut replayed = 0u64;
         let mut idle: BTreeMap<Cause, u64> = BTreeMap::new();
-        for (run, base) in self.runs.iter().zip(&self.baseline) {
-            let o = run.replay(plan);
+        let outcomes = replay_all(&self.runs, self.lockstep, plan);
+        for ((o, base), _) in outcomes.into_iter().zip(&self.baseline).zip(&self.runs) {
             // Streams are replayed as independent queues, so work the fix
             // issues earlier may overlap other streams' more than it did;
             // kernels side by side share the GPU, so that overlap is not
             // counted as time saved.
-            let overlap = base.busy_ns.saturating_sub(o.busy_ns);
+            // (Collectives that wait less are not overlap: their waits
+            // are not counted.)
+            let working = |o: &Outcome| o.busy_ns.saturating_sub(o.waiting_ns);
+            let overlap = working(base).saturating_sub(working(&o));
             let scale = self.recorded as f64 / base.wall_ns.max(1) as f64;
             wall = wall.max(((o.wall_ns + overlap) as f64 * scale).round() as u64);
             replayed = replayed.max(o.wall_ns);
@@ -901,6 +986,33 @@ impl<'a> Job<'a> {
             replayed_wall_ns: replayed,
         }
     }
+}
+
+/// Every GPU's run replayed under `plan`; in `lockstep`, together (see
+/// [`crate::analyze::lockstep`]), or with the others on time when the plan
+/// fixes `comm` (the late rank arriving on time).
+fn replay_all(runs: &[Run], lockstep: bool, plan: &Plan) -> Vec<Outcome> {
+    if !lockstep {
+        return runs.iter().map(|r| r.replay(plan)).collect();
+    }
+    if plan.removes(Cause::Comm) {
+        return runs
+            .iter()
+            .map(|r| r.replay_beside(plan, Peers::OnTime))
+            .collect();
+    }
+    let meeting = Meeting::new(runs.len());
+    std::thread::scope(|s| {
+        let meeting = &meeting;
+        let replays: Vec<_> = runs
+            .iter()
+            .map(|r| s.spawn(move || r.replay_beside(plan, Peers::Met(meeting))))
+            .collect();
+        replays
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -1001,7 +1113,7 @@ mod tests {
                 feeder: FEEDER,
                 account: &self.account,
                 calls: &self.calls,
-                work: Issued::of(&device, FEEDER),
+                work: Issued::of(&device, FEEDER, &[], &[]),
                 pool,
                 spare_cpus: 2.0,
                 idle_cpus: self.idle_cpus.unwrap_or(f64::INFINITY),

@@ -113,12 +113,15 @@ pub struct InSteps {
 
 /// Busy time by what ran: compute kernels; communication kernels (NCCL)
 /// no compute overlapped, waiting on other ranks included; copies and
-/// memsets that neither overlapped. They sum to busy_ns exactly.
+/// memsets that neither overlapped. Those three sum to busy_ns exactly.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
 pub struct BusyByKindReport {
     pub compute: u64,
     pub communication: u64,
     pub memory: u64,
+    /// Of communication: collectives waiting for the last GPU of the
+    /// recording to start its own (not in the sum).
+    pub communication_waiting: u64,
 }
 
 pub use crate::analyze::checks::ClockCheck;
@@ -163,6 +166,7 @@ pub fn build(a: &Analysis) -> GpuSection {
                     compute: g.busy_by_kind.compute,
                     communication: g.busy_by_kind.communication,
                     memory: g.busy_by_kind.memory,
+                    communication_waiting: g.busy_by_kind.communication_waiting,
                 },
                 idle_ns: idle,
                 unseen_ns: unseen,

@@ -21,6 +21,8 @@ const STRIP_BINS: usize = 400;
 const BUSY_COLOR: &str = "#2e9e44";
 /// Busy but not computing: lighter greens.
 const COMMUNICATION_COLOR: &str = "#8fd19e";
+/// Lighter: the part of it that only waited for the other GPUs.
+const COMMUNICATION_WAIT_COLOR: &str = "#c9ebd1";
 const COPIES_COLOR: &str = "#5fb573";
 
 /// Time the GPU could not be seen: pale, as no claim about it is made.
@@ -137,7 +139,12 @@ fn write_breakdown(g: &super::report::GpuReport, out: &mut impl Write) -> io::Re
             (
                 "busy: communication alone",
                 COMMUNICATION_COLOR,
-                k.communication,
+                k.communication - k.communication_waiting,
+            ),
+            (
+                "busy: communication alone, waiting for the other GPUs to reach it",
+                COMMUNICATION_WAIT_COLOR,
+                k.communication_waiting,
             ),
             ("busy: copies alone", COPIES_COLOR, k.memory),
         ]

@@ -6,9 +6,9 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use super::{units, Labelled, View};
-use crate::analyze::align;
 use crate::analyze::cause::{Cause, IdleByCause};
 use crate::analyze::hta::{Bucket, StreamIdle};
+use crate::analyze::{align, gpu};
 
 /// The contract of what `report --format json` writes for several inputs
 /// (docs/ranks.schema.json).
@@ -33,6 +33,9 @@ pub struct RankRow {
     /// On the aligned clocks: at collectives this rank started last, the
     /// others' waits for it, summed; and how many it started last.
     pub waited_for_ns: u64,
+    /// On the aligned clocks: its own collectives waiting for the last
+    /// rank to start theirs, with no compute beside them.
+    pub waiting_ns: u64,
     pub last_at: usize,
     /// The rank the others wait for: the one they waited for longest at
     /// matched collectives; else, where every rank ran collectives, the
@@ -43,12 +46,17 @@ pub struct RankRow {
 }
 
 pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
+    let busiest: Vec<_> = inputs
+        .iter()
+        .map(|l| align::busiest(&l.analysis.timeline.gpu))
+        .collect();
     let clocks: Vec<align::RankClock> = inputs
         .iter()
-        .map(|l| align::RankClock {
+        .zip(&busiest)
+        .map(|(l, d)| align::RankClock {
             start_ns: l.analysis.facts.header.start_ns,
             start_unix_ns: l.analysis.facts.header.start_unix_ns,
-            collectives: align::collectives(&l.analysis.timeline.gpu),
+            collectives: d.map(align::collectives_of).unwrap_or_default(),
         })
         .collect();
     let placed = align::align(&clocks);
@@ -56,7 +64,8 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
         .iter()
         .zip(views)
         .zip(&placed)
-        .map(|((l, v), at)| {
+        .zip(&busiest)
+        .map(|(((l, v), at), gpu)| {
             let r = &v.report;
             let span = r.gpus.iter().map(|g| g.span_ns).max().unwrap_or(0);
             let busy = r.gpus.iter().map(|g| g.busy_ns).sum::<u64>();
@@ -94,6 +103,7 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
                 clock_refined_ns: at.refined_ns,
                 collectives_matched: at.matched,
                 waited_for_ns: at.waited_for_ns,
+                waiting_ns: gpu.map_or(0, |d| gpu::exposed_waiting(d, &at.waiting)),
                 last_at: at.last_at,
                 slowest: false,
             }
@@ -157,9 +167,10 @@ pub fn write_table(inputs: &[Labelled], views: &[View], out: &mut impl Write) ->
         };
         let late = if waited {
             format!(
-                " · others waited {:>9} for it ({} last)",
+                " · others waited {:>9} for it ({} last) · it waited {:>9}",
                 units::duration(r.waited_for_ns),
-                r.last_at
+                r.last_at,
+                units::duration(r.waiting_ns)
             )
         } else {
             String::new()

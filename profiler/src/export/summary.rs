@@ -481,10 +481,18 @@ fn gpu_blocks(r: &Report, b: &mut Vec<Block>) {
         if k.communication + k.memory > 0 {
             let mut parts = vec![format!("compute {}", units::duration(k.compute))];
             if k.communication > 0 {
-                parts.push(format!(
-                    "communication alone {} (NCCL, waits on other ranks included)",
-                    units::duration(k.communication)
-                ));
+                parts.push(if k.communication_waiting > 0 {
+                    format!(
+                        "communication alone {} (NCCL; {} of it waiting for the other GPUs to reach the collective)",
+                        units::duration(k.communication),
+                        units::duration(k.communication_waiting)
+                    )
+                } else {
+                    format!(
+                        "communication alone {} (NCCL, waits on other ranks included)",
+                        units::duration(k.communication)
+                    )
+                });
             }
             if k.memory > 0 {
                 parts.push(format!(

@@ -164,11 +164,14 @@ fn side_line(name: &str, d: &super::SideInfo) -> String {
 fn figures_rows(b: Option<&GpuFigures>, n: Option<&GpuFigures>) -> Vec<Vec<String>> {
     type Pick<'a> = &'a dyn Fn(&GpuFigures) -> u64;
     let get = |f: Option<&GpuFigures>, pick: Pick| f.map(pick);
-    let rows: [(&str, Pick); 6] = [
+    let rows: [(&str, Pick); 7] = [
         ("allocated", &|f| f.allocated_ns),
         ("busy", &|f| f.busy_ns),
         ("  computing", &|f| f.busy_by_kind_ns.compute),
         ("  communicating", &|f| f.busy_by_kind_ns.communication),
+        ("    waiting for peers", &|f| {
+            f.busy_by_kind_ns.communication_waiting
+        }),
         ("  copying", &|f| f.busy_by_kind_ns.memory),
         ("idle", &|f| f.idle_ns),
     ];
@@ -702,6 +705,7 @@ mod tests {
             busy_by_kind_ns: BusyByKindReport {
                 compute: 0,
                 communication: 0,
+                communication_waiting: 0,
                 memory: 0,
             },
             idle_ns: 1_000_000_000,
