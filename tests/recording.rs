@@ -671,3 +671,60 @@ fn neighbours_cpu_goes_to_the_jobs_scheduling_group_or_elsewhere() {
         "elsewhere: {elsewhere:.3} CPUs recorded, the other loop alone had {want_elsewhere:.3}"
     );
 }
+
+/// A pipeline blocking 100 k times a second: its blocked-time kernel
+/// stacks are reused between walks of the same wait (same syscall, fd and
+/// state), and a thread that alternates between reading one pipe and
+/// writing another must still get each wait's own path: every blocked
+/// read goes through the kernel's read, every blocked write through its
+/// write.
+#[test]
+fn reused_kernel_stacks_follow_the_wait_they_were_walked_for() {
+    if !bpf_ready("reused_kernel_stacks") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("kstacks");
+    let rec = dir.path().join("rec");
+    succeed(
+        Command::new(gapscope())
+            .args(["run", "-q", "--no-exports", "-o"])
+            .arg(&rec)
+            .arg("--")
+            .arg(bin("gs-bench"))
+            .args(["relay", "--chunks", "20000", "--read-kib", "4"])
+            .args(["--decode-passes", "1", "--cpu", "1", "--dir"])
+            .arg(dir.path()),
+    );
+    let out = succeed(
+        Command::new(gapscope())
+            .args(["export", "--flamegraph", "offcpu", "--folded"])
+            .arg(&rec),
+    );
+    let (mut reads, mut writes) = (0u64, 0u64);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let (chain, ns) = line.rsplit_once(' ').unwrap();
+        let ns: u64 = ns.parse().unwrap();
+        let frames: Vec<&str> = chain.split(';').collect();
+        let user = |f: &str| {
+            frames
+                .iter()
+                .any(|x| x.ends_with(f) && !x.ends_with("_[k]"))
+        };
+        let kernel = |f: &str| frames.contains(&format!("{f}_[k]").as_str());
+        if user("libc_read") {
+            assert!(kernel("ksys_read") && !kernel("ksys_write"), "{line}");
+            reads += ns;
+        }
+        if user("libc_write") {
+            assert!(kernel("ksys_write") && !kernel("ksys_read"), "{line}");
+            writes += ns;
+        }
+    }
+    // Both kinds of wait were seen, at length (the three stages each block
+    // 20 000 times).
+    assert!(
+        reads > 10_000_000 && writes > 10_000_000,
+        "{reads} {writes}"
+    );
+}
