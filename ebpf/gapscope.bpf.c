@@ -221,33 +221,41 @@ static __always_inline void count_drop(__u32 kind)
  * (dequeue or put_prev), so the difference is what this run cost in the
  * kernel's own accounting. Other classes (RT, deadline, ext) leave
  * prev_sum_exec_runtime stale: not known. */
-static __always_inline int fair_charge(struct task_struct *p, __u64 *charged, __u64 *from)
+static __always_inline int fair_charge(__u64 *charged, __u64 *from)
 {
-	__u32 policy = BPF_CORE_READ(p, policy);
+	/* Of the current task (prev, in sched_switch), through the pointer
+	 * the verifier trusts: plain loads, not a helper call per field —
+	 * this runs at every switch of every task on the machine. Fetched
+	 * here, not passed: a trusted pointer alive across the whole switch
+	 * program multiplies the states the verifier walks. */
+	struct task_struct *p = bpf_get_current_task_btf();
+	__u32 policy = p->policy;
 	if (policy != 0 /* NORMAL */ && policy != 3 /* BATCH */ && policy != 5 /* IDLE */)
 		return 0;
-	__u64 sum = BPF_CORE_READ(p, se.sum_exec_runtime);
-	*from = BPF_CORE_READ(p, se.prev_sum_exec_runtime);
+	__u64 sum = p->se.sum_exec_runtime;
+	*from = p->se.prev_sum_exec_runtime;
 	if (sum < *from)
 		return 0;
 	*charged = sum - *from;
 	return 1;
 }
 
-static __always_inline __u64 task_group_of(struct task_struct *p)
+static __always_inline __u64 current_task_group(void)
 {
+	/* The current task, as above. */
+	struct task_struct *p = bpf_get_current_task_btf();
 	if (!bpf_core_field_exists(p->sched_task_group))
 		return 0;
-	return (__u64)BPF_CORE_READ(p, sched_task_group);
+	return (__u64)p->sched_task_group;
 }
 
-/* An unrecorded task's run, to its neighbours slot. */
-static __always_inline void count_neighbour(struct task_struct *prev)
+/* The current task's run, unrecorded, to its neighbours slot. */
+static __always_inline void count_neighbour(void)
 {
 	__u64 charged, from;
-	if (!fair_charge(prev, &charged, &from))
+	if (!fair_charge(&charged, &from))
 		return;
-	__u64 group = task_group_of(prev);
+	__u64 group = current_task_group();
 	__u32 slot = group && group == gs_job_group ? GS_NEIGHBOURS_SAME_GROUP
 						      : GS_NEIGHBOURS_ELSEWHERE;
 	__u64 *n = bpf_map_lookup_elem(&neighbours, &slot);
@@ -923,14 +931,14 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
 	/* TP_PROTO(bool preempt, struct task_struct *prev,
 	 *          struct task_struct *next, unsigned int prev_state) */
-	/* The moment of the switch, before any stack walking below. */
-	__u64 now = bpf_ktime_get_ns();
 	__u8 preempt = (__u8)TP_ARG(ctx, 0);
-	struct task_struct *prev = (struct task_struct *)TP_ARG(ctx, 1);
 	struct task_struct *next = (struct task_struct *)TP_ARG(ctx, 2);
 	__u64 prev_state = TP_ARG(ctx, 3);
 
-	__u32 prev_tgid = BPF_CORE_READ(prev, tgid), prev_tid = BPF_CORE_READ(prev, pid);
+	/* prev (argument 1) is current: read as such below, without a helper
+	 * call per field. */
+	__u64 current_ids = bpf_get_current_pid_tgid();
+	__u32 prev_tgid = current_ids >> 32, prev_tid = (__u32)current_ids;
 	__u32 next_tgid = BPF_CORE_READ(next, tgid), next_tid = BPF_CORE_READ(next, pid);
 	__u8 flags = 0;
 	/* Set for a task reported after its process was untracked. */
@@ -951,14 +959,17 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	if (next_tid != 0 && is_tracked(next_tgid))
 		flags |= GS_SW_NEXT_TRACKED;
 	if (flags & GS_SW_PREV_TRACKED) {
-		__u64 group = task_group_of(prev);
+		__u64 group = current_task_group();
 		if (group != gs_job_group)
 			gs_job_group = group;
 	} else if (prev_tid != 0) {
-		count_neighbour(prev);
+		count_neighbour();
 	}
 	if (!flags)
 		return 0;
+	/* The moment of the switch, before any stack walking below (taken
+	 * only for switches that are reported: most are not). */
+	__u64 now = bpf_ktime_get_ns();
 	/* A task preempted before it could block stays on the runqueue. */
 	int blocked = !preempt && prev_state != 0;
 	if (!blocked)
@@ -1016,7 +1027,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 
 	/* What the kernel charged prev's run (see fair_charge). */
 	__u64 charged = 0, from = 0;
-	if ((flags & GS_SW_PREV_TRACKED) && fair_charge(prev, &charged, &from)) {
+	if ((flags & GS_SW_PREV_TRACKED) && fair_charge(&charged, &from)) {
 		if (!exit_run_base || from == *exit_run_base)
 			flags |= GS_SW_CHARGED;
 		else

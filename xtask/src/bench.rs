@@ -955,6 +955,66 @@ fn bystander(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         target: format!("≤ {BYSTANDER_TARGET:.2}×"),
         verdict,
     });
+    bystander_switches(b, rows)
+}
+
+/// Rounds of the switch-heavy bystander at least (its wall time strays
+/// more than the syscall loops').
+const SWITCH_BYSTANDER_ROUNDS: usize = 9;
+
+/// The scheduler tracepoints run at every context switch on the machine,
+/// recorded or not: a switch-heavy process nobody records (the relay of
+/// the overhead case, pinned to one CPU), bare and while gapscope records
+/// an idle process, in alternating rounds.
+fn bystander_switches(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
+    let rounds = b.rounds.max(SWITCH_BYSTANDER_ROUNDS);
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    eprintln!("xtask: bench: bystander, switch-heavy ({rounds} rounds, on CPU {cpu})");
+    let relay = || -> Result<f64> {
+        let mut c = Command::new(b.bin("gs-bench"));
+        c.args(["relay", "--chunks", "50000", "--read-kib", "4"])
+            .args(["--decode-passes", "2", "--cpu"])
+            .arg(cpu.to_string())
+            .arg("--dir")
+            .arg(&b.dir)
+            .arg("--time-file")
+            .arg(b.dir.join("time"));
+        Ok(timed(b, c)?.0)
+    };
+    let (mut bare, mut recorded, mut again) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        bare.push(relay()?);
+        let other = Elsewhere::start(b, "gapscope")?;
+        let wall = relay();
+        other.stop()?;
+        recorded.push(wall?);
+        // A placebo: the bare job again, in its turn.
+        again.push(relay()?);
+    }
+    let _ = std::fs::remove_dir_all(b.dir.join("other-rec"));
+    let ratio = |v: &[f64]| median(v.iter().zip(&bare).map(|(r, b)| r / b).collect());
+    let (got, placebo) = (ratio(&recorded), ratio(&again));
+    let noise = spread(&bare).max((placebo - 1.0).abs());
+    rows.push(Row {
+        case: format!(
+            "bystander: an untracked switch-heavy pipeline while another process is recorded (median of {rounds})"
+        ),
+        measured: format!(
+            "{got:.3}× wall (bare again {placebo:.3}×; noise ±{:.1}%) · bare {:.3} s",
+            noise * 100.0,
+            median(bare.clone()) / 1e9
+        ),
+        target: format!("≤ {BYSTANDER_TARGET:.2}×"),
+        verdict: if got <= BYSTANDER_TARGET + noise {
+            Verdict::Met
+        } else {
+            Verdict::Missed(
+                "the scheduler tracepoints run at every context switch of every task: an \
+                 untracked switch pays two task reads, a lookup and its run's charge"
+                    .into(),
+            )
+        },
+    });
     Ok(())
 }
 
