@@ -60,14 +60,6 @@ struct inflight {
 	 * same way. */
 	__u64 named_file;
 	__u64 named_inode;
-	/* The kernel stack of its last blocking wait (see wait_kstack): the
-	 * wait it was walked for, and when. */
-	__u64 wait_kstack;
-	__u64 wait_kstack_at;
-	__u64 wait_state;
-	__s32 wait_nr;
-	__s32 wait_fd;
-	__u8 wait_kind;
 };
 
 /* Task-local: no hashing on the syscall path, freed with the task. */
@@ -888,44 +880,6 @@ static __always_inline void emit_dentries(__u32 tgid, __u32 tid, __u64 now, int 
 
 /* ---------------------------------------------------------- scheduler */
 
-/* A blocked thread's kernel stack is walked again after this long even if
- * it blocks the same way. */
-#define GS_KSTACK_REUSE_NS 10000000ULL
-
-/*
- * The kernel half of the current thread's blocked-time stack. Walking it
- * (the ORC unwinder, from the tracepoint down to the syscall's entry) is
- * the dearest part of a switch-out: on a pipeline that blocks 100 k times
- * a second it costs more than the user half and the switch record
- * together. A thread that blocks again in the same syscall, on the same
- * fd of the same kind, in the same state, takes the same path to
- * schedule(): that walk is reused for up to GS_KSTACK_REUSE_NS. The user
- * half, which says which code waited, is walked every time.
- */
-static __always_inline __u64 wait_kstack(void *ctx, __s32 nr, __s32 fd, __u8 kind, __u64 state,
-					 __u64 now)
-{
-	/* Not in a syscall (a page fault): no key that says the path. */
-	if (nr < 0)
-		return capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
-	struct inflight *f = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0,
-						  BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (f && f->wait_kstack && f->wait_nr == nr && f->wait_fd == fd && f->wait_kind == kind &&
-	    f->wait_state == state && now - f->wait_kstack_at < GS_KSTACK_REUSE_NS &&
-	    bpf_map_lookup_elem(&known_stacks, &f->wait_kstack))
-		return f->wait_kstack;
-	__u64 h = capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
-	if (f) {
-		f->wait_kstack = h;
-		f->wait_kstack_at = now;
-		f->wait_state = state;
-		f->wait_nr = nr;
-		f->wait_fd = fd;
-		f->wait_kind = kind;
-	}
-	return h;
-}
-
 SEC("raw_tp/sched_switch")
 int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -1022,7 +976,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	if ((flags & GS_SW_PREV_TRACKED) && blocked && !(prev_state & TASK_DEAD) && gs_offcpu_stacks) {
 		/* current is still prev here. */
 		ustack = capture_stack(ctx, SCRATCH_SWITCH, prev_tgid, 0);
-		kstack = wait_kstack(ctx, syscall, fd, fd_kind, prev_state, now);
+		kstack = capture_stack(ctx, SCRATCH_SWITCH, 0, 1);
 	}
 
 	/* What the kernel charged prev's run (see fair_charge). */

@@ -672,15 +672,15 @@ fn neighbours_cpu_goes_to_the_jobs_scheduling_group_or_elsewhere() {
     );
 }
 
-/// A pipeline blocking 100 k times a second: its blocked-time kernel
-/// stacks are reused between walks of the same wait (same syscall, fd and
-/// state), and a thread that alternates between reading one pipe and
-/// writing another must still get each wait's own path: every blocked
-/// read goes through the kernel's read, every blocked write through its
-/// write.
+/// A pipeline blocking 100 k times a second, whose decoder alternates
+/// between reading one pipe and writing another: each wait must keep its
+/// own kernel path — every blocked read through the kernel's read, every
+/// blocked write through its write. (It guards any saving on the
+/// blocked-time stacks: a reuse of the last kernel walk that ignored the
+/// syscall failed it.)
 #[test]
-fn reused_kernel_stacks_follow_the_wait_they_were_walked_for() {
-    if !bpf_ready("reused_kernel_stacks") {
+fn blocked_reads_and_writes_keep_their_own_kernel_paths() {
+    if !bpf_ready("blocked_reads_and_writes_keep_their_own_kernel_paths") {
         return;
     }
     let _lock = recording_lock();
