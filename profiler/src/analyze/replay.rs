@@ -27,14 +27,14 @@
 //! spare). A pool that was mostly idle only adds latency: the fixed cause's
 //! part of each wait goes.
 //!
-//! GPUs of the recording whose collectives waited for each other go in
-//! lockstep: each is replayed at its own pace, its collectives without
-//! their waits for the last GPU, and the job goes at the slowest one's.
+//! GPUs of the recording whose collectives waited for each other are
+//! replayed together (`analyze::lockstep`): each collective starts when
+//! the last GPU reaches it and moves its data for its recorded time less
+//! its recorded wait.
 //!
 //! Limits: one feeder per GPU (others' work keeps its place relative to
-//! it); in lockstep, the rank that is slowest over the whole run is taken
-//! to be the last at every collective; a wait for a rank recorded
-//! elsewhere is kept as it was; a synchronize waits for all earlier work, not only
+//! it); a wait for a rank recorded elsewhere is kept as it was; a
+//! synchronize waits for all earlier work, not only
 //! its stream's; a pool's batches are assumed alike.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
