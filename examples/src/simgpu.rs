@@ -84,6 +84,10 @@ pub struct SimDevice {
     /// synchronous send would block the trainer whenever gapscope fell
     /// behind — time no real training loop spends). Taken at goodbye.
     sender: Option<(Sender<Frame>, JoinHandle<()>)>,
+    /// How long goodbye waited for the sending thread to hand gapscope
+    /// what was still queued: the recorder's cost at exit (it falls behind
+    /// a job that makes records fast on a busy machine), not the job's.
+    pub exit_waited: u64,
 }
 
 impl SimDevice {
@@ -147,6 +151,7 @@ impl SimDevice {
             last_call_waited: 0,
             sighted,
             sender: Some((tx, thread)),
+            exit_waited: 0,
         }
     }
 
@@ -382,8 +387,10 @@ impl SimDevice {
         self.send(Frame::Goodbye);
         // Everything queued is sent before the caller goes on (to exit).
         if let Some((tx, thread)) = self.sender.take() {
+            let t = now();
             drop(tx);
             let _ = thread.join();
+            self.exit_waited = now() - t;
         }
     }
 }

@@ -780,11 +780,12 @@ fn main() {
         None => "null".into(),
     };
     let json = format!(
-        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"contention_within_ns\": {{{}}}, \"lost_gpu\": {lost}}}\n",
+        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"contention_within_ns\": {{{}}}, \"lost_gpu\": {lost}, \"exit_waited_for_profiler_ns\": {}}}\n",
         b,
         t_end - t_start,
         fields(&by_cause),
-        fields(&contention_within)
+        fields(&contention_within),
+        dev.exit_waited
     );
     std::fs::write(&o.truth, json).unwrap_or_else(|e| die(&format!("{}: {e}", o.truth.display())));
     println!(

@@ -789,8 +789,14 @@ impl Run<'_> {
                     h += hidden + rest;
                 }
                 c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
+                // A wait for a CPU while the synchronize's share of the
+                // host work still runs interrupted work that stays: it
+                // stays too (on a busy machine, most of such work's time).
                 Cause::CpuContention | Cause::InputCpu
-                    if inside && p.who != Who::Other && self.interrupts_removed(i, plan) => {}
+                    if inside
+                        && p.who != Who::Other
+                        && sync_left == 0
+                        && self.interrupts_removed(i, plan) => {}
                 c => {
                     note(&mut log, h, h + d, c);
                     h += d;
