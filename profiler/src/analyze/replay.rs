@@ -104,6 +104,9 @@ pub struct Pool {
     pub runnable: u64,
     /// On a CPU, whatever for, summed over the pool's threads.
     pub on_cpu: u64,
+    /// Of it, moving data: in `io` and `net` too.
+    pub cpu_io: u64,
+    pub cpu_net: u64,
     /// The busiest thread's working time, and its lifetime in the window.
     pub busiest: u64,
     pub busiest_life: u64,
@@ -127,6 +130,8 @@ impl Pool {
         let runnable = t.runnable + t.stolen;
         self.runnable += runnable;
         self.on_cpu += t.on_cpu;
+        self.cpu_io += cpu_io;
+        self.cpu_net += cpu_net;
         let work = io + net + cpu + runnable;
         if work > self.busiest {
             self.busiest = work;
@@ -164,14 +169,26 @@ impl Pool {
     }
 
     /// Its time with `removed`'s part taken out (io: input.io, net:
-    /// input.network, cpu: input.cpu, runnable: cpu.contention).
+    /// input.network, cpu: input.cpu, runnable: cpu.contention). Its waits
+    /// for a CPU go with the CPU work they delayed: a fix that takes out
+    /// part of the pool's CPU time takes that share of its waits too.
     fn without(&self, removed: Option<Cause>) -> Pool {
         let keep = |c: Cause, ns: u64| if removed == Some(c) { 0 } else { ns };
+        let on_cpu = keep(Cause::InputIo, self.cpu_io)
+            + keep(Cause::InputNetwork, self.cpu_net)
+            + keep(Cause::InputCpu, self.on_cpu - self.cpu_io - self.cpu_net);
+        let runnable = match self.on_cpu {
+            0 => self.runnable,
+            all => (self.runnable as u128 * on_cpu as u128 / all as u128) as u64,
+        };
         Pool {
             io: keep(Cause::InputIo, self.io),
             net: keep(Cause::InputNetwork, self.net),
             cpu: keep(Cause::InputCpu, self.cpu),
-            runnable: keep(Cause::CpuContention, self.runnable),
+            runnable: keep(Cause::CpuContention, runnable),
+            on_cpu,
+            cpu_io: keep(Cause::InputIo, self.cpu_io),
+            cpu_net: keep(Cause::InputNetwork, self.cpu_net),
             ..*self
         }
     }
@@ -183,19 +200,33 @@ impl Pool {
 
     /// Time the pool needs per unit of the recorded output, with `workers`
     /// (`recorded` of them before) on `cpus` CPUs and `removed`'s part of
-    /// its work gone. Computing spreads over workers up to the CPUs (its
-    /// waits for a CPU do not spread: they are that bound);
-    /// waiting for a server spreads over workers (more requests in
-    /// flight); reading storage does not: how many reads a device serves at
-    /// once is not in the recording, so its throughput is held at the
-    /// recorded one (more workers never look better than they are).
-    fn service(&self, removed: Option<Cause>, workers: f64, recorded: f64, cpus: f64) -> f64 {
+    /// its work gone. Each worker does its steps one after another —
+    /// reading, waiting for a CPU, computing — and the workers side by
+    /// side; computing spreads over workers up to the CPUs; waiting for a
+    /// server spreads over workers (more requests in flight); reading
+    /// storage does not: how many reads a device serves at once is not in
+    /// the recording, so its throughput is held at the recorded one (more
+    /// workers never look better than they are).
+    ///
+    /// The same workers' waits for a CPU are in their own steps (`waits`):
+    /// two workers that each read, then waited for a CPU beside busy
+    /// neighbours, then computed, gain the whole reading time when the
+    /// reads go, although their CPU share stays what it was. More workers'
+    /// waits are not known (each waits longer for the same CPUs): the
+    /// CPUs' limit alone bounds them, for the recorded pool and the new.
+    fn service(
+        &self,
+        removed: Option<Cause>,
+        workers: f64,
+        recorded: f64,
+        cpus: f64,
+        waits: bool,
+    ) -> f64 {
         let k = self.without(removed);
         let (io, cpu) = (k.io as f64, k.cpu as f64);
-        // Waiting for a CPU is not work a new worker takes over: it is
-        // what the CPUs' limit costs, and more workers only wait longer.
-        let work = (k.io + k.net + k.cpu) as f64;
-        (work / workers)
+        let waited = if waits { k.runnable } else { 0 };
+        let steps = (k.io + k.net + k.cpu + waited) as f64;
+        (steps / workers)
             .max(cpu / workers.min(cpus).max(1e-9))
             .max(io / recorded)
     }
@@ -455,7 +486,8 @@ impl Run<'_> {
         // The CPUs the pool computed on: a worker that waited for a CPU a
         // tenth of the time it asked for one got nine tenths of one.
         let got = (k * self.pool.cpu_share()).min(self.spare_cpus);
-        let before = self.pool.service(None, k, k, got);
+        let waits = plan.add_workers == 0;
+        let before = self.pool.service(None, k, k, got, waits);
         let workers = k + plan.add_workers as f64;
         let cpus = if plan.removed == Some(Cause::CpuContention) {
             // Nothing took a CPU it asked for.
@@ -471,7 +503,7 @@ impl Run<'_> {
                 .min(self.spare_cpus)
                 .max(got)
         };
-        let after = self.pool.service(plan.removed, workers, k, cpus);
+        let after = self.pool.service(plan.removed, workers, k, cpus, waits);
         if before <= 0.0 {
             1.0
         } else {
@@ -1346,23 +1378,56 @@ mod tests {
         assert_eq!(fixed.wall_ns, 10_000 + 10 * MS - MS + 20 * MS);
     }
 
-    /// Two workers that computed and waited for the two CPUs: their waits
-    /// for a CPU are the CPUs' limit, not work more workers share.
+    /// Two workers that computed and waited for the two CPUs (getting 1.5
+    /// of them): their waits for a CPU are the CPUs' limit, not work more
+    /// workers share.
     #[test]
     fn more_workers_do_not_share_waits_for_a_cpu() {
         let pool = Pool {
             cpu: 180 * MS,
+            on_cpu: 180 * MS,
             runnable: 60 * MS,
             busiest: 120 * MS,
             busiest_life: 120 * MS,
             ..Pool::default()
         };
         let k = pool.workers();
+        let got = k * pool.cpu_share();
         let (before, after) = (
-            pool.service(None, k, k, 1.9),
-            pool.service(None, k + 2.0, k, 1.9),
+            pool.service(None, k, k, got, false),
+            pool.service(None, k + 2.0, k, got, false),
         );
         assert!((after / before - 1.0).abs() < 1e-9, "{after} vs {before}");
+    }
+
+    /// Two workers that read, then waited for a CPU beside busy
+    /// neighbours (half of one each), then computed: without the reads
+    /// each worker's batch takes its wait and its computing only, although
+    /// the CPUs they get stay what they were.
+    #[test]
+    fn reads_taken_out_of_workers_short_of_cpus_still_shorten_them() {
+        let pool = Pool {
+            io: 40 * MS,
+            cpu: 60 * MS,
+            on_cpu: 60 * MS,
+            runnable: 60 * MS,
+            busiest: 80 * MS,
+            busiest_life: 80 * MS,
+            ..Pool::default()
+        };
+        let k = pool.workers();
+        let got = k * pool.cpu_share();
+        let (before, after) = (
+            pool.service(None, k, k, got, true),
+            pool.service(Some(Cause::InputIo), k, k, got, true),
+        );
+        assert!((after / before - 0.75).abs() < 1e-9, "{after} vs {before}");
+        // Without the computing, its waits for a CPU go too.
+        let without_cpu = pool.service(Some(Cause::InputCpu), k, k, got, true);
+        assert!(
+            (without_cpu / before - 0.25).abs() < 1e-9,
+            "{without_cpu} vs {before}"
+        );
     }
 
     /// A run of which only the pool's pace is asked.
