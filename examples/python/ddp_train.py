@@ -20,7 +20,10 @@ between its first and last work, and of it the time the rank spent inside
 synchronize before the host work (waking after the GPU's last kernel) — each less
 the rank's waits for a CPU there, counted apart: in its host work, the time
 the kernel did not charge it for (its CPU clock: run delay and steal); in
-its waits, the kernel's schedstat run delay.
+its waits, the kernel's schedstat run delay, and the steal while it ran
+there (its perf task clock, time on a CPU, less its CPU clock: a vCPU the
+hypervisor takes in the middle of gloo's work inside all_reduce is a wait
+for a CPU, not for the other rank).
 
     python ddp_train.py --lib libgs_simgpu.so --truth T.json [--late-ms 22]
         [--late-by host|input]
@@ -31,9 +34,27 @@ import ctypes
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
+
+
+def task_clock():
+    """This thread's perf task clock (ns it held a CPU, stolen or not) as a
+    function; without perf events, its CPU clock (no steal seen)."""
+    # struct perf_event_attr: type (PERF_TYPE_SOFTWARE), size, config
+    # (PERF_COUNT_SW_TASK_CLOCK); the rest zero: counting, enabled.
+    attr = bytearray(136)
+    struct.pack_into("IIQ", attr, 0, 1, len(attr), 1)
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = (ctypes.c_char * len(attr)).from_buffer(attr)
+    # perf_event_open (x86_64's number) for this thread, on any CPU.
+    fd = libc.syscall(298, buf, 0, -1, -1, 0)
+    if fd < 0:
+        return time.thread_time_ns
+    base = time.thread_time_ns() - int.from_bytes(os.read(fd, 8), "little")
+    return lambda: base + int.from_bytes(os.read(fd, 8), "little")
 
 
 def host_work(cpu_ns):
@@ -102,12 +123,17 @@ def rank_main(a):
     grads = torch.ones(1 << 16)
     host_ms = a.late_ms if late and a.late_by == "host" else 2.0
     now = time.monotonic_ns
+    on_cpu = task_clock()
+
     def run_delay():
-        # This thread's wait for a CPU (runnable) so far, as the kernel
-        # counts it: on a busy machine, time in the spans below that is
-        # neither the rank's own work nor its wait for the other.
+        # This thread's wait for a CPU so far: runnable, as the kernel's
+        # schedstat counts it, and on a CPU the hypervisor took (its time
+        # on a CPU less its CPU clock) — on a busy machine, time in the
+        # spans below that is neither the rank's own work nor its wait for
+        # the other.
         with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1])
+            runnable = int(f.read().split()[1])
+        return runnable + max(0, on_cpu() - time.thread_time_ns())
 
     kernels, reduces, hosts, fetches, syncs = [], [], [], [], []
     delays = 0
@@ -122,7 +148,7 @@ def rank_main(a):
         h0, c0 = now(), time.thread_time_ns()
         # The GPU's idle before the synchronize returned (its wake-up
         # after the GPU's last kernel, late on a busy machine): the sync's.
-        syncs.append((s0, h0, run_delay() - sd0))
+        syncs.append((s0, h0, max(0, run_delay() - sd0)))
         host_work(int(host_ms * 1e6))
         h1, c1, d1 = now(), time.thread_time_ns(), run_delay()
         # It never blocks there: what of the span the kernel did not charge
@@ -132,10 +158,10 @@ def rank_main(a):
         if data is not None:
             fetch(data)
             f1, e1 = now(), run_delay()
-            fetches.append((h1, f1, e1 - d1))
+            fetches.append((h1, f1, max(0, e1 - d1)))
             h1, d1 = f1, e1
         dist.all_reduce(grads)
-        reduces.append((h1, now(), run_delay() - d1))
+        reduces.append((h1, now(), max(0, run_delay() - d1)))
     gpu.gs_simgpu_close()
     if data is not None:
         data.close()
