@@ -3,7 +3,9 @@
 //! CUDA_INJECTION64_PATH (or the first argument) the way the driver does,
 //! calls its InitializeInjection, then does a fixed amount of CPU work and
 //! prints, as JSON, what it measured — so a test can check that the library
-//! neither failed the process nor slowed it down. With GS_HOLD_MS set it
+//! neither failed the process nor slowed it down (the work's wall time, and
+//! what load does not move: its CPU time, the times it blocked, the CPU the
+//! process's other threads took meanwhile). With GS_HOLD_MS set it
 //! then stays alive that many milliseconds, for tests that attach to it.
 
 use std::ffi::CString;
@@ -15,6 +17,16 @@ fn work(iterations: u64) -> u64 {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
     }
     std::hint::black_box(x)
+}
+
+/// CPU time (user and system, ns) and voluntary context switches of the
+/// calling thread (`RUSAGE_THREAD`) or the process (`RUSAGE_SELF`).
+fn usage(who: libc::c_int) -> (u64, u64) {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(who, &mut r) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    (ns(r.ru_utime) + ns(r.ru_stime), r.ru_nvcsw as u64)
 }
 
 fn main() {
@@ -60,11 +72,22 @@ fn main() {
             }
         }
     }
-    let t1 = Instant::now();
+    let (t1, thread0, process0) = (
+        Instant::now(),
+        usage(libc::RUSAGE_THREAD),
+        usage(libc::RUSAGE_SELF),
+    );
     work(200_000_000);
     let work_ns = t1.elapsed().as_nanos() as u64;
+    let (thread1, process1) = (usage(libc::RUSAGE_THREAD), usage(libc::RUSAGE_SELF));
+    // What a busy machine does not change: the work's own CPU time, the
+    // times it blocked (a shim that stalls the process makes it sleep),
+    // and the CPU its other threads (the shim's) took meanwhile.
+    let work_cpu_ns = thread1.0 - thread0.0;
+    let work_blocked = thread1.1 - thread0.1;
+    let others_cpu_ns = (process1.0 - process0.0).saturating_sub(work_cpu_ns);
     println!(
-        "{{\"pid\":{},\"init_rc\":{},\"init_ns\":{init_ns},\"work_ns\":{work_ns}}}",
+        "{{\"pid\":{},\"init_rc\":{},\"init_ns\":{init_ns},\"work_ns\":{work_ns},\"work_cpu_ns\":{work_cpu_ns},\"work_blocked\":{work_blocked},\"others_cpu_ns\":{others_cpu_ns}}}",
         std::process::id(),
         init_rc
             .map(|r| r.to_string())
