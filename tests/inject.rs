@@ -245,7 +245,11 @@ fn attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on() {
     let _lock = recording_lock();
     let dir = scratch("inject-attach");
     let host = Command::new(bin("gs-cuda-host"))
-        .args(["--steps", "300", "--gap-us", "3000"])
+        // About 3 s of steps: gapscope attaches 0.4 s in, and its start
+        // (loading its programs, a slow verifier on a busy machine) and the
+        // wait for a safe moment must not outlast the host's loop (300
+        // steps, 0.9 s, did once: nothing launched was left to see).
+        .args(["--steps", "1000", "--gap-us", "3000"])
         .env_remove("CUDA_INJECTION64_PATH")
         .env_remove("GAPSCOPE_SOCKET")
         .stdout(Stdio::piped())
@@ -264,7 +268,7 @@ fn attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on() {
     let done = host.wait_with_output().unwrap();
     assert!(done.status.success());
     let truth: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
-    assert_eq!(truth["counts"]["launched"], 900, "it ran all its steps");
+    assert_eq!(truth["counts"]["launched"], 3000, "it ran all its steps");
 
     let report = report_json(&rec);
     assert_partitions(&report);
@@ -287,6 +291,18 @@ fn attach_injects_a_running_gpu_process_and_sees_its_gpu_from_then_on() {
     assert_eq!(u64_of(&blind[0], "start_ns"), w0);
     let seen_from = u64_of(&blind[0], "end_ns");
     assert!(seen_from > w0 && seen_from < w1, "{blind:?}");
+    let last_launch = truth["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| u64_of(k, "start_ns"))
+        .max()
+        .unwrap();
+    assert!(
+        seen_from < last_launch,
+        "the shim began recording {} ms after the host's last kernel",
+        (seen_from - last_launch) / 1_000_000
+    );
     // Busy: the kernels the simulated GPU ran once seen, clipped to the
     // window; within one kernel.
     let busy_truth: u64 = truth["kernels"]
