@@ -41,10 +41,16 @@ const _: () = assert!(std::mem::size_of::<Packed>() == 16);
 /// A length that does not fit: the end is in [`Account::long`].
 const LONG: u32 = u32::MAX;
 
+/// Moments per block: an account grows by blocks, never by copying itself
+/// into one twice its size (a long run's account is hundreds of MiB).
+const BLOCK: usize = 1 << 16;
+
 /// The moments, in time order.
 #[derive(Default)]
 pub struct Account {
-    moments: Vec<Packed>,
+    /// Full blocks of [`BLOCK`] moments, then the one being filled.
+    moments: Vec<Vec<Packed>>,
+    len: usize,
     /// Ends of the moments of 4.3 s or more (start-up, a long wait), by
     /// index.
     long: HashMap<usize, u64>,
@@ -61,28 +67,33 @@ impl Account {
         let len = match u32::try_from(p.end - p.start) {
             Ok(len) if len < LONG => len,
             _ => {
-                self.long.insert(self.moments.len(), p.end);
+                self.long.insert(self.len, p.end);
                 LONG
             }
         };
-        self.moments.push(Packed {
+        if self.len % BLOCK == 0 {
+            self.moments.push(Vec::with_capacity(BLOCK));
+        }
+        let block = self.moments.last_mut().expect("a block to fill");
+        block.push(Packed {
             start: p.start,
             len,
             cause: p.cause,
             who,
         });
+        self.len += 1;
     }
 
     pub fn len(&self) -> usize {
-        self.moments.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.moments.is_empty()
+        self.len == 0
     }
 
     pub fn get(&self, i: usize) -> Option<Moment> {
-        let m = self.moments.get(i)?;
+        let m = self.moments.get(i / BLOCK)?.get(i % BLOCK)?;
         let end = match m.len {
             LONG => self.long[&i],
             len => m.start + len as u64,

@@ -188,6 +188,27 @@ fn rounded(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// Whether a cause's what-if also asks what more loader workers would do.
+fn asks_more_workers(cause: Cause, workers: f64) -> bool {
+    workers > 0.0
+        && matches!(
+            cause,
+            Cause::InputIo | Cause::InputCpu | Cause::InputNetwork
+        )
+}
+
+/// The plans [`what_if`] replays for these causes.
+fn what_if_plans(causes: &[Cause], workers: f64) -> Vec<replay::Plan> {
+    let mut plans: Vec<replay::Plan> = causes.iter().map(|&c| replay::Plan::fix(c)).collect();
+    if causes.iter().any(|&c| asks_more_workers(c, workers)) {
+        plans.extend(MORE_WORKERS.iter().map(|&add| replay::Plan {
+            removed: None,
+            add_workers: add,
+        }));
+    }
+    plans
+}
+
 /// `plan`'s prediction as a recommendation states it.
 fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
     if job.is_empty() {
@@ -203,11 +224,7 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
         .max_by_key(|(c, ns)| (**ns, std::cmp::Reverse(**c)))
         .map(|(c, _)| *c);
     let workers = job.workers();
-    let input = matches!(
-        cause,
-        Cause::InputIo | Cause::InputCpu | Cause::InputNetwork
-    );
-    let more_workers = if input && workers > 0.0 {
+    let more_workers = if asks_more_workers(cause, workers) {
         MORE_WORKERS
             .iter()
             .map(|&add| {
@@ -335,7 +352,15 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         stages,
         code,
     };
-    let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns);
+    // The plans the what-ifs below ask about, replayed at once.
+    let advised: Vec<Cause> = idle
+        .iter()
+        .filter(|&(c, &ns)| c.removable() && (ns / n_gpus) as f64 >= MIN_SHARE * wall as f64)
+        .map(|(&c, _)| c)
+        .collect();
+    let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns, |workers| {
+        what_if_plans(&advised, workers)
+    });
     // Each with the time it would give back, to order them: as replayed
     // where it could be (a cause that hides another gives back less than
     // its idle time), else its idle time. The speedup shown is rounded, and
@@ -343,7 +368,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
     let mut recs: Vec<(u64, Recommendation)> = Vec::new();
     for (&cause, &ns) in &idle {
         let per_gpu = ns / n_gpus;
-        if !cause.removable() || (per_gpu as f64) < MIN_SHARE * wall as f64 {
+        if !advised.contains(&cause) {
             continue;
         }
         let involved = threads.remove(&cause).unwrap_or_default();

@@ -55,6 +55,9 @@ const POOL_BOUND: f64 = 0.75;
 const DEPENDENCY_SLACK_NS: u64 = 20_000;
 /// A copy call returning this close to its copy's end waited for it.
 const SYNC_COPY_SLACK_NS: u64 = 50_000;
+/// Moments of the feeder's account replayed between two tallies of what
+/// the replayed GPU did.
+const SETTLE_EVERY: usize = 4096;
 
 /// The change a replay tries.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -304,7 +307,13 @@ impl Issued {
         waiting: &[(u64, u64)],
         met: &[(u64, usize)],
     ) -> Issued {
-        let (mut mine, mut others) = (Vec::new(), Vec::new());
+        let is_mine =
+            |w: &crate::timeline::gpu::Work| matches!(w.launch, Some((t, _)) if t == feeder);
+        let n = device.work.iter().filter(|w| is_mine(w)).count();
+        let (mut mine, mut others) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(device.work.len() - n),
+        );
         for w in &device.work {
             let (start, end) = w.span();
             let pageable = matches!(
@@ -327,7 +336,7 @@ impl Issued {
                     .map(|i| met[i].1),
             };
             match w.launch {
-                Some((t, at)) if t == feeder => mine.push(it(at)),
+                Some((_, at)) if is_mine(w) => mine.push(it(at)),
                 _ => others.push(it(start)),
             }
         }
@@ -620,16 +629,8 @@ impl Run<'_> {
         // stretches keep their recorded length.
         let mut h = self.account.first().map_or(t0, |p| p.start.max(t0));
         let tail = t1.saturating_sub(self.account.last().map_or(t1, |p| p.end).max(last));
-        // The replayed account: (start, end, cause), in order.
-        let mut log: Vec<(u64, u64, Cause)> = Vec::new();
-        // Back-to-back moments of one cause are one: the outcome only sums
-        // them by cause, and a long run has millions.
-        let note = |log: &mut Vec<(u64, u64, Cause)>, a: u64, b: u64, c: Cause| match log.last_mut()
-        {
-            _ if b <= a => {}
-            Some(l) if l.1 == a && l.2 == c => l.1 = b,
-            _ => log.push((a, b, c)),
-        };
+        // The replayed account, summed as it goes.
+        let mut log = Tally::new(t0);
         // How much of the feeder's own work after a synchronize that waited
         // is still the synchronize's (what overlap would have hidden; as
         // the attribution charges it).
@@ -640,6 +641,7 @@ impl Run<'_> {
         let mut step = (h, h);
         let mut ci = 0;
         let mut i = 0;
+        let mut moments = 0usize;
         while let Some(p) = self.account.get(i) {
             // What was issued before this moment goes now.
             while mi < mine.len() && mine[mi].issued < p.start {
@@ -659,6 +661,11 @@ impl Run<'_> {
                 oi += 1;
             }
             step = (re, he);
+            // Whatever is issued from here on runs at `h` or later.
+            moments += 1;
+            if moments % SETTLE_EVERY == 0 {
+                log.settle(&mut gpu.spans, h);
+            }
             // What came after the GPU's last work (saving the model, the
             // exit: a context's teardown waits for its work) comes after
             // the replayed GPU's last work too, as long after it as it was
@@ -693,7 +700,7 @@ impl Run<'_> {
                 } else {
                     h + latency
                 };
-                note(&mut log, h, ready, self.pool.cause(plan.removed));
+                log.note(h, ready, self.pool.cause(plan.removed));
                 h = ready;
                 continue;
             }
@@ -712,7 +719,7 @@ impl Run<'_> {
                         } else {
                             call.end.saturating_sub(call.start)
                         };
-                        note(&mut log, h, h + cost, Cause::CpuLaunch);
+                        log.note(h, h + cost, Cause::CpuLaunch);
                         h += cost;
                         sync_left = 0;
                         for _ in 0..issued(mi) {
@@ -722,18 +729,13 @@ impl Run<'_> {
                     }
                     // cudaStreamWaitEvent orders streams; the host goes on.
                     ApiRole::Sync if !call.name.name().contains("Synchronize") => {
-                        note(
-                            &mut log,
-                            h,
-                            h + (call.end.saturating_sub(call.start)),
-                            Cause::Sync,
-                        );
+                        log.note(h, h + (call.end.saturating_sub(call.start)), Cause::Sync);
                         h += call.end.saturating_sub(call.start);
                     }
                     ApiRole::Sync => {
                         if !plan.removes(Cause::Sync) {
                             let w = h.max(gpu.awaited(call.end));
-                            note(&mut log, h, w, Cause::Sync);
+                            log.note(h, w, Cause::Sync);
                             sync_left = w - h;
                             h = w;
                         }
@@ -772,11 +774,11 @@ impl Run<'_> {
                             for c in copies {
                                 end = end.max(gpu.run(staged, c));
                             }
-                            note(&mut log, h, end, Cause::Memory);
+                            log.note(h, end, Cause::Memory);
                             h = end;
                         } else {
                             let cost = call.end.saturating_sub(call.start);
-                            note(&mut log, h, h + cost, Cause::Memory);
+                            log.note(h, h + cost, Cause::Memory);
                             h += cost;
                             for c in copies {
                                 gpu.run(h, c);
@@ -797,7 +799,7 @@ impl Run<'_> {
                 Cause::Sync => {
                     if !plan.removes(Cause::Sync) {
                         let w = h.max(gpu.awaited(p.end));
-                        note(&mut log, h, w, Cause::Sync);
+                        log.note(h, w, Cause::Sync);
                         h = w;
                     }
                 }
@@ -816,8 +818,8 @@ impl Run<'_> {
                     } else {
                         d - hidden
                     };
-                    note(&mut log, h, h + hidden, Cause::Sync);
-                    note(&mut log, h + hidden, h + hidden + rest, Cause::CpuHost);
+                    log.note(h, h + hidden, Cause::Sync);
+                    log.note(h + hidden, h + hidden + rest, Cause::CpuHost);
                     h += hidden + rest;
                 }
                 c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
@@ -830,7 +832,7 @@ impl Run<'_> {
                         && sync_left == 0
                         && self.interrupts_removed(i, plan) => {}
                 c => {
-                    note(&mut log, h, h + d, c);
+                    log.note(h, h + d, c);
                     h += d;
                 }
             }
@@ -842,51 +844,122 @@ impl Run<'_> {
         let end = h.max(gpu.done) + tail;
         Outcome {
             waiting_ns: gpu.waiting,
-            ..outcome(t0, end, gpu.spans, &log)
+            ..log.finish(gpu.spans, end)
         }
     }
 }
 
 /// The replayed GPU's busy and idle time, its idle split by the replayed
 /// account: before its first work start-up, after its last tear-down, and
-/// in between whatever the feeder was doing.
-fn outcome(t0: u64, end: u64, spans: Vec<(u64, u64)>, log: &[(u64, u64, Cause)]) -> Outcome {
-    let busy = crate::intervals::union(spans);
-    let mut idle: BTreeMap<Cause, u64> = BTreeMap::new();
-    let (Some(&(first, _)), Some(&(_, last))) = (busy.first(), busy.last()) else {
-        return Outcome {
-            wall_ns: end - t0,
-            busy_ns: 0,
-            waiting_ns: 0,
-            idle: BTreeMap::from([(Cause::Unattributed, end - t0)]),
-        };
-    };
-    *idle.entry(Cause::Startup).or_default() += first - t0;
-    *idle.entry(Cause::Teardown).or_default() += end - last;
-    let mut j = 0;
-    for w in busy.windows(2) {
-        let (a, b) = (w[0].1, w[1].0);
-        let mut covered = 0;
-        while j < log.len() && log[j].1 <= a {
-            j += 1;
+/// in between whatever the feeder was doing. Summed as the replay goes:
+/// a gap between busy spans is final once no work still to come can start
+/// inside it, and the account's moments behind it are let go, so a replay
+/// holds only the stretch since then, however long the run.
+struct Tally {
+    t0: u64,
+    /// The first busy span's start, once known.
+    first: Option<u64>,
+    /// The last busy span settled: later work may still extend it.
+    open: Option<(u64, u64)>,
+    busy: u64,
+    /// The replayed account not yet summed: (start, end, cause), in order
+    /// and disjoint.
+    log: std::collections::VecDeque<(u64, u64, Cause)>,
+    idle: BTreeMap<Cause, u64>,
+}
+
+impl Tally {
+    fn new(t0: u64) -> Tally {
+        Tally {
+            t0,
+            first: None,
+            open: None,
+            busy: 0,
+            log: Default::default(),
+            idle: BTreeMap::new(),
         }
-        for &(s, e, c) in log[j..].iter().take_while(|x| x.0 < b) {
+    }
+
+    /// The feeder spent `[a, b)` on `c`, replayed. Back-to-back moments of
+    /// one cause are one: the outcome only sums them by cause.
+    fn note(&mut self, a: u64, b: u64, c: Cause) {
+        match self.log.back_mut() {
+            _ if b <= a => {}
+            Some(l) if l.1 == a && l.2 == c => l.1 = b,
+            _ => self.log.push_back((a, b, c)),
+        }
+    }
+
+    /// Takes the GPU's spans replayed so far, knowing that no work still to
+    /// come starts before `lo`: the gaps that end by then are final.
+    fn settle(&mut self, spans: &mut Vec<(u64, u64)>, lo: u64) {
+        if spans.is_empty() {
+            return;
+        }
+        let mut all = std::mem::take(spans);
+        all.extend(self.open.take());
+        let merged = crate::intervals::union(all);
+        // Spans starting by `lo` are known, and so is every gap before the
+        // last of them; that one may still grow.
+        let known = merged.partition_point(|s| s.0 <= lo);
+        if known == 0 {
+            *spans = merged;
+            return;
+        }
+        self.first.get_or_insert(merged[0].0);
+        for w in merged[..known].windows(2) {
+            self.busy += w[0].1 - w[0].0;
+            self.gap(w[0].1, w[1].0);
+        }
+        let open = merged[known - 1];
+        self.open = Some(open);
+        *spans = merged[known..].to_vec();
+        // Moments over by the open span's end lie in busy time: every gap
+        // still to come starts after it.
+        while self.log.front().is_some_and(|l| l.1 <= open.1) {
+            self.log.pop_front();
+        }
+    }
+
+    /// The idle gap `[a, b)`, by what the replayed feeder did in it.
+    fn gap(&mut self, a: u64, b: u64) {
+        while self.log.front().is_some_and(|l| l.1 <= a) {
+            self.log.pop_front();
+        }
+        let mut covered = 0;
+        for &(s, e, c) in self.log.iter().take_while(|x| x.0 < b) {
             let (s, e) = (s.max(a), e.min(b));
             if e > s {
-                *idle.entry(c).or_default() += e - s;
+                *self.idle.entry(c).or_default() += e - s;
                 covered += e - s;
             }
         }
         if b - a > covered {
-            *idle.entry(Cause::Unattributed).or_default() += b - a - covered;
+            *self.idle.entry(Cause::Unattributed).or_default() += b - a - covered;
         }
     }
-    idle.retain(|_, ns| *ns > 0);
-    Outcome {
-        wall_ns: end - t0,
-        busy_ns: crate::intervals::total(&busy),
-        waiting_ns: 0,
-        idle,
+
+    fn finish(mut self, mut spans: Vec<(u64, u64)>, end: u64) -> Outcome {
+        self.settle(&mut spans, u64::MAX);
+        let t0 = self.t0;
+        let (Some(first), Some(last)) = (self.first, self.open) else {
+            return Outcome {
+                wall_ns: end - t0,
+                busy_ns: 0,
+                waiting_ns: 0,
+                idle: BTreeMap::from([(Cause::Unattributed, end - t0)]),
+            };
+        };
+        let mut idle = self.idle;
+        *idle.entry(Cause::Startup).or_default() += first - t0;
+        *idle.entry(Cause::Teardown).or_default() += end - last.1;
+        idle.retain(|_, ns| *ns > 0);
+        Outcome {
+            wall_ns: end - t0,
+            busy_ns: self.busy + (last.1 - last.0),
+            waiting_ns: 0,
+            idle,
+        }
     }
 }
 
@@ -898,6 +971,8 @@ pub struct Job<'a> {
     recorded: u64,
     /// Its GPUs wait for each other in collectives (see [`Job::new`]).
     lockstep: bool,
+    /// The plans replayed up front, with each run's outcome.
+    replayed: Vec<(Plan, Vec<Outcome>)>,
 }
 
 /// A plan's outcome for the whole job.
@@ -916,8 +991,18 @@ pub struct Prediction {
 impl<'a> Job<'a> {
     /// `nr_cpus`: the recorded machine's CPUs (0 when not recorded: the
     /// loaders are then not bounded by CPUs); `collector_cpu_ns`: what the
-    /// recorder itself took of them.
-    pub fn new(tl: &'a Timeline, d: &'a Diagnosis, nr_cpus: u32, collector_cpu_ns: u64) -> Job<'a> {
+    /// recorder itself took of them. `plans`, given the pool's workers
+    /// ([`Job::workers`]): what the caller will ask [`Job::predict`] about,
+    /// replayed now beside the unchanged run, each plan on a core of its
+    /// own as far as the machine has them (each replay walks the whole
+    /// run: on a long recording they are most of the report's time).
+    pub fn new(
+        tl: &'a Timeline,
+        d: &'a Diagnosis,
+        nr_cpus: u32,
+        collector_cpu_ns: u64,
+        plans: impl FnOnce(f64) -> Vec<Plan>,
+    ) -> Job<'a> {
         let window = (tl.start, tl.end);
         let span = tl.end.saturating_sub(tl.start).max(1);
         let runs: Vec<Run<'a>> = d
@@ -970,13 +1055,23 @@ impl<'a> Job<'a> {
         // speeds up theirs too, and one that speeds up only the others
         // gives nothing.
         let lockstep = runs.len() >= 2 && runs.iter().any(|r| r.work.waited());
-        let baseline = replay_all(&runs, lockstep, &Plan::default());
-        Job {
+        let mut job = Job {
             runs,
-            baseline,
+            baseline: Vec::new(),
             recorded: span,
             lockstep,
+            replayed: Vec::new(),
+        };
+        let mut wanted = vec![Plan::default()];
+        for p in plans(job.workers()) {
+            if !wanted.contains(&p) {
+                wanted.push(p);
+            }
         }
+        let mut outcomes = replay_plans(&job.runs, lockstep, &wanted).into_iter();
+        job.baseline = outcomes.next().expect("the unchanged run is replayed");
+        job.replayed = wanted.into_iter().skip(1).zip(outcomes).collect();
+        job
     }
 
     pub fn is_empty(&self) -> bool {
@@ -1001,7 +1096,10 @@ impl<'a> Job<'a> {
         let mut wall = 0u64;
         let mut replayed = 0u64;
         let mut idle: BTreeMap<Cause, u64> = BTreeMap::new();
-        let outcomes = replay_all(&self.runs, self.lockstep, plan);
+        let outcomes = match self.replayed.iter().find(|(p, _)| p == plan) {
+            Some((_, o)) => o.clone(),
+            None => replay_all(&self.runs, self.lockstep, plan),
+        };
         for ((o, base), _) in outcomes.into_iter().zip(&self.baseline).zip(&self.runs) {
             // Streams are replayed as independent queues, so work the fix
             // issues earlier may overlap other streams' more than it did;
@@ -1024,6 +1122,42 @@ impl<'a> Job<'a> {
             replayed_wall_ns: replayed,
         }
     }
+}
+
+/// [`replay_all`] for each plan, in order, spread over the machine's cores:
+/// the plans are independent, and each replay reads the runs only.
+fn replay_plans(runs: &[Run], lockstep: bool, plans: &[Plan]) -> Vec<Vec<Outcome>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cores.min(plans.len());
+    if workers <= 1 {
+        return plans
+            .iter()
+            .map(|p| replay_all(runs, lockstep, p))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<Vec<Outcome>>> = vec![None; plans.len()];
+    std::thread::scope(|s| {
+        let take = || {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(plan) = plans.get(i) else {
+                    return done;
+                };
+                done.push((i, replay_all(runs, lockstep, plan)));
+            }
+        };
+        let handles: Vec<_> = (0..workers).map(|_| s.spawn(take)).collect();
+        for h in handles {
+            for (i, o) in h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)) {
+                out[i] = Some(o);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|o| o.expect("every plan was taken by a worker"))
+        .collect()
 }
 
 /// Every GPU's run replayed under `plan`; in `lockstep`, together (see
@@ -1063,6 +1197,107 @@ mod tests {
     const FEEDER: Tid = (1, 1);
     const LOADER: Tid = (2, 2);
     const MS: u64 = 1_000_000;
+
+    /// The outcome summed at once, from every replayed span and moment:
+    /// the reference [`Tally`] must agree with, however it settles.
+    fn outcome_at_once(
+        t0: u64,
+        end: u64,
+        spans: Vec<(u64, u64)>,
+        log: &[(u64, u64, Cause)],
+    ) -> Outcome {
+        let busy = crate::intervals::union(spans);
+        let (Some(&(first, _)), Some(&(_, last))) = (busy.first(), busy.last()) else {
+            return Outcome {
+                wall_ns: end - t0,
+                busy_ns: 0,
+                waiting_ns: 0,
+                idle: BTreeMap::from([(Cause::Unattributed, end - t0)]),
+            };
+        };
+        let mut idle: BTreeMap<Cause, u64> = BTreeMap::new();
+        *idle.entry(Cause::Startup).or_default() += first - t0;
+        *idle.entry(Cause::Teardown).or_default() += end - last;
+        for w in busy.windows(2) {
+            let (a, b) = (w[0].1, w[1].0);
+            let mut covered = 0;
+            for &(s, e, c) in log {
+                let (s, e) = (s.max(a), e.min(b));
+                if e > s {
+                    *idle.entry(c).or_default() += e - s;
+                    covered += e - s;
+                }
+            }
+            if b - a > covered {
+                *idle.entry(Cause::Unattributed).or_default() += b - a - covered;
+            }
+        }
+        idle.retain(|_, ns| *ns > 0);
+        Outcome {
+            wall_ns: end - t0,
+            busy_ns: crate::intervals::total(&busy),
+            waiting_ns: 0,
+            idle,
+        }
+    }
+
+    #[test]
+    fn the_outcome_summed_as_the_replay_goes_is_the_outcome_summed_at_once() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let causes = [
+            Cause::CpuHost,
+            Cause::Sync,
+            Cause::InputIo,
+            Cause::CpuLaunch,
+        ];
+        for round in 0..300 {
+            let t0 = rand(1_000);
+            let mut tally = Tally::new(t0);
+            let (mut spans, mut all_spans, mut log) = (Vec::new(), Vec::new(), Vec::new());
+            let mut h = t0 + rand(50);
+            let mut gpu_free = 0u64;
+            for _ in 0..rand(400) {
+                // The feeder's next moment, sometimes after a jump.
+                let d = rand(30);
+                let c = causes[rand(4) as usize];
+                if d > 0
+                    && log
+                        .last()
+                        .is_some_and(|l: &(u64, u64, Cause)| l.1 == h && l.2 == c)
+                {
+                    log.last_mut().expect("just seen").1 = h + d;
+                } else if d > 0 {
+                    log.push((h, h + d, c));
+                }
+                tally.note(h, h + d, c);
+                h += d + if rand(10) == 0 { rand(40) } else { 0 };
+                // Work issued now: it starts at `h` or later, on a queue
+                // that may run ahead of the host.
+                for _ in 0..rand(3) {
+                    let start = h.max(if rand(2) == 0 { gpu_free } else { h }) + rand(20);
+                    let span = (start, start + rand(25));
+                    gpu_free = gpu_free.max(span.1);
+                    spans.push(span);
+                    all_spans.push(span);
+                }
+                if rand(round % 7 + 1) == 0 {
+                    tally.settle(&mut spans, h);
+                }
+            }
+            let end = h.max(gpu_free) + rand(10);
+            assert_eq!(
+                tally.finish(spans, end),
+                outcome_at_once(t0, end, all_spans, &log),
+                "round {round}"
+            );
+        }
+    }
 
     /// A job built step by step on one stream: the feeder's calls, the
     /// GPU's work and the feeder's account, in time order.

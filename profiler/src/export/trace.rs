@@ -437,8 +437,8 @@ pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
     }
     for (&t, calls) in &tl.gpu.calls {
         for c in calls {
-            if let CallName::Uprobe { arg, .. } = c.name {
-                seen.push((c.start, t, Seen::Uprobe(c, arg)));
+            if let CallName::Uprobe(u) = &c.name {
+                seen.push((c.start, t, Seen::Uprobe(c, u.arg)));
             }
         }
     }

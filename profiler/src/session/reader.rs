@@ -206,6 +206,142 @@ impl SessionReader {
     }
 }
 
+impl SessionReader {
+    /// The records of the next chunk (what is left of the current one, at
+    /// first); None at the end of the stream.
+    fn next_batch(&mut self) -> Option<Vec<Record>> {
+        let mut out = Vec::new();
+        while !self.done {
+            while self.pos < self.chunk.len() {
+                match postcard::take_from_bytes::<Record>(&self.chunk[self.pos..]) {
+                    Ok((record, rest)) => {
+                        self.pos = self.chunk.len() - rest.len();
+                        out.push(record);
+                    }
+                    Err(e) => {
+                        self.stop(format!(
+                            "undecodable record in the chunk ending before byte {}: {e}",
+                            self.offset
+                        ));
+                        break;
+                    }
+                }
+            }
+            if !out.is_empty() {
+                return Some(out);
+            }
+            if !self.next_chunk() {
+                break;
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// The same stream, read, checked, unpacked and decoded on a thread of
+    /// its own a few chunks ahead of its reader: on a long recording that
+    /// is a third of the report's time, and a second core can take it.
+    pub fn in_background(self) -> Background {
+        // Chunks decoded ahead: enough to keep both sides busy, and a bound
+        // on what waits in memory (a chunk unpacks to at most
+        // MAX_CHUNK_RAW).
+        const AHEAD: usize = 2;
+        let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD);
+        let decode = move || {
+            let mut reader = self;
+            while let Some(batch) = reader.next_batch() {
+                // The reader went away: stop reading.
+                if tx.send(Ahead::Batch(batch, reader.bytes_read())).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send(Ahead::End(reader));
+        };
+        let spawned = std::thread::Builder::new()
+            .name("gapscope-read".into())
+            .spawn(decode);
+        Background {
+            lost: spawned
+                .is_err()
+                .then_some("no thread could be started to read it"),
+            rx: spawned.ok().map(|_| rx),
+            batch: Vec::new().into_iter(),
+            bytes_read: 0,
+            end: None,
+        }
+    }
+}
+
+/// What the decoding thread hands over: a chunk's records with the bytes
+/// of the file read by then, and at the end the reader itself, which says
+/// how the stream ended.
+enum Ahead {
+    Batch(Vec<Record>, u64),
+    End(SessionReader),
+}
+
+/// A [`SessionReader`] running ahead on a thread of its own.
+pub struct Background {
+    /// None when no thread could be started: the stream then reads as cut
+    /// off at its start.
+    rx: Option<std::sync::mpsc::Receiver<Ahead>>,
+    batch: std::vec::IntoIter<Record>,
+    bytes_read: u64,
+    end: Option<SessionReader>,
+    /// Why the stream ended without its reader's word, if it did.
+    lost: Option<&'static str>,
+}
+
+impl Background {
+    /// [`SessionReader::bytes_read`] as of the last record handed out.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    /// [`SessionReader::truncated`], once the stream has ended.
+    pub fn truncated(&self) -> Option<&str> {
+        match &self.end {
+            Some(r) => r.truncated(),
+            None => self.lost,
+        }
+    }
+
+    /// [`SessionReader::refusal`], once the stream has ended.
+    fn refusal(&self) -> Option<SessionError> {
+        self.end.as_ref().and_then(SessionReader::refusal)
+    }
+}
+
+impl Iterator for Background {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        loop {
+            if let Some(r) = self.batch.next() {
+                return Some(r);
+            }
+            match self.rx.as_ref()?.recv() {
+                Ok(Ahead::Batch(batch, read)) => {
+                    self.batch = batch.into_iter();
+                    self.bytes_read = read;
+                }
+                Ok(Ahead::End(reader)) => {
+                    self.bytes_read = reader.bytes_read();
+                    self.end = Some(reader);
+                    self.rx = None;
+                    return None;
+                }
+                // The thread died (it does not panic by design): what came
+                // before stands, and the stream reads as cut off.
+                Err(_) => {
+                    self.rx = None;
+                    self.lost = Some("its reading thread stopped");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 impl Iterator for SessionReader {
     type Item = Record;
 
@@ -404,7 +540,7 @@ impl EventStream {
     /// orders them) and past the same checks; returns how many records
     /// were dropped as timed outside the recording, the outline's included.
     pub fn replay(&self, mut each: impl FnMut(Event)) -> Result<usize, SessionError> {
-        let reader = SessionReader::open(&self.path)?;
+        let reader = SessionReader::open(&self.path)?.in_background();
         let mut held: std::collections::BinaryHeap<Held> = Default::default();
         let mut latest = 0u64;
         let mut dropped = 0usize;
@@ -469,7 +605,7 @@ fn read_records(
     mut gpu: Option<&mut dyn FnMut(u32, GpuRecord)>,
 ) -> Result<(Session, u64), SessionError> {
     let path = super::resolve_path(path);
-    let mut reader = SessionReader::open(&path)?;
+    let mut reader = SessionReader::open(&path)?.in_background();
     let mut s = Session::default();
     let mut first = true;
     let mut records = 0u64;

@@ -47,16 +47,24 @@ pub fn api_role(name: &str) -> ApiRole {
 pub enum CallName {
     /// Reported by CUPTI (or an import) by callback id.
     Api(ApiDomain, u32),
-    /// Seen by a libcuda uprobe, with the stream handle or byte count it
-    /// was given (0 if none).
-    Uprobe { function: String, arg: u64 },
+    /// Seen by a libcuda uprobe. Boxed: the variant's name would make
+    /// every call, CUPTI's millions too, two words longer.
+    Uprobe(Box<Uprobed>),
+}
+
+/// A libcuda call as a uprobe saw it: the function, and the stream handle
+/// or byte count it was given (0 if none).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Uprobed {
+    pub function: String,
+    pub arg: u64,
 }
 
 impl CallName {
     pub fn name(&self) -> std::borrow::Cow<'_, str> {
         match self {
             CallName::Api(domain, cbid) => gapscope_wire::cbid::api_name(*domain, *cbid),
-            CallName::Uprobe { function, .. } => std::borrow::Cow::Borrowed(function),
+            CallName::Uprobe(u) => std::borrow::Cow::Borrowed(&u.function),
         }
     }
 }
@@ -71,6 +79,9 @@ pub struct Call {
     /// The id that ties it to the GPU work it launched (CUPTI calls only).
     pub correlation: Option<u32>,
 }
+
+// A long run holds millions of calls.
+const _: () = assert!(std::mem::size_of::<Call>() == 48);
 
 /// One piece of GPU work (a kernel, copy or memset) and who launched it.
 #[derive(Clone, Debug, PartialEq)]
@@ -420,6 +431,8 @@ impl GpuSide {
         }
         for calls in side.calls.values_mut() {
             calls.sort_by_key(|c| c.start);
+            // Kept to the end of the report: no room to grow into.
+            calls.shrink_to_fit();
         }
         for op in std::mem::take(&mut session.host_ops) {
             side.host_ops.entry((op.pid, op.tid)).or_default().push(op);
@@ -472,6 +485,7 @@ impl GpuSide {
             session.nvml_devices.iter().map(|d| (d.index, d)).collect();
         for d in by_dev.values_mut() {
             d.work.sort_by_key(Work::start);
+            d.work.shrink_to_fit();
             // The name and UUID a process of it gave its ordinal of it.
             let ours = || physical.iter().filter(|&(_, &id)| id == d.id);
             let named = ours().find_map(|(key, _)| names.get(key));
@@ -532,10 +546,10 @@ impl GpuSide {
             start: ts,
             end: ts + dur,
             role: api_role(f),
-            name: CallName::Uprobe {
+            name: CallName::Uprobe(Box::new(Uprobed {
                 function: f.to_string(),
                 arg,
-            },
+            })),
             correlation: None,
         });
     }
