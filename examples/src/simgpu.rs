@@ -46,6 +46,32 @@ pub fn sleep_until(t: u64) {
     }
 }
 
+/// This thread's time waiting on a run queue so far (the second field of
+/// its schedstat); 0 where the kernel does not keep it.
+fn run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// [`sleep_until`], and how long the thread then waited for a CPU before
+/// it ran again (the end of the sleep: its wake-up's wait).
+fn sleep_until_waiting(t: u64) -> u64 {
+    let before = run_delay_ns();
+    sleep_until(t);
+    run_delay_ns().saturating_sub(before)
+}
+
+/// A stretch of a call: `[start, end)`, of which the thread waited
+/// `waited` for a CPU.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallPiece {
+    pub start: u64,
+    pub end: u64,
+    pub waited: u64,
+}
+
 fn tid() -> u32 {
     // SAFETY: no preconditions.
     unsafe { libc::gettid() as u32 }
@@ -76,6 +102,8 @@ pub struct SimDevice {
     /// Of the last launch call's time, how long its thread waited for a
     /// CPU (its wall time less its CPU time): for the ground truth.
     pub last_call_waited: u64,
+    /// The last copy call, piece by piece (see [`SimDevice::memcpy`]).
+    pub last_call_pieces: Vec<CallPiece>,
     /// Dormant: when a profiler first connected (0 until then).
     sighted: Arc<std::sync::atomic::AtomicU64>,
     /// The thread that encodes and sends what the device says, as CUPTI
@@ -149,6 +177,7 @@ impl SimDevice {
             busy: Vec::new(),
             lost: None,
             last_call_waited: 0,
+            last_call_pieces: Vec::new(),
             sighted,
             sender: Some((tx, thread)),
             exit_waited: 0,
@@ -331,19 +360,54 @@ impl SimDevice {
     ///
     /// `pinned` (cudaMemcpyAsync from pinned memory): no staging, no
     /// waiting; the device still copies the bytes.
+    ///
+    /// Where in it the thread waited for a CPU is left in
+    /// [`SimDevice::last_call_pieces`]: the end of each sleep (its wake-up)
+    /// and, spread over it, the staging's.
     pub fn memcpy(&mut self, src: &[u8], staging: &mut [u8], pinned: bool) -> (u64, u64) {
         let a = now();
+        self.last_call_pieces.clear();
+        let slept = |pieces: &mut Vec<CallPiece>, from: u64, until: u64| {
+            let waited = sleep_until_waiting(until);
+            let woke = now();
+            let ran = woke.saturating_sub(waited).max(from);
+            pieces.push(CallPiece {
+                start: from,
+                end: ran,
+                waited: 0,
+            });
+            pieces.push(CallPiece {
+                start: ran,
+                end: woke,
+                waited: woke - ran,
+            });
+            woke
+        };
+        let mut at = a;
         if !pinned {
-            sleep_until(self.free_at);
+            at = slept(&mut self.last_call_pieces, at, self.free_at);
+            let cpu = thread_cpu_ns();
             staging.copy_from_slice(src);
             std::hint::black_box(&staging);
+            let done = now();
+            self.last_call_pieces.push(CallPiece {
+                start: at,
+                end: done,
+                waited: (done - at).saturating_sub(thread_cpu_ns() - cpu),
+            });
+            at = done;
         }
-        let staged = now();
+        let staged = at;
         let (start, end) = self.schedule(staged, src.len() as u64 / 20); // 20 GB/s
         if !pinned {
-            sleep_until(end);
+            at = slept(&mut self.last_call_pieces, at, end);
         }
         let b = now();
+        self.last_call_pieces.push(CallPiece {
+            start: at,
+            end: b,
+            waited: 0,
+        });
         // cudaMemcpy, cudaMemcpyAsync.
         let corr = self.api(if pinned { 41 } else { 31 }, a, b);
         self.pending.push(GpuRecord::Memcpy {

@@ -211,6 +211,14 @@ impl Log {
         }
     }
 
+    /// [`Log::add_waiting`], never merged with the span before it: its
+    /// wait for a CPU stays inside it.
+    fn add_apart(&mut self, a: u64, b: u64, cause: &'static str, waited: u64) {
+        if b > a {
+            self.spans.push((a, b, cause, waited));
+        }
+    }
+
     /// Host work of `cause`: the share of it the kernel did not charge this
     /// thread for (its CPU clock) goes to `cpu.contention` instead — time
     /// waiting for a CPU, and a CPU the hypervisor took from it (steal):
@@ -682,8 +690,16 @@ fn main() {
                 }
             }
             Bottleneck::Memory => {
-                let (a, b) = dev.memcpy(&src, &mut staging, pinned);
-                log.add(a, b, "memory");
+                dev.memcpy(&src, &mut staging, pinned);
+                // Its waits for a CPU where they were: waking from its
+                // sleeps (while the GPU had nothing to do) and staging.
+                for p in &dev.last_call_pieces {
+                    if p.waited > 0 && p.waited == p.end - p.start {
+                        log.add_apart(p.start, p.end, "cpu.contention", 0);
+                    } else {
+                        log.add_apart(p.start, p.end, "memory", p.waited);
+                    }
+                }
                 for _ in 0..4 {
                     let (a, b) = dev.launch(1_500_000, launch_cost(20_000));
                     log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
