@@ -43,7 +43,7 @@ use super::account::{Account, Moment, Who};
 use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use super::lockstep::Meeting;
-use crate::timeline::gpu::{ApiRole, Call, Device};
+use crate::timeline::gpu::{ApiRole, Call, Device, Work};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
 use gapscope_wire::record::memory_kind;
 use gapscope_wire::GpuRecord;
@@ -259,7 +259,7 @@ pub struct Run<'a> {
     /// The feeder's CUDA calls, by start.
     pub calls: &'a [Call],
     /// The GPU's work, sorted once for every plan replayed.
-    pub work: Issued,
+    pub work: Issued<'a>,
     pub pool: Pool,
     /// CPUs the loaders could have: the machine's, less the feeder's share.
     pub spare_cpus: f64,
@@ -292,62 +292,100 @@ struct Item {
 }
 
 /// A GPU's work as the replay issues it: the feeder's, by its launching
-/// call's start; the rest, by its recorded start.
-pub struct Issued {
-    mine: Vec<Item>,
-    others: Vec<Item>,
+/// call's start; the rest, by its recorded start. Kept as places in the
+/// device's work, each item read from there as the replay reaches it: a
+/// copy of every item would hold the GPU's work twice over a long run.
+#[derive(Default)]
+pub struct Issued<'a> {
+    work: &'a [Work],
+    /// The device's collectives waiting for the other GPUs, and those
+    /// matched with theirs (`GpuTimeline`'s).
+    waiting: &'a [(u64, u64)],
+    met: &'a [(u64, usize)],
+    /// Indices into `work`, each in the order it is issued.
+    mine: Vec<usize>,
+    others: Vec<usize>,
 }
 
-impl Issued {
-    /// `waiting` and `met`: the device's collectives waiting for the other
-    /// GPUs, and those matched with theirs (`GpuTimeline`'s).
+impl<'a> Issued<'a> {
     pub fn of(
-        device: &Device,
+        device: &'a Device,
         feeder: Tid,
-        waiting: &[(u64, u64)],
-        met: &[(u64, usize)],
-    ) -> Issued {
-        let is_mine =
-            |w: &crate::timeline::gpu::Work| matches!(w.launch, Some((t, _)) if t == feeder);
-        let n = device.work.iter().filter(|w| is_mine(w)).count();
-        let (mut mine, mut others) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(device.work.len() - n),
-        );
-        for w in &device.work {
-            let (start, end) = w.span();
-            let pageable = matches!(
+        waiting: &'a [(u64, u64)],
+        met: &'a [(u64, usize)],
+    ) -> Issued<'a> {
+        let work = device.work.as_slice();
+        let (mut mine, mut others): (Vec<usize>, Vec<usize>) =
+            (0..work.len()).partition(|&k| is_mine(&work[k], feeder));
+        // Stable: items issued at once keep the device's order.
+        mine.sort_by_key(|&k| issued_at(&work[k], true));
+        others.sort_by_key(|&k| issued_at(&work[k], false));
+        mine.shrink_to_fit();
+        others.shrink_to_fit();
+        Issued {
+            work,
+            waiting,
+            met,
+            mine,
+            others,
+        }
+    }
+
+    /// The `i`th item the feeder issued.
+    fn mine(&self, i: usize) -> Item {
+        self.item(self.mine[i], true)
+    }
+
+    /// The `i`th item the other threads issued.
+    fn other(&self, i: usize) -> Item {
+        self.item(self.others[i], false)
+    }
+
+    fn item(&self, k: usize, mine: bool) -> Item {
+        let w = &self.work[k];
+        let (start, end) = w.span();
+        Item {
+            issued: issued_at(w, mine),
+            recorded_start: start,
+            recorded_end: end,
+            dur: end.saturating_sub(start),
+            stream: w.stream(),
+            pageable: matches!(
                 w.record,
                 GpuRecord::Memcpy { src_kind, dst_kind, .. }
                     if src_kind == memory_kind::PAGEABLE || dst_kind == memory_kind::PAGEABLE
-            );
-            let it = |issued| Item {
-                issued,
-                recorded_start: start,
-                recorded_end: end,
-                dur: end.saturating_sub(start),
-                stream: w.stream(),
-                pageable,
-                waiting: crate::intervals::within(waiting, start, end),
-                meet: met
-                    .binary_search_by_key(&start, |m| m.0)
-                    .ok()
-                    .filter(|_| matches!(w.record, GpuRecord::Kernel { .. }))
-                    .map(|i| met[i].1),
-            };
-            match w.launch {
-                Some((_, at)) if is_mine(w) => mine.push(it(at)),
-                _ => others.push(it(start)),
-            }
+            ),
+            waiting: crate::intervals::within(self.waiting, start, end),
+            meet: self
+                .met
+                .binary_search_by_key(&start, |m| m.0)
+                .ok()
+                .filter(|_| matches!(w.record, GpuRecord::Kernel { .. }))
+                .map(|i| self.met[i].1),
         }
-        mine.sort_by_key(|i| i.issued);
-        others.sort_by_key(|i| i.issued);
-        Issued { mine, others }
     }
 
     /// Whether any of its collectives waited for another GPU.
     fn waited(&self) -> bool {
-        self.mine.iter().chain(&self.others).any(|i| i.waiting > 0)
+        !self.waiting.is_empty()
+            && self.work.iter().any(|w| {
+                let (s, e) = w.span();
+                crate::intervals::within(self.waiting, s, e) > 0
+            })
+    }
+}
+
+/// Whether the feeder launched `w`.
+fn is_mine(w: &Work, feeder: Tid) -> bool {
+    matches!(w.launch, Some((t, _)) if t == feeder)
+}
+
+/// When the replay issues `w`: the feeder's by its launching call's start,
+/// the rest by its recorded start.
+fn issued_at(w: &Work, mine: bool) -> u64 {
+    match w.launch {
+        Some((_, at)) if mine => at,
+        _ => w.start(),
     }
 }
 
@@ -618,7 +656,8 @@ impl Run<'_> {
         let paced = self.pool.paced();
         // Batches came at the pool's pace from when it began.
         let p0 = self.pool.start.clamp(t0, t1);
-        let (mine, others) = (&self.work.mine, &self.work.others);
+        let (mine, others) = (self.work.mine.len(), self.work.others.len());
+        let (m, o) = (|i| self.work.mine(i), |i| self.work.other(i));
         let (mut mi, mut oi) = (0, 0);
         let mut gpu = Gpu {
             peers,
@@ -644,20 +683,20 @@ impl Run<'_> {
         let mut moments = 0usize;
         while let Some(p) = self.account.get(i) {
             // What was issued before this moment goes now.
-            while mi < mine.len() && mine[mi].issued < p.start {
-                gpu.run(h, &mine[mi]);
+            while let Some(it) = (mi < mine).then(|| m(mi)).filter(|it| it.issued < p.start) {
+                gpu.run(h, &it);
                 mi += 1;
             }
             // Others' work keeps its place in the feeder's time: between
             // the last step's start and this one's, in proportion.
             let ((rs, hs), (re, he)) = (step, (p.start, h));
-            while oi < others.len() && others[oi].issued < re {
-                let into = others[oi].issued.max(rs) - rs;
+            while let Some(it) = (oi < others).then(|| o(oi)).filter(|it| it.issued < re) {
+                let into = it.issued.max(rs) - rs;
                 let ready = match re - rs {
                     0 => he,
                     len => hs + (into as u128 * (he - hs) as u128 / len as u128) as u64,
                 };
-                gpu.run(ready, &others[oi]);
+                gpu.run(ready, &it);
                 oi += 1;
             }
             step = (re, he);
@@ -706,12 +745,7 @@ impl Run<'_> {
             }
             if let Some(call) = self.call_at_from(p.start, &mut ci) {
                 skip_until = call.end;
-                let issued = |mi: usize| {
-                    mine[mi..]
-                        .iter()
-                        .take_while(|it| it.issued < call.end)
-                        .count()
-                };
+                let issued = |mi: usize| (mi..mine).take_while(|&k| m(k).issued < call.end).count();
                 match call.role {
                     ApiRole::Launch => {
                         let cost = if plan.removes(Cause::CpuLaunch) {
@@ -723,7 +757,7 @@ impl Run<'_> {
                         h += cost;
                         sync_left = 0;
                         for _ in 0..issued(mi) {
-                            gpu.run(h, &mine[mi]);
+                            gpu.run(h, &m(mi));
                             mi += 1;
                         }
                     }
@@ -742,7 +776,7 @@ impl Run<'_> {
                     }
                     ApiRole::Memory => {
                         let n = issued(mi);
-                        let copies = &mine[mi..mi + n];
+                        let copies: Vec<Item> = (mi..mi + n).map(m).collect();
                         // A copy call waits for its copy when it says so
                         // (not ...Async) or the host memory is pageable, and
                         // it did return after the copy.
@@ -756,7 +790,7 @@ impl Run<'_> {
                                 .is_some_and(|end| call.end + SYNC_COPY_SLACK_NS >= end);
                         if plan.removes(Cause::Memory) {
                             // From pinned memory: issued, not waited for.
-                            for c in copies {
+                            for c in &copies {
                                 gpu.run(h, c);
                             }
                         } else if waited {
@@ -771,7 +805,7 @@ impl Run<'_> {
                             let drained = h.max(gpu.awaited(first_copy.unwrap_or(call.start)));
                             let staged = drained + staging;
                             let mut end = staged;
-                            for c in copies {
+                            for c in &copies {
                                 end = end.max(gpu.run(staged, c));
                             }
                             log.note(h, end, Cause::Memory);
@@ -780,7 +814,7 @@ impl Run<'_> {
                             let cost = call.end.saturating_sub(call.start);
                             log.note(h, h + cost, Cause::Memory);
                             h += cost;
-                            for c in copies {
+                            for c in &copies {
                                 gpu.run(h, c);
                             }
                         }
@@ -838,8 +872,8 @@ impl Run<'_> {
             }
             i += 1;
         }
-        for it in mine[mi..].iter().chain(&others[oi..]) {
-            gpu.run(h, it);
+        for it in (mi..mine).map(m).chain((oi..others).map(o)) {
+            gpu.run(h, &it);
         }
         let end = h.max(gpu.done) + tail;
         Outcome {
@@ -1191,7 +1225,7 @@ fn replay_all(runs: &[Run], lockstep: bool, plan: &Plan) -> Vec<Outcome> {
 mod tests {
     use super::*;
     use crate::analyze::attribute::Piece;
-    use crate::timeline::gpu::{CallName, Work};
+    use crate::timeline::gpu::CallName;
     use gapscope_wire::GpuRecord;
 
     const FEEDER: Tid = (1, 1);
@@ -1679,10 +1713,7 @@ mod tests {
             feeder: FEEDER,
             account,
             calls: &[],
-            work: Issued {
-                mine: Vec::new(),
-                others: Vec::new(),
-            },
+            work: Issued::default(),
             pool,
             spare_cpus,
             idle_cpus,
