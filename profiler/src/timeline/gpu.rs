@@ -290,6 +290,8 @@ pub struct GpuRecords {
     markers: Vec<u64>,
     /// A role per API id, decided once: the names repeat millions of times.
     roles: HashMap<(ApiDomain, u32), ApiRole>,
+    /// Kernel names, one copy each: every record is read with its own.
+    kernel_names: std::collections::HashSet<std::sync::Arc<str>>,
     /// Records taken, of any kind.
     pub count: u64,
 }
@@ -320,6 +322,15 @@ impl GpuRecords {
                 });
             }
             GpuRecord::Kernel { .. } | GpuRecord::Memcpy { .. } | GpuRecord::Memset { .. } => {
+                let mut r = r;
+                if let GpuRecord::Kernel { name, .. } = &mut r {
+                    match self.kernel_names.get(&**name) {
+                        Some(known) => *name = known.clone(),
+                        None => {
+                            self.kernel_names.insert(name.clone());
+                        }
+                    }
+                }
                 self.work.push(Work {
                     pid,
                     record: r,
