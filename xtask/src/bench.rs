@@ -1346,8 +1346,8 @@ fn memory_flat(peaks: &[(u64, u64)]) -> Row {
     let mut missed = Vec::new();
     if ratio > FLAT_RATIO {
         missed.push(
-            "the GPU's work and CUDA calls, the main feeder's account and the replay's copy of \
-             the GPU's work are held for the whole recording",
+            "the GPU's work and CUDA calls, the main feeder's account and, in each replay, \
+             the replayed end of every item of the GPU's work are held for the whole recording",
         );
     }
     match peak(largest) {
