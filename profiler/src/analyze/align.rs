@@ -8,8 +8,6 @@
 //! collective on two ranks are the same moment. Then the starts say who
 //! came last: the rank the others waited for.
 
-use gapscope_wire::GpuRecord;
-
 use crate::analyze::gpu::is_communication_kernel;
 use crate::timeline::gpu::{Device, GpuSide};
 
@@ -67,9 +65,7 @@ pub fn collectives_of(device: &Device) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = device
         .work
         .iter()
-        .filter(|w| {
-            matches!(&w.record, GpuRecord::Kernel { name, .. } if is_communication_kernel(name))
-        })
+        .filter(|w| w.kernel().is_some_and(|k| is_communication_kernel(&k.name)))
         .map(|w| w.span())
         .collect();
     out.sort_unstable();

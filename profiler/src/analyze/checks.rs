@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use gapscope_wire::GpuRecord;
 use serde::Serialize;
 
 use crate::timeline::{Interval, State, Timeline};
@@ -57,12 +56,11 @@ pub fn clock_checks(tl: &Timeline) -> BTreeMap<u32, ClockCheck> {
     let mut out: BTreeMap<u32, ClockCheck> = BTreeMap::new();
     for d in &tl.gpu.devices {
         for w in &d.work {
-            let (GpuRecord::Kernel { start, .. }, Some((thread, launched))) = (&w.record, w.launch)
-            else {
+            let (Some(_), Some((thread, launched))) = (w.kernel(), w.launch) else {
                 continue;
             };
             let c = out.entry(d.id).or_default();
-            c.kernel(*start, launched);
+            c.kernel(w.start, launched);
             let states = tl.threads.get(&thread).and_then(|t| t.intervals.as_deref());
             c.launch(states.map(|iv| on_cpu_at(iv, launched)));
         }

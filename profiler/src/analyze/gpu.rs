@@ -4,10 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use gapscope_wire::GpuRecord;
-
 use crate::intervals::{clip, holes, intersect, minus, total, union, within, Spans};
-use crate::timeline::gpu::Device;
+use crate::timeline::gpu::{Device, What};
 use crate::timeline::GpuSide;
 
 /// Gaps strictly longer than these, in ns (the report's contract).
@@ -162,30 +160,27 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
             for w in &d.work {
                 let (s, e) = w.span();
                 all.push((s, e));
-                match &w.record {
-                    GpuRecord::Kernel { .. } => tl.kernels.add(s, e, 0),
-                    GpuRecord::Memcpy {
+                match w.what {
+                    What::Kernel(_) => tl.kernels.add(s, e, 0),
+                    What::Memcpy {
                         bytes,
                         copy_kind,
                         src_kind,
                         dst_kind,
-                        ..
                     } => {
-                        let host_kind = match *copy_kind {
-                            gapscope_wire::record::copy_kind::HTOD => *src_kind,
-                            gapscope_wire::record::copy_kind::DTOH => *dst_kind,
+                        let host_kind = match copy_kind {
+                            gapscope_wire::record::copy_kind::HTOD => src_kind,
+                            gapscope_wire::record::copy_kind::DTOH => dst_kind,
                             _ => 0,
                         };
-                        let mut key =
-                            gapscope_wire::record::copy_kind::name(*copy_kind).to_string();
+                        let mut key = gapscope_wire::record::copy_kind::name(copy_kind).to_string();
                         if host_kind != 0 {
                             key += " ";
                             key += gapscope_wire::record::memory_kind::name(host_kind);
                         }
-                        tl.copies.entry(key).or_default().add(s, e, *bytes);
+                        tl.copies.entry(key).or_default().add(s, e, bytes);
                     }
-                    GpuRecord::Memset { bytes, .. } => tl.memsets.add(s, e, *bytes),
-                    _ => {}
+                    What::Memset { bytes } => tl.memsets.add(s, e, bytes),
                 }
             }
             tl.waiting = union(placed.waiting);
@@ -211,8 +206,8 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
 fn compute_and_communication_alone(d: &Device) -> (Spans, Spans) {
     let (mut compute, mut communication) = (Vec::new(), Vec::new());
     for w in &d.work {
-        if let GpuRecord::Kernel { name, .. } = &w.record {
-            if is_communication_kernel(name) {
+        if let Some(k) = w.kernel() {
+            if is_communication_kernel(&k.name) {
                 communication.push(w.span());
             } else {
                 compute.push(w.span());
@@ -235,6 +230,7 @@ pub fn exposed_waiting(d: &Device, waiting: &[(u64, u64)]) -> u64 {
 mod tests {
     use super::*;
     use crate::session::Session;
+    use gapscope_wire::GpuRecord;
 
     fn accounts(mut s: Session, start: u64, end: u64) -> Vec<GpuTimeline> {
         gpu_timelines(&GpuSide::build(&mut s), start, end)

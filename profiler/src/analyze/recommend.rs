@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use gapscope_wire::GpuRecord;
 use serde::Serialize;
 
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
@@ -540,14 +539,11 @@ fn late_because(h: &GpuDiagnosis) -> String {
 fn communication_advice(tl: &Timeline, d: &Diagnosis, exposed: u64, wall: u64) -> Recommendation {
     let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for w in tl.gpu.devices.iter().flat_map(|d| &d.work) {
-        if let GpuRecord::Kernel {
-            name, start, end, ..
-        } = &w.record
-        {
-            if crate::analyze::gpu::is_communication_kernel(name) {
-                let e = by_name.entry(name).or_default();
+        if let Some(k) = w.kernel() {
+            if crate::analyze::gpu::is_communication_kernel(&k.name) {
+                let e = by_name.entry(&k.name).or_default();
                 e.0 += 1;
-                e.1 += end.saturating_sub(*start);
+                e.1 += w.end.saturating_sub(w.start);
             }
         }
     }
@@ -917,8 +913,8 @@ impl Evidence<'_> {
     fn kernel_histogram(&self) -> String {
         let mut buckets = [0u64; 4];
         for w in self.tl.gpu.devices.iter().flat_map(|d| &d.work) {
-            if let GpuRecord::Kernel { start, end, .. } = &w.record {
-                let d = end.saturating_sub(*start);
+            if w.kernel().is_some() {
+                let d = w.end.saturating_sub(w.start);
                 let i = match d {
                     0..10_000 => 0,
                     10_000..100_000 => 1,

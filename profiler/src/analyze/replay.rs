@@ -43,10 +43,9 @@ use super::account::{Account, Moment, Who};
 use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use super::lockstep::Meeting;
-use crate::timeline::gpu::{ApiRole, Call, Device, Work};
+use crate::timeline::gpu::{ApiRole, Call, Device, What, Work};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
 use gapscope_wire::record::memory_kind;
-use gapscope_wire::GpuRecord;
 
 /// A pool busy this share of the recording paced the feeder.
 const POOL_BOUND: f64 = 0.75;
@@ -351,8 +350,8 @@ impl<'a> Issued<'a> {
             dur: end.saturating_sub(start),
             stream: w.stream(),
             pageable: matches!(
-                w.record,
-                GpuRecord::Memcpy { src_kind, dst_kind, .. }
+                w.what,
+                What::Memcpy { src_kind, dst_kind, .. }
                     if src_kind == memory_kind::PAGEABLE || dst_kind == memory_kind::PAGEABLE
             ),
             waiting: crate::intervals::within(self.waiting, start, end),
@@ -360,7 +359,7 @@ impl<'a> Issued<'a> {
                 .met
                 .binary_search_by_key(&start, |m| m.0)
                 .ok()
-                .filter(|_| matches!(w.record, GpuRecord::Kernel { .. }))
+                .filter(|_| w.kernel().is_some())
                 .map(|i| self.met[i].1),
         }
     }
@@ -1226,7 +1225,6 @@ mod tests {
     use super::*;
     use crate::analyze::attribute::Piece;
     use crate::timeline::gpu::CallName;
-    use gapscope_wire::GpuRecord;
 
     const FEEDER: Tid = (1, 1);
     const LOADER: Tid = (2, 2);
@@ -1383,19 +1381,18 @@ mod tests {
             let start = self.at.max(self.free);
             self.free = start + kernel_ns;
             self.work.push(Work {
+                start,
+                end: self.free,
+                launch: Some((FEEDER, issued)),
                 pid: 1,
-                record: GpuRecord::Kernel {
-                    start,
-                    end: self.free,
-                    device: 0,
-                    context: 1,
-                    stream: 7,
-                    correlation: 0,
+                device: 0,
+                stream: 7,
+                correlation: 0,
+                what: What::Kernel(std::sync::Arc::new(crate::timeline::gpu::Kernel {
+                    name: "k".into(),
                     grid: [1, 1, 1],
                     block: [1, 1, 1],
-                    name: "k".into(),
-                },
-                launch: Some((FEEDER, issued)),
+                })),
             });
         }
 

@@ -9,8 +9,6 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
-use gapscope_wire::GpuRecord;
-
 use super::attribute::{self, Attribution, Cause, Inputs, Tid};
 use super::checks::{on_cpu_at, ClockCheck};
 use super::code::CodeOf;
@@ -108,11 +106,10 @@ impl Attributor {
         let mut launches = Vec::new();
         for d in &tl.gpu.devices {
             for w in &d.work {
-                let (GpuRecord::Kernel { start, .. }, Some((thread, at))) = (&w.record, w.launch)
-                else {
+                let (Some(_), Some((thread, at))) = (w.kernel(), w.launch) else {
                     continue;
                 };
-                checks.entry(d.id).or_default().kernel(*start, at);
+                checks.entry(d.id).or_default().kernel(w.start, at);
                 launches.push(Launch {
                     at,
                     thread,

@@ -8,10 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
 use gapscope_wire::record::{copy_kind, memory_kind};
-use gapscope_wire::GpuRecord;
 
 use super::{Options, View};
-use crate::timeline::gpu::CallName;
+use crate::timeline::gpu::{CallName, What, Work};
 use crate::timeline::{syscall_name, State, Timeline};
 
 // Trace viewers read pid and tid as 32-bit integers. Real Linux ids stay
@@ -255,44 +254,22 @@ impl<W: Write> Writer<'_, W> {
     }
 }
 
-fn gpu_work(r: &GpuRecord) -> Option<(u32, u32, u64, u64, u32, String, String)> {
-    Some(match r {
-        GpuRecord::Kernel {
-            device,
-            stream,
-            start,
-            end,
-            correlation,
-            name,
-            grid,
-            block,
-            ..
-        } => (
-            *device,
-            *stream,
-            *start,
-            *end,
-            *correlation,
-            name.to_string(),
-            format!(r#""grid":{grid:?},"block":{block:?},"correlation":{correlation}"#),
+fn gpu_work(w: &Work) -> (u32, u32, u64, u64, u32, String, String) {
+    let correlation = w.correlation;
+    let (name, args) = match &w.what {
+        What::Kernel(k) => (
+            k.name.to_string(),
+            format!(
+                r#""grid":{:?},"block":{:?},"correlation":{correlation}"#,
+                k.grid, k.block
+            ),
         ),
-        GpuRecord::Memcpy {
-            device,
-            stream,
-            start,
-            end,
-            correlation,
+        What::Memcpy {
             bytes,
             copy_kind: ck,
             src_kind,
             dst_kind,
-            ..
         } => (
-            *device,
-            *stream,
-            *start,
-            *end,
-            *correlation,
             format!("Memcpy {}", copy_kind::name(*ck)),
             format!(
                 r#""bytes":{bytes},"from":"{}","to":"{}","correlation":{correlation}"#,
@@ -300,25 +277,12 @@ fn gpu_work(r: &GpuRecord) -> Option<(u32, u32, u64, u64, u32, String, String)> 
                 memory_kind::name(*dst_kind)
             ),
         ),
-        GpuRecord::Memset {
-            device,
-            stream,
-            start,
-            end,
-            correlation,
-            bytes,
-            ..
-        } => (
-            *device,
-            *stream,
-            *start,
-            *end,
-            *correlation,
+        What::Memset { bytes } => (
             "Memset".into(),
             format!(r#""bytes":{bytes},"correlation":{correlation}"#),
         ),
-        _ => return None,
-    })
+    };
+    (w.device, w.stream, w.start, w.end, correlation, name, args)
 }
 
 /// Parses `START..END`, seconds from the start of the recording (either
@@ -495,9 +459,7 @@ pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
     }
     let mut flow_id = 0u64;
     for work in tl.gpu.devices.iter().flat_map(|d| &d.work) {
-        let Some((dev, stream, start, end, corr, name, args)) = gpu_work(&work.record) else {
-            continue;
-        };
+        let (dev, stream, start, end, corr, name, args) = gpu_work(work);
         let pid = &work.pid;
         let Some(gpu_track) = w.slice(
             Track::Stream(dev, stream),

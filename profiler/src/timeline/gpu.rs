@@ -83,71 +83,82 @@ pub struct Call {
 // A long run holds millions of calls.
 const _: () = assert!(std::mem::size_of::<Call>() == 48);
 
-/// One piece of GPU work (a kernel, copy or memset) and who launched it.
+/// One piece of GPU work (a kernel, copy or memset) and who launched it:
+/// what the analysis and every renderer read of it, taken apart once from
+/// the record it came in (a long run holds millions).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Work {
-    /// The process whose GPU source reported it.
-    pub pid: u32,
-    /// The record as reported: always `Kernel`, `Memcpy` or `Memset`.
-    pub record: GpuRecord,
+    pub start: u64,
+    pub end: u64,
     /// The host thread whose call launched it, and that call's start.
     pub launch: Option<(Tid, u64)>,
+    /// The process whose GPU source reported it.
+    pub pid: u32,
+    /// The GPU (see [`physical_ids`]) and stream it ran on.
+    pub device: u32,
+    pub stream: u32,
+    /// The id that ties it to the call that launched it.
+    pub correlation: u32,
+    pub what: What,
+}
+
+const _: () = assert!(std::mem::size_of::<Work>() == 72);
+
+/// What a piece of GPU work was.
+#[derive(Clone, Debug, PartialEq)]
+pub enum What {
+    /// Shared: a job launches the same few kernels, shaped alike, millions
+    /// of times.
+    Kernel(std::sync::Arc<Kernel>),
+    /// `copy_kind` and the memory kinds as `gapscope_wire::record` numbers
+    /// them.
+    Memcpy {
+        bytes: u64,
+        copy_kind: u8,
+        src_kind: u8,
+        dst_kind: u8,
+    },
+    Memset {
+        bytes: u64,
+    },
+}
+
+/// A kernel as launched: its name as CUPTI gives it (mangled for C++) and
+/// its shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub name: std::sync::Arc<str>,
+    pub grid: [i32; 3],
+    pub block: [i32; 3],
 }
 
 impl Work {
     pub fn start(&self) -> u64 {
-        self.record.start()
+        self.start
     }
 
     pub fn span(&self) -> (u64, u64) {
-        self.record.span().expect("work records have a span")
-    }
-
-    /// (device, stream, correlation id).
-    fn place(&self) -> (u32, u32, u32) {
-        match &self.record {
-            GpuRecord::Kernel {
-                device,
-                stream,
-                correlation,
-                ..
-            }
-            | GpuRecord::Memcpy {
-                device,
-                stream,
-                correlation,
-                ..
-            }
-            | GpuRecord::Memset {
-                device,
-                stream,
-                correlation,
-                ..
-            } => (*device, *stream, *correlation),
-            _ => (0, 0, 0),
-        }
+        (self.start, self.end)
     }
 
     pub fn device(&self) -> u32 {
-        self.place().0
-    }
-
-    /// Puts it on GPU `id` (see [`physical_ids`]).
-    fn set_device(&mut self, id: u32) {
-        match &mut self.record {
-            GpuRecord::Kernel { device, .. }
-            | GpuRecord::Memcpy { device, .. }
-            | GpuRecord::Memset { device, .. } => *device = id,
-            _ => {}
-        }
+        self.device
     }
 
     pub fn stream(&self) -> u32 {
-        self.place().1
+        self.stream
     }
 
     pub fn correlation(&self) -> u32 {
-        self.place().2
+        self.correlation
+    }
+
+    /// The kernel it was, if it was one.
+    pub fn kernel(&self) -> Option<&Kernel> {
+        match &self.what {
+            What::Kernel(k) => Some(k),
+            _ => None,
+        }
     }
 }
 
@@ -290,8 +301,9 @@ pub struct GpuRecords {
     markers: Vec<u64>,
     /// A role per API id, decided once: the names repeat millions of times.
     roles: HashMap<(ApiDomain, u32), ApiRole>,
-    /// Kernel names, one copy each: every record is read with its own.
-    kernel_names: std::collections::HashSet<std::sync::Arc<str>>,
+    /// Kernels, one copy of each name and shape: every record is read
+    /// with its own.
+    kernels: std::collections::HashSet<std::sync::Arc<Kernel>>,
     /// Records taken, of any kind.
     pub count: u64,
 }
@@ -321,22 +333,81 @@ impl GpuRecords {
                     correlation: Some(correlation),
                 });
             }
-            GpuRecord::Kernel { .. } | GpuRecord::Memcpy { .. } | GpuRecord::Memset { .. } => {
-                let mut r = r;
-                if let GpuRecord::Kernel { name, .. } = &mut r {
-                    match self.kernel_names.get(&**name) {
-                        Some(known) => *name = known.clone(),
-                        None => {
-                            self.kernel_names.insert(name.clone());
-                        }
+            GpuRecord::Kernel {
+                start,
+                end,
+                device,
+                stream,
+                correlation,
+                grid,
+                block,
+                name,
+                ..
+            } => {
+                let k = Kernel { name, grid, block };
+                let k = match self.kernels.get(&k) {
+                    Some(known) => known.clone(),
+                    None => {
+                        let k = std::sync::Arc::new(k);
+                        self.kernels.insert(k.clone());
+                        k
                     }
-                }
+                };
                 self.work.push(Work {
-                    pid,
-                    record: r,
+                    start,
+                    end,
                     launch: None,
-                })
+                    pid,
+                    device,
+                    stream,
+                    correlation,
+                    what: What::Kernel(k),
+                });
             }
+            GpuRecord::Memcpy {
+                start,
+                end,
+                device,
+                stream,
+                correlation,
+                bytes,
+                copy_kind,
+                src_kind,
+                dst_kind,
+                ..
+            } => self.work.push(Work {
+                start,
+                end,
+                launch: None,
+                pid,
+                device,
+                stream,
+                correlation,
+                what: What::Memcpy {
+                    bytes,
+                    copy_kind,
+                    src_kind,
+                    dst_kind,
+                },
+            }),
+            GpuRecord::Memset {
+                start,
+                end,
+                device,
+                stream,
+                correlation,
+                bytes,
+                ..
+            } => self.work.push(Work {
+                start,
+                end,
+                launch: None,
+                pid,
+                device,
+                stream,
+                correlation,
+                what: What::Memset { bytes },
+            }),
             GpuRecord::Sync {
                 start,
                 end,
@@ -389,10 +460,7 @@ impl GpuRecords {
             dropped += keep_in(ranges, |r| span(r.start, r.end));
         }
         self.ranges.retain(|_, v| !v.is_empty());
-        dropped += keep_in(&mut self.work, |w| {
-            let (s, e) = w.span();
-            span(s, e)
-        });
+        dropped += keep_in(&mut self.work, |w| span(w.start, w.end));
         dropped += keep_in(&mut self.syncs, |x| span(x.start, x.end));
         dropped += keep_in(&mut self.markers, |&t| ok(t));
         self.count -= dropped as u64;
@@ -464,8 +532,8 @@ impl GpuSide {
         let physical = physical_ids(&used, &uuids, &session.nvml_devices);
         let mut by_dev: BTreeMap<u32, Device> = BTreeMap::new();
         for w in &mut work {
-            if let Some(&id) = physical.get(&(w.pid, w.device())) {
-                w.set_device(id);
+            if let Some(&id) = physical.get(&(w.pid, w.device)) {
+                w.device = id;
             }
             let correlation = w.correlation();
             w.launch = issuer.get(&(w.pid, correlation)).copied();
@@ -531,7 +599,7 @@ impl GpuSide {
         let merged = union(gaps);
         let mut launches: HashMap<Tid, Vec<u64>> = HashMap::new();
         for w in self.devices.iter().flat_map(|d| &d.work) {
-            if let (GpuRecord::Kernel { .. }, Some((t, at))) = (&w.record, w.launch) {
+            if let (What::Kernel(_), Some((t, at))) = (&w.what, w.launch) {
                 launches.entry(t).or_default().push(at);
             }
         }
