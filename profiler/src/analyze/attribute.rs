@@ -55,7 +55,7 @@ pub struct Inputs<'a> {
     pub busy: &'a [(u64, u64)],
     /// Start of each GPU work item on this GPU and the thread that issued
     /// it, when known (from the correlation with its API call).
-    pub work: &'a [(u64, Option<Tid>)],
+    pub work: &'a [crate::timeline::gpu::Work],
     /// Threads with their state intervals.
     pub threads: &'a BTreeMap<Tid, ThreadTimeline>,
     /// The processes, for who descends from whom: a feeder's loaders are
@@ -335,12 +335,12 @@ pub(crate) fn attribute_gap(
     out: &mut Attribution,
 ) {
     // The work that ended the gap: the first item starting at b.
-    let i = inp.work.partition_point(|x| x.0 < b);
+    let i = inp.work.partition_point(|x| x.start < b);
     let feeder = inp
         .work
         .get(i)
-        .filter(|x| x.0 == b)
-        .and_then(|x| x.1)
+        .filter(|x| x.start == b)
+        .and_then(|x| x.launch.map(|l| l.0))
         .or(fallback);
     match feeder {
         Some(f) => split_gap(inp, f, a, b, out),
@@ -1264,10 +1264,24 @@ mod tests {
             })
             .collect();
         let ops = HashMap::new();
+        // Only when each item started and who launched it are read.
+        let work: Vec<crate::timeline::gpu::Work> = work
+            .iter()
+            .map(|&(start, by)| crate::timeline::gpu::Work {
+                start,
+                end: start,
+                launch: by.map(|t| (t, start)),
+                pid: by.map_or(0, |t| t.0),
+                device: 0,
+                stream: 0,
+                correlation: 0,
+                what: crate::timeline::gpu::What::Memset { bytes: 0 },
+            })
+            .collect();
         let a = attribute(&Inputs {
             window,
             busy,
-            work,
+            work: &work,
             threads: &threads,
             processes: &processes,
             io_tally,

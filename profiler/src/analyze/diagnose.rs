@@ -184,12 +184,11 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &Code
         .into_iter()
         .zip(&tl.gpu.devices)
         .map(|(gpu, device)| {
-            let work = device.starts();
             let spans = edges.bound((tl.start, tl.end), &gpu.busy);
             let inputs = Inputs {
                 window: (tl.start, tl.end),
                 busy: &spans,
-                work: &work,
+                work: &device.work,
                 threads: &tl.threads,
                 processes: &tl.processes,
                 io_tally: &tl.io_tally,
@@ -203,7 +202,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &Code
                 unsettled: None,
             };
             let attribution = attribute::attribute(&inputs);
-            let feeder = attribute::main_feeder(&work).map(|tid| {
+            let feeder = attribute::main_feeder(&device.work).map(|tid| {
                 let mut account = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::account(&inputs, tid, tl.start, tl.end, &mut account);
                 let mut f = Feeder::new(tid, tl.start);

@@ -22,8 +22,9 @@ struct Device {
     gpu: GpuTimeline,
     /// Its busy spans as the rules walk them ([`attribute::Edges::bound`]).
     spans: Vec<(u64, u64)>,
-    /// Start of each work item and who launched it.
-    work: Vec<(u64, Option<Tid>)>,
+    /// Its place among the timeline's devices: the rules read its work
+    /// there (each item's start and who launched it).
+    index: usize,
     fallback: Option<Tid>,
     /// The next gap to attribute: between busy[next] and busy[next + 1].
     next: usize,
@@ -39,7 +40,7 @@ struct Device {
 /// pieces come.
 fn inputs<'a>(
     busy: &'a [(u64, u64)],
-    work: &'a [(u64, Option<Tid>)],
+    work: &'a [crate::timeline::gpu::Work],
     tl: &'a Timeline,
     ops: &'a HashMap<Tid, Vec<(u64, u64, Cause)>>,
     code: &'a CodeOf,
@@ -124,12 +125,12 @@ impl Attributor {
         let devices = gpu_timelines(&tl.gpu, window.0, window.1)
             .into_iter()
             .zip(&tl.gpu.devices)
-            .map(|(gpu, d)| {
-                let work = d.starts();
-                let fallback = attribute::main_feeder(&work);
+            .enumerate()
+            .map(|(index, (gpu, d))| {
+                let fallback = attribute::main_feeder(&d.work);
                 Device {
                     fallback,
-                    work,
+                    index,
                     spans: edges.bound(window, &gpu.busy),
                     gpu,
                     next: 0,
@@ -166,7 +167,8 @@ impl Attributor {
                     break;
                 }
                 let unsettled = Cell::new(false);
-                let inp = inputs(&d.spans, &d.work, tl, ops, code, window, Some(&unsettled));
+                let work = &tl.gpu.devices[d.index].work;
+                let inp = inputs(&d.spans, work, tl, ops, code, window, Some(&unsettled));
                 let mut gap = Attribution::new(Vec::new(), Vec::new(), true);
                 attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
                 let mut account = Attribution::new(Vec::new(), Vec::new(), true);
@@ -248,7 +250,8 @@ impl Attributor {
             .devices
             .into_iter()
             .map(|mut d| {
-                let inp = inputs(&d.spans, &d.work, tl, ops, code, window, None);
+                let work = &tl.gpu.devices[d.index].work;
+                let inp = inputs(&d.spans, work, tl, ops, code, window, None);
                 let (head, tail) = attribute::edges(self.window, &d.spans);
                 d.out.add(head);
                 while d.next + 1 < d.spans.len() {

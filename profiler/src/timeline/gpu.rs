@@ -162,12 +162,12 @@ impl Work {
     }
 }
 
-/// The feeder most often seen issuing work (`work`: each item's start and
-/// issuer): the attribution's fallback for gaps whose closing work has no
-/// known issuer, and the thread a what-if replays.
-pub fn main_feeder(work: &[(u64, Option<Tid>)]) -> Option<Tid> {
+/// The feeder most often seen issuing work (`work`: in start order, with
+/// who launched it): the attribution's fallback for gaps whose closing work
+/// has no known issuer, and the thread a what-if replays.
+pub fn main_feeder(work: &[Work]) -> Option<Tid> {
     let mut counts: HashMap<Tid, usize> = HashMap::new();
-    for t in work.iter().filter_map(|w| w.1) {
+    for t in work.iter().filter_map(|w| w.launch.map(|l| l.0)) {
         *counts.entry(t).or_default() += 1;
     }
     counts
@@ -187,16 +187,6 @@ pub struct Device {
     /// Processes that put work on it, in order of first sight.
     pub pids: Vec<u32>,
     pub work: Vec<Work>,
-}
-
-impl Device {
-    /// Start of each work item and the thread that launched it, in order.
-    pub fn starts(&self) -> Vec<(u64, Option<Tid>)> {
-        self.work
-            .iter()
-            .map(|w| (w.start(), w.launch.map(|(t, _)| t)))
-            .collect()
-    }
 }
 
 /// An NVTX range a thread pushed.
@@ -614,7 +604,7 @@ impl GpuSide {
             whole: self
                 .devices
                 .iter()
-                .filter_map(|d| main_feeder(&d.starts()))
+                .filter_map(|d| main_feeder(&d.work))
                 .collect(),
         }
     }
