@@ -133,6 +133,27 @@ pub struct Kernel {
 }
 
 impl Work {
+    /// Work of process `pid` over `(start, end)` on `(device, stream)`
+    /// with its correlation id, once told what it was; its launch is
+    /// found later.
+    fn new(
+        pid: u32,
+        (start, end): (u64, u64),
+        place: (u32, u32, u32),
+    ) -> impl FnOnce(What) -> Work {
+        let (device, stream, correlation) = place;
+        move |what| Work {
+            start,
+            end,
+            launch: None,
+            pid,
+            device,
+            stream,
+            correlation,
+            what,
+        }
+    }
+
     pub fn start(&self) -> u64 {
         self.start
     }
@@ -343,16 +364,8 @@ impl GpuRecords {
                         k
                     }
                 };
-                self.work.push(Work {
-                    start,
-                    end,
-                    launch: None,
-                    pid,
-                    device,
-                    stream,
-                    correlation,
-                    what: What::Kernel(k),
-                });
+                let work = Work::new(pid, (start, end), (device, stream, correlation));
+                self.work.push(work(What::Kernel(k)));
             }
             GpuRecord::Memcpy {
                 start,
@@ -365,21 +378,15 @@ impl GpuRecords {
                 src_kind,
                 dst_kind,
                 ..
-            } => self.work.push(Work {
-                start,
-                end,
-                launch: None,
-                pid,
-                device,
-                stream,
-                correlation,
-                what: What::Memcpy {
+            } => {
+                let work = Work::new(pid, (start, end), (device, stream, correlation));
+                self.work.push(work(What::Memcpy {
                     bytes,
                     copy_kind,
                     src_kind,
                     dst_kind,
-                },
-            }),
+                }))
+            }
             GpuRecord::Memset {
                 start,
                 end,
@@ -388,16 +395,10 @@ impl GpuRecords {
                 correlation,
                 bytes,
                 ..
-            } => self.work.push(Work {
-                start,
-                end,
-                launch: None,
-                pid,
-                device,
-                stream,
-                correlation,
-                what: What::Memset { bytes },
-            }),
+            } => {
+                let work = Work::new(pid, (start, end), (device, stream, correlation));
+                self.work.push(work(What::Memset { bytes }))
+            }
             GpuRecord::Sync {
                 start,
                 end,
