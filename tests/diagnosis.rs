@@ -331,3 +331,10 @@ fn cpus_held_by_a_sibling_of_the_trainer_are_contention_not_input() {
         );
     }
 }
+// The same job recorded as windows of a second, read back as one session.
+scenario_test!(
+    input_io_is_named_from_windows,
+    ["--window", "1"],
+    "input-io",
+    "input.io"
+);

@@ -728,3 +728,119 @@ fn blocked_reads_and_writes_keep_their_own_kernel_paths() {
         "{reads} {writes}"
     );
 }
+
+/// The windows `run --window` wrote in `rec`, in time order.
+fn windows_of(rec: &Path) -> Vec<std::path::PathBuf> {
+    let windows = gapscope::session::windows_in(rec);
+    assert!(
+        !rec.join(gapscope::session::FILE_NAME).exists(),
+        "no session file beside the windows"
+    );
+    windows
+}
+
+/// The events a session file holds, counted from its records.
+fn events_in(window: &Path) -> u64 {
+    let reader = gapscope::session::SessionReader::open(&window.join(gapscope::session::FILE_NAME))
+        .expect("a window's session");
+    reader
+        .filter(|r| matches!(r, gapscope::session::Record::Event(_)))
+        .count() as u64
+}
+
+/// `run --window`: the recording is on disk as windows while it goes, and
+/// reads back as one session — every kernel once (the GPU's busy time is
+/// simtrain's own to the nanosecond, though kernels ran across the cuts and
+/// each window next to a cut holds them), every event of every window, one
+/// job from its start to its exit.
+#[test]
+fn a_run_cut_into_windows_reads_as_one_session() {
+    if !bpf_ready("a_run_cut_into_windows_reads_as_one_session") {
+        return;
+    }
+    simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("windows");
+    let (run, truth) = run_simtrain(
+        dir.path(),
+        &["-q", "--window", "1"],
+        &["--bottleneck", "input-io", "--steps", "300"],
+    );
+    let rec = dir.path().join("rec");
+    let windows = windows_of(&rec);
+    assert!(windows.len() >= 3, "{windows:?}");
+    let report = run.report();
+    assert_partitions(&report);
+    assert_eq!(report["session"]["mode"], "run");
+    assert_eq!(report["session"]["stop_reason"], "target exited");
+    assert!(
+        report["session"]["truncated"].is_null(),
+        "{}",
+        report["session"]
+    );
+    let gpu = &report["gpus"][0];
+    assert_eq!(u64_of(gpu, "busy_ns"), u64_of(&truth, "busy_ns"));
+    let events: u64 = windows.iter().map(|w| events_in(w)).sum();
+    assert_eq!(u64_of(&report["session"], "events"), events);
+    // Each window also reads alone, as the part of the job it saw.
+    let second = report_json(&windows[1]);
+    assert_eq!(second["session"]["mode"], "window");
+    assert!(u64_of(&second["session"], "duration_ns") < u64_of(&report["session"], "duration_ns"));
+}
+
+/// A recorder killed mid-run with `--window` loses at most the window it
+/// was writing: the windows closed before are whole, and the folder reads
+/// as one session to where the recording stopped.
+#[test]
+fn a_killed_recorder_loses_at_most_the_window_being_written() {
+    if !bpf_ready("a_killed_recorder_loses_at_most_the_window_being_written") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("sigkill-windows");
+    let rec = dir.path().join("rec");
+    let mut child = Command::new(gapscope())
+        .args(["run", "-q", "--window", "1", "-o"])
+        .arg(&rec)
+        .arg("--")
+        .arg(workload())
+        .args(["waits", "--ms", "5000"])
+        .spawn()
+        .unwrap();
+    let target = target_of(child.id(), "gs-workload");
+    // Until two windows are closed (a third being written).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while windows_of(&rec).len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap(); // SIGKILL: no chance to close the window
+    child.wait().unwrap();
+    signal(target, libc::SIGKILL);
+    let windows = windows_of(&rec);
+    assert!(windows.len() >= 3, "{windows:?}");
+    let (last, closed) = windows.split_last().unwrap();
+    for w in closed {
+        let footer =
+            gapscope::session::SessionReader::footer(&w.join(gapscope::session::FILE_NAME));
+        assert!(footer.is_some(), "{} has its end", w.display());
+    }
+    assert!(
+        gapscope::session::SessionReader::footer(&last.join(gapscope::session::FILE_NAME))
+            .is_none()
+    );
+    let report = report_json(&rec);
+    assert_partitions(&report);
+    let truncated = report["session"]["truncated"]
+        .as_str()
+        .expect("marked truncated");
+    assert!(truncated.contains("did not finish"), "{truncated}");
+    // The closed windows' second and more of the waiting threads' sleep.
+    let sleeping: Vec<&Value> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| u64_of(&t["off_cpu_ns"], "sleep") >= 1_900_000_000)
+        .collect();
+    assert!(!sleeping.is_empty(), "{report}");
+}

@@ -36,7 +36,7 @@ impl Loaded {
             session::Source::InMemory(s) => kineto::warnings(s)
                 .map(|w| format!("{}: {w}", self.label))
                 .collect(),
-            session::Source::File(_) => Vec::new(),
+            session::Source::File(_) | session::Source::Windows(_) => Vec::new(),
         }
     }
 }
@@ -63,44 +63,33 @@ fn load_file(path: &Path) -> Result<Loaded, LoadError> {
     Ok(Loaded { label, source })
 }
 
-/// A folder of the agent's windows of one job (`<workload>-<pid>/`, a run
-/// directory per window): read as one session, the windows merged as
-/// `agent dump` merges them — the latest recording's, when the job was
-/// recorded more than once. In memory: windows are recorded cheaply.
+/// A folder of windows of one recording — the agent's of one job
+/// (`<workload>-<pid>/`), or `run --window`'s run directory —, a run
+/// directory per window: read as one session, the windows merged as they
+/// are read (the latest recording's, when the job was recorded more than
+/// once). None when the folder holds no windows.
 fn load_windows(dir: &Path) -> Result<Option<Loaded>, LoadError> {
-    let windows = session::windows_in(dir);
-    let first_is_window = windows.first().is_some_and(|w| {
-        session::SessionReader::open(&w.join(session::FILE_NAME))
-            .ok()
-            .and_then(|mut r| r.next())
-            .is_some_and(
-                |r| matches!(r, session::Record::Header(h) if h.mode == session::Mode::Window),
-            )
-    });
-    if !first_is_window {
+    let recordings = session::recordings(&session::windows_in(dir));
+    let Some(last) = recordings.last() else {
+        return Ok(None);
+    };
+    let mode = session::SessionReader::open(&last[0].join(session::FILE_NAME))
+        .ok()
+        .and_then(|mut r| r.next())
+        .and_then(|r| match r {
+            session::Record::Header(h) => Some(h.mode),
+            _ => None,
+        });
+    // The agent's windows, or the one recording `run --window` makes in
+    // its folder (a folder of several runs named by number is not one).
+    let windows = match mode {
+        Some(session::Mode::Window) => true,
+        Some(session::Mode::Run | session::Mode::Attach) => recordings.len() == 1,
+        _ => false,
+    };
+    if !windows {
         return Ok(None);
     }
-    // A private scratch directory of a random name: a file of a name
-    // guessed in advance in a shared /tmp could be someone else's.
-    let tmp_parent = std::env::temp_dir();
-    let scratch_name = crate::safe_fs::random_name("gapscope-windows-");
-    let scratch = crate::output::OutDir::fresh(&tmp_parent, &scratch_name).map_err(|source| {
-        session::SessionError::Io {
-            path: tmp_parent.join(&scratch_name),
-            source,
-        }
-    })?;
-    let tmp = scratch.held_path(session::FILE_NAME);
-    let mut rest = &windows[..];
-    let merged = loop {
-        let m = session::merge(rest, &tmp);
-        match m {
-            Ok(m) if m.windows < rest.len() => rest = &rest[m.windows..],
-            other => break other,
-        }
-    };
-    let read = merged.and_then(|_| session::read_session(&tmp));
-    let _ = crate::output::OutDir::named(&tmp_parent).and_then(|d| d.remove_tree(&scratch_name));
     let label = dir
         .canonicalize()
         .ok()
@@ -108,7 +97,7 @@ fn load_windows(dir: &Path) -> Result<Option<Loaded>, LoadError> {
         .unwrap_or_default();
     Ok(Some(Loaded {
         label,
-        source: read?.into(),
+        source: session::Source::Windows(last.clone()),
     }))
 }
 

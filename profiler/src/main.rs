@@ -32,6 +32,12 @@ enum Command {
     Run {
         #[command(flatten)]
         rec: RecordArgs,
+        /// Write the session as windows of SECS each (at least 1), a run
+        /// directory per window inside the output directory: a crash or a
+        /// full disk loses at most the window being written, and `gapscope
+        /// report DIR` reads them as one session.
+        #[arg(long, value_name = "SECS")]
+        window: Option<f64>,
         /// The command to run and its arguments (put `--` before it if its
         /// first argument starts with a dash).
         #[arg(
@@ -399,12 +405,45 @@ fn fail_with_hint(err: impl Into<Box<dyn std::error::Error>>, hint: Option<&str>
     ExitCode::from(1)
 }
 
+/// `run --window`'s cuts: each window closed is on disk; one that could not
+/// be written is said (the recording goes on in the next).
+fn windows_written(every: Duration) -> gapscope::collect::windows::Windows {
+    let (done, closed) = std::sync::mpsc::channel::<Result<Recording, RecordError>>();
+    std::thread::spawn(move || {
+        for window in closed {
+            if let Err(e) = window {
+                eprintln!("gapscope: warning: a window of the recording was lost: {e}");
+            }
+        }
+    });
+    gapscope::collect::windows::Windows {
+        every,
+        done,
+        stop: Default::default(),
+    }
+}
+
 /// Reads the session back from disk, writes the report files beside it and
 /// prints the text report: what is printed is exactly what `report` shows.
 fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
-    let dir = rec.dir.path();
+    // Cut into windows, the reports are of all of them, in their folder.
+    let (out, source) = match &rec.windows {
+        Some(folder) => {
+            let windows = gapscope::session::windows_in(folder.path());
+            let last = gapscope::session::recordings(&windows).pop();
+            (
+                folder,
+                gapscope::session::Source::Windows(last.unwrap_or_default()),
+            )
+        }
+        None => (
+            &rec.dir,
+            rec.dir.held_path(gapscope::session::FILE_NAME).into(),
+        ),
+    };
+    let dir = out.path();
     let a = analyze(
-        rec.dir.held_path(gapscope::session::FILE_NAME),
+        source,
         &AnalyzeOptions {
             pictures: exports,
             hta: false,
@@ -414,7 +453,7 @@ fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), St
     .map_err(|e| e.to_string())?;
     let v = View::new(&a);
     let partial_timeline =
-        export::write_bundle(&rec.dir, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
+        export::write_bundle(out, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
     if !quiet {
         let mut err = std::io::stderr().lock();
         export::write(&v, &Options::new(Format::Text), &mut err).map_err(|e| e.to_string())?;
@@ -624,8 +663,18 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     match cli.command {
-        Command::Run { rec, cmd } => {
-            let opts = rec.options(None);
+        Command::Run { rec, cmd, window } => {
+            let mut opts = rec.options(None);
+            if let Some(secs) = window {
+                if !(secs >= 1.0 && secs.is_finite()) {
+                    eprintln!(
+                        "gapscope: error: --window must be a number of seconds, at least 1; \
+                         hint: `gapscope run --help` shows the usage"
+                    );
+                    return ExitCode::from(2);
+                }
+                opts.windows = Some(windows_written(Duration::from_secs_f64(secs)));
+            }
             record(Target::Command(cmd), opts, &rec)
         }
         Command::Attach {

@@ -336,9 +336,9 @@ pub fn dump(dir: &Path, out: Option<&Path>, workload: Option<&str>) -> Result<Du
             continue;
         }
         let windows = crate::session::windows_in(&job.path());
-        let mut rest = &windows[..];
         let job_out = out.join(&name);
-        while let Some(first) = rest.first() {
+        for recording in crate::session::recordings(&windows) {
+            let first = &recording[0];
             let first_name = first
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -349,24 +349,25 @@ pub fn dump(dir: &Path, out: Option<&Path>, workload: Option<&str>) -> Result<Du
             let to_dir = parent
                 .subdir(&first_name)
                 .map_err(io(format!("creating {}", to.display())))?;
-            let merged =
-                match crate::session::merge(rest, &to_dir.held_path(crate::session::FILE_NAME)) {
-                    Ok(m) => m,
-                    // A window just opened: nothing of it to write yet.
-                    Err(crate::session::SessionError::NoHeader { .. }) => {
-                        let _ = parent.remove_tree(&first_name);
-                        break;
-                    }
-                    Err(e) => {
-                        return Err(AgentError::Io {
-                            what: format!("writing out {name}"),
-                            err: std::io::Error::other(e),
-                        })
-                    }
-                };
+            let merged = match crate::session::merge(
+                &recording,
+                &to_dir.held_path(crate::session::FILE_NAME),
+            ) {
+                Ok(m) => m,
+                // A window just opened: nothing of it to write yet.
+                Err(crate::session::SessionError::NoHeader { .. }) => {
+                    let _ = parent.remove_tree(&first_name);
+                    break;
+                }
+                Err(e) => {
+                    return Err(AgentError::Io {
+                        what: format!("writing out {name}"),
+                        err: std::io::Error::other(e),
+                    })
+                }
+            };
             dumped.sessions += 1;
             dumped.windows += merged.windows;
-            rest = &rest[merged.windows.max(1)..];
         }
     }
     Ok(dumped)

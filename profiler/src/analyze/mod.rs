@@ -32,7 +32,7 @@ pub use gapscope_wire::cbid::{api_name, cbid_of};
 
 use crate::session::{
     CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Outline, Rank, Session,
-    SessionError, SessionHeader, Source, SourceKind, Stack,
+    SessionError, SessionHeader, Source, SourceKind, Stack, Stored,
 };
 use crate::timeline::gpu::{GpuRecords, GpuSide};
 use crate::timeline::{BuildOptions, Timeline};
@@ -171,7 +171,25 @@ pub fn analyze_settling_every(
             session.events = Vec::new();
             Ok(conclude(*session, timeline, events, opts, None))
         }
-        Source::File(path) => {
+        Source::File(path) => streamed(Stored::File(path), opts, settle_every),
+        Source::Windows(windows) => streamed(Stored::Windows(windows), opts, settle_every),
+    }
+}
+
+/// The analysis of a stored session, its events streamed: read twice,
+/// first all but its events, then its events in time order, attributed as
+/// they pass.
+fn streamed(
+    stored: Stored,
+    opts: &AnalyzeOptions,
+    settle_every: u64,
+) -> Result<Analysis, SessionError> {
+    let build = |intervals| BuildOptions {
+        intervals,
+        pictures: opts.pictures,
+    };
+    {
+        {
             let mut records = GpuRecords::default();
             let mut samples = crate::timeline::SampleStacks::new();
             let Outline {
@@ -179,7 +197,7 @@ pub fn analyze_settling_every(
                 events: stream,
                 cuda_calls,
             } = crate::session::read_outline(
-                &path,
+                stored,
                 |pid, r| records.add(pid, r),
                 |e| crate::timeline::count_sample(&mut samples, e),
             )?;

@@ -74,8 +74,8 @@ pub struct RecordOptions {
     pub any_user: bool,
     /// `attach`: bring the CUPTI shim into GPU processes without it.
     pub inject: bool,
-    /// Cut the recording into windows (the agent); `out_dir` is then the
-    /// folder of windows. Attach only.
+    /// Cut the recording into windows (the agent, `run --window`);
+    /// `out_dir` is then the folder of windows.
     pub windows: Option<windows::Windows>,
     /// Walk the frames of the CPython processes of the tree (the kernel
     /// side's Python unwinder, see `python`).
@@ -95,6 +95,9 @@ pub struct Recording {
     pub drops: u64,
     /// Target still running when recording stopped (second Ctrl-C).
     pub target_left_running: bool,
+    /// Cut into windows: their folder (`session` is the last window's, and
+    /// the reports of the whole recording go here, not in `dir`).
+    pub windows: Option<Arc<OutDir>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -280,13 +283,13 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         Target::Command(argv) => {
             let paused = launch::spawn_paused(&argv, &env)?;
             let pid = paused.pid();
-            let started = open_session(opts, pid).and_then(|writer| {
+            let started = open_session(opts, pid).and_then(|(writer, folder)| {
                 tracer.track(pid)?;
                 tracer.attach()?;
                 let pidfd = pidfd_open(pid).map_err(io_err("watching the target"))?;
-                Ok((writer, pidfd))
+                Ok((writer, folder, pidfd))
             });
-            let (writer, pidfd) = match started {
+            let (writer, folder, pidfd) = match started {
                 Ok(x) => x,
                 Err(e) => {
                     paused.abort();
@@ -306,6 +309,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             let mut sink = Sink::new(writer, pid);
             sink.symbolize_with(symbolizer.take());
             sink.python_frames = opts.python_frames;
+            sink.cutting = folder.map(windows::Cutting::new);
             sink.push(Record::Header(header(
                 Mode::Run,
                 pid,
@@ -330,10 +334,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
         }
         Target::Pid(pid) => {
             let pidfd = pinned.take().expect("pinned above");
-            let writer = match (&opts.windows, &opts.out_dir) {
-                (Some(_), Some(dir)) => windows::create(dir)?,
-                _ => open_session(opts, pid)?,
-            };
+            let (writer, folder) = open_session(opts, pid)?;
             tracer.attach()?;
             // Still the process checked, now that the programs are loaded.
             if !alive(&pidfd) {
@@ -343,11 +344,7 @@ pub fn record(target: Target, opts: &RecordOptions) -> Result<Recording, RecordE
             sink.symbolize_with(symbolizer.take());
             sink.guard = guard;
             sink.python_frames = opts.python_frames;
-            // Every window begins again with what the recording said so
-            // far: only then is it kept.
-            if opts.windows.is_some() {
-                sink.sticky = Some(Default::default());
-            }
+            sink.cutting = folder.map(windows::Cutting::new);
             let command = procfs::process_info(pid)
                 .map(|p| p.argv)
                 .unwrap_or_default();
@@ -534,16 +531,24 @@ pub fn default_out_name(pid: u32) -> String {
 
 /// The session of a run: in `-o DIR`, or in a directory made fresh here
 /// (never one that exists already: it could be planted).
-fn open_session(opts: &RecordOptions, pid: u32) -> Result<SessionWriter, RecordError> {
-    let dir = match &opts.out_dir {
+/// The session's file in its directory; cut into windows, the first
+/// window's, and the folder they go in (the directory).
+fn open_session(
+    opts: &RecordOptions,
+    pid: u32,
+) -> Result<(SessionWriter, Option<Arc<OutDir>>), RecordError> {
+    let dir = Arc::new(match &opts.out_dir {
         Some(d) => OutDir::named(d).map_err(io_err(format!("creating {}", d.display())))?,
         None => {
             let name = default_out_name(pid);
             OutDir::fresh(std::path::Path::new("."), &name)
                 .map_err(io_err(format!("creating {name}")))?
         }
-    };
-    Ok(SessionWriter::create_in(Arc::new(dir), FILE_NAME)?)
+    });
+    Ok(match opts.windows {
+        Some(_) => (windows::create(&dir)?, Some(dir)),
+        None => (SessionWriter::create_in(dir, FILE_NAME)?, None),
+    })
 }
 
 /// Brings the CUPTI shim into the tree's GPU processes that run without
@@ -703,7 +708,7 @@ async fn event_loop(
     let mut target_left_running = false;
     // Windows: when the next cut is due, and the window cut last while it
     // still takes its late GPU records.
-    let windows = opts.windows.as_ref().filter(|_| child.is_none());
+    let windows = opts.windows.as_ref();
     let mut next_cut = windows.map(|w| tokio::time::Instant::now() + w.every);
     let mut closing: Option<windows::Closing> = None;
     let mut window_cpu_from = cpu_at_start;
@@ -753,8 +758,7 @@ async fn event_loop(
                 if let Some(c) = closing.take() {
                     c.close(&w.done);
                 }
-                let out = opts.out_dir.as_deref().unwrap_or(std::path::Path::new("."));
-                match cut(tracer, &mut sink, window_cpu_from, out) {
+                match cut(tracer, &mut sink, window_cpu_from) {
                     Ok(c) => closing = Some(c),
                     Err(e) => {
                         let _ = w.done.send(Err(e));
@@ -882,7 +886,6 @@ fn cut(
     tracer: &mut Tracer,
     sink: &mut Sink,
     cpu_from: u64,
-    dir: &std::path::Path,
 ) -> Result<windows::Closing, RecordError> {
     // The next window starts where this one ends: none of the job's time
     // falls between two windows (the new one's seeds are read a fraction
@@ -895,7 +898,8 @@ fn cut(
     // them again when seen again.
     tracer.forget_stacks();
     let events = sink.events;
-    let writer = windows::create(dir)?;
+    let folder = &sink.cutting.as_ref().expect("cut only with windows").folder;
+    let writer = windows::create(folder)?;
     let old = sink.next_window(writer);
     let mut header = sink
         .header
@@ -910,22 +914,20 @@ fn cut(
     }
     let alive: std::collections::HashSet<u32> = live.iter().copied().collect();
     let sticky = sink
-        .sticky
+        .cutting
         .as_mut()
-        .map(|s| s.replay(|pid| alive.contains(&pid)));
+        .map(|c| c.sticky.replay(|pid| alive.contains(&pid)));
     for r in sticky.into_iter().flatten() {
         sink.push(r);
     }
     read_machine(tracer, sink);
     sink.writer.flush()?;
-    Ok(windows::Closing {
-        writer: old,
+    Ok(windows::Closing::new(
+        old,
         end_ns,
-        until: Instant::now() + windows::GRACE,
         events,
-        drops: drops.cpu_events(),
-        error: None,
-    })
+        drops.cpu_events(),
+    ))
 }
 
 /// What a session gets before its footer, the last window of a recording
@@ -1020,5 +1022,6 @@ fn finish(
         events,
         drops: drops.cpu_events(),
         target_left_running,
+        windows: sink.cutting.map(|c| c.folder),
     })
 }

@@ -110,9 +110,9 @@ pub struct Sink {
     pub cpu_while_recording: u64,
     /// The header written last (a new window's is made from it).
     pub header: Option<crate::session::SessionHeader>,
-    /// What a new window of a continuous recording begins with again
-    /// (kept only when the recording is cut into windows).
-    pub sticky: Option<super::windows::Sticky>,
+    /// Where the windows go and what each begins with again, when the
+    /// recording is cut into windows.
+    pub cutting: Option<super::windows::Cutting>,
     /// The kernel's drop counters, cumulative, as last read; and as read
     /// when this window began (a window's Drops record counts its own).
     drops_seen: Vec<u64>,
@@ -162,7 +162,7 @@ impl Sink {
             uprobed: HashSet::new(),
             cpu_while_recording: 0,
             header: None,
-            sticky: None,
+            cutting: None,
             drops_seen: Vec::new(),
             drops_base: Vec::new(),
             malformed_base: 0,
@@ -220,7 +220,7 @@ impl Sink {
             }
             _ => {}
         }
-        if let Some(s) = self.sticky.as_mut() {
+        if let Some(s) = self.cutting.as_mut().map(|c| &mut c.sticky) {
             s.remember(&record);
         }
         if self.error.is_some() {

@@ -15,7 +15,6 @@
 //! to the window).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use std::time::{Duration, Instant};
 use gapscope_wire::GpuRecord;
 
 use super::{RecordError, Recording};
+use crate::output::OutDir;
 use crate::session::{
     Footer, GpuBatch, Record, SessionError, SessionWriter, StopReason, FILE_NAME,
 };
@@ -43,17 +43,20 @@ pub struct Windows {
     pub stop: Arc<AtomicBool>,
 }
 
-/// Where the next window goes, under `dir`.
-pub fn window_dir(dir: &std::path::Path) -> PathBuf {
-    let ms = crate::clock::realtime_ns() / 1_000_000;
-    let mut path = dir.join(ms.to_string());
-    // Two cuts within a millisecond (a very short window): never reuse one.
-    let mut n = 1;
-    while path.exists() {
-        path = dir.join(format!("{ms}-{n}"));
-        n += 1;
+/// A recording being cut into windows: the folder they go in, and what
+/// each begins with again.
+pub struct Cutting {
+    pub folder: Arc<OutDir>,
+    pub sticky: Sticky,
+}
+
+impl Cutting {
+    pub fn new(folder: Arc<OutDir>) -> Cutting {
+        Cutting {
+            folder,
+            sticky: Sticky::default(),
+        }
     }
-    path
 }
 
 /// What every window must begin with again: the GPU sources and the devices
@@ -174,16 +177,46 @@ pub fn split_at(record: Record, t: u64) -> (Option<Record>, Option<Record>) {
 
 /// A window closed to the kernel's events at `end_ns`, still taking the GPU
 /// records that come for it until `until`.
+///
+/// Its end is written twice: at the cut, flushed with everything before it
+/// (a recorder killed while the window takes its late records leaves it
+/// whole but for them, and saying where it ended, so the next window is
+/// still read as its continuation), and again last, once they are in.
 pub struct Closing {
-    pub writer: SessionWriter,
+    writer: SessionWriter,
     pub end_ns: u64,
     pub until: Instant,
-    pub events: u64,
-    pub drops: u64,
-    pub error: Option<SessionError>,
+    events: u64,
+    drops: u64,
+    error: Option<SessionError>,
 }
 
 impl Closing {
+    pub fn new(writer: SessionWriter, end_ns: u64, events: u64, drops: u64) -> Closing {
+        let mut c = Closing {
+            writer,
+            end_ns,
+            until: Instant::now() + GRACE,
+            events,
+            drops,
+            error: None,
+        };
+        c.push(&c.footer());
+        if let Err(e) = c.writer.flush() {
+            c.error.get_or_insert(e);
+        }
+        c
+    }
+
+    fn footer(&self) -> Record {
+        Record::End(Footer {
+            end_ns: self.end_ns,
+            reason: StopReason::Duration,
+            exit_code: None,
+            events: self.events,
+        })
+    }
+
     pub fn push(&mut self, record: &Record) {
         if self.error.is_none() {
             if let Err(e) = self.writer.push(record) {
@@ -194,12 +227,7 @@ impl Closing {
 
     /// Ends the window's session and hands it over.
     pub fn close(mut self, done: &Sender<Result<Recording, RecordError>>) {
-        self.push(&Record::End(Footer {
-            end_ns: self.end_ns,
-            reason: StopReason::Duration,
-            exit_code: None,
-            events: self.events,
-        }));
+        self.push(&self.footer());
         let session = self.writer.path().to_path_buf();
         let dir = self.writer.dir().clone();
         let finished = match self.error.take() {
@@ -214,19 +242,27 @@ impl Closing {
             events: self.events,
             drops: self.drops,
             target_left_running: false,
+            windows: None,
         }));
     }
 }
 
-/// The session file of a new window under `dir`.
-pub fn create(dir: &std::path::Path) -> Result<SessionWriter, RecordError> {
-    let dir = window_dir(dir);
-    let out = crate::output::OutDir::named(&dir)
-        .map_err(super::io_err(format!("creating {}", dir.display())))?;
-    Ok(SessionWriter::create_in(
-        std::sync::Arc::new(out),
-        FILE_NAME,
-    )?)
+/// The session file of a new window in `folder`, named by the unix ms it
+/// begins at.
+pub fn create(folder: &OutDir) -> Result<SessionWriter, RecordError> {
+    let ms = crate::clock::realtime_ns() / 1_000_000;
+    let mut name = ms.to_string();
+    // Two cuts within a millisecond (a very short window): never reuse one.
+    let mut n = 1;
+    while folder.subdir_existing(&name).is_ok() {
+        name = format!("{ms}-{n}");
+        n += 1;
+    }
+    let out = folder.subdir(&name).map_err(super::io_err(format!(
+        "creating {}",
+        folder.join(&name).display()
+    )))?;
+    Ok(SessionWriter::create_in(Arc::new(out), FILE_NAME)?)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::{CollectorCost, Drops, Record, SessionError, SessionReader, SessionWriter};
+use super::{CollectorCost, Drops, Footer, Record, SessionError, SessionReader, SessionWriter};
 
 /// What a merge made.
 #[derive(Debug, Default)]
@@ -22,60 +22,189 @@ pub struct Merged {
     pub shared: u64,
 }
 
-/// Writes `windows` (session files or run directories, in time order) as
-/// one session at `out`: the first of them and those that follow it
-/// without a break (each beginning where the one before ended — one
-/// recording's). Returns how many that was; the caller merges the rest
-/// (another recording of the same job) elsewhere. A window not begun yet
-/// (no header) ends the run.
+/// Writes `windows` (session files or run directories of one recording,
+/// in time order: one of [`recordings`]) as one session at `out`.
 pub fn merge(windows: &[PathBuf], out: &Path) -> Result<Merged, SessionError> {
-    let paths: Vec<PathBuf> = windows.iter().map(|w| super::resolve_path(w)).collect();
-    let mut starts = Vec::with_capacity(paths.len());
-    for p in &paths {
-        match SessionReader::open(p).ok().and_then(|mut r| r.next()) {
-            Some(Record::Header(h)) => starts.push(h.start_ns),
-            _ => break,
-        }
-    }
-    if starts.is_empty() {
-        let path = paths.first().cloned().unwrap_or_default();
-        return Err(SessionError::NoHeader { path });
-    }
-    let mut m = Merger::default();
+    let mut records = Merging::open(windows)?;
     let mut writer = SessionWriter::create(out)?;
-    let mut last_end = None;
-    for (i, p) in paths.iter().enumerate().take(starts.len()) {
-        let since = i.checked_sub(1).map(|_| starts[i]);
-        let next = starts.get(i + 1).copied();
-        // Only the last window's end is the merged session's: one still
-        // being written has none yet.
-        last_end = None;
-        let mut reader = SessionReader::open(p)?;
-        for record in reader.by_ref() {
-            if let Record::End(f) = record {
-                m.events += f.events;
-                last_end = Some(f);
-                continue;
-            }
-            if let Some(r) = m.take(record, since, next) {
-                writer.push(&r)?;
-                m.out.records += 1;
-            }
-        }
-        m.next_window();
-        m.out.windows += 1;
-        // The next window is another recording's (or this one has no end).
-        if next.is_some() && last_end.as_ref().map(|f| f.end_ns) != next {
-            break;
-        }
+    for r in records.by_ref() {
+        writer.push(&r)?;
     }
-    writer.push(&Record::Cost(m.cost))?;
-    if let Some(mut f) = last_end {
-        f.events = m.events;
-        writer.push(&Record::End(f))?;
+    if let Some(e) = records.take_refusal() {
+        return Err(e);
     }
     writer.finish()?;
-    Ok(m.out)
+    Ok(records.m.out)
+}
+
+/// `windows` (in time order) divided into recordings: each the windows
+/// that follow one another without a break, each beginning where the one
+/// before ended (a window's end is read from its last chunk alone). A
+/// window with no header yet (one just opened) ends the list; one with no
+/// end (being written, or cut off by a crash) ends its recording.
+pub fn recordings(windows: &[PathBuf]) -> Vec<Vec<PathBuf>> {
+    let mut out: Vec<Vec<PathBuf>> = Vec::new();
+    let mut last_end: Option<u64> = None;
+    for w in windows {
+        let path = super::resolve_path(w);
+        let Some(start) = start_of(&path) else {
+            break;
+        };
+        match out.last_mut() {
+            Some(run) if last_end == Some(start) => run.push(w.clone()),
+            _ => out.push(vec![w.clone()]),
+        }
+        last_end = SessionReader::footer(&path).map(|f| f.end_ns);
+    }
+    out
+}
+
+/// Where a window begins, by its header.
+fn start_of(path: &Path) -> Option<u64> {
+    match SessionReader::open(path).ok()?.next() {
+        Some(Record::Header(h)) => Some(h.start_ns),
+        _ => None,
+    }
+}
+
+/// The records of the windows of one recording, merged as they are read:
+/// what [`merge`] writes, and what a report of the windows reads (twice,
+/// one window at a time, with no copy on disk).
+pub struct Merging {
+    windows: Vec<PathBuf>,
+    starts: Vec<u64>,
+    /// The window being read: its index and its reader.
+    reading: Option<(usize, super::reader::Background)>,
+    next: usize,
+    m: Merger,
+    /// The end of the window read last (only the last window's is the
+    /// merged session's: one still being written has none yet).
+    last_end: Option<Footer>,
+    /// What follows the last window's records: the costs added up, then
+    /// the end (last first).
+    tail: Option<Vec<Record>>,
+    /// Bytes of the windows read to their end.
+    bytes_before: u64,
+    truncated: Option<String>,
+    refusal: Option<SessionError>,
+}
+
+impl Merging {
+    /// Fails when the first window has no header.
+    pub fn open(windows: &[PathBuf]) -> Result<Merging, SessionError> {
+        let windows: Vec<PathBuf> = windows.iter().map(|w| super::resolve_path(w)).collect();
+        let starts: Vec<u64> = windows.iter().map_while(|p| start_of(p)).collect();
+        if starts.is_empty() {
+            let path = windows.first().cloned().unwrap_or_default();
+            return Err(SessionError::NoHeader { path });
+        }
+        Ok(Merging {
+            windows,
+            starts,
+            reading: None,
+            next: 0,
+            m: Merger::default(),
+            last_end: None,
+            tail: None,
+            bytes_before: 0,
+            truncated: None,
+            refusal: None,
+        })
+    }
+
+    /// Bytes of the windows read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_before + self.reading.as_ref().map_or(0, |(_, r)| r.bytes_read())
+    }
+
+    /// Why the stream ended early, if it did: the first window that did,
+    /// and why.
+    pub fn truncated(&self) -> Option<&str> {
+        self.truncated.as_deref()
+    }
+
+    /// The cap a window broke, once the stream has ended (see
+    /// [`SessionReader::refused`]).
+    pub fn take_refusal(&mut self) -> Option<SessionError> {
+        self.refusal.take()
+    }
+
+    /// The window `i` read to its end: what it says of how it ended, and
+    /// its counts carried into the next.
+    fn window_read(&mut self, i: usize, reader: super::reader::Background) {
+        self.bytes_before += reader.bytes_read();
+        if let Some(e) = reader.refusal() {
+            self.refusal = Some(e);
+            self.next = self.starts.len();
+        }
+        // Only the last window may be cut off (by a crash, or being
+        // written); one before it that is lost its tail.
+        if let Some(why) = reader.truncated() {
+            self.truncated
+                .get_or_insert_with(|| format!("{}: {why}", self.windows[i].display()));
+        }
+        self.m.events += self.last_end.as_ref().map_or(0, |f| f.events);
+        self.m.next_window();
+        self.m.out.windows += 1;
+    }
+}
+
+impl Iterator for Merging {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        loop {
+            if let Some((i, reader)) = self.reading.as_mut() {
+                let i = *i;
+                let since = i.checked_sub(1).map(|_| self.starts[i]);
+                let cut = self.starts.get(i + 1).copied();
+                match reader.next() {
+                    // A window's end may be written twice (at its cut, and
+                    // once its late GPU records are in): the last stands.
+                    Some(Record::End(f)) => self.last_end = Some(f),
+                    Some(record) => {
+                        if let Some(r) = self.m.take(record, since, cut) {
+                            self.m.out.records += 1;
+                            return Some(r);
+                        }
+                    }
+                    None => {
+                        let (i, reader) = self.reading.take().expect("reading");
+                        self.window_read(i, reader);
+                    }
+                }
+                continue;
+            }
+            if self.next < self.starts.len() {
+                let i = self.next;
+                self.next += 1;
+                self.last_end = None;
+                match SessionReader::open(&self.windows[i]) {
+                    Ok(r) => self.reading = Some((i, r.in_background())),
+                    // Gone since it was looked at: what came before stands.
+                    Err(e) => {
+                        self.truncated.get_or_insert_with(|| e.to_string());
+                        self.next = self.starts.len();
+                    }
+                }
+                continue;
+            }
+            let tail = self.tail.get_or_insert_with(|| {
+                let mut tail: Vec<Record> = self
+                    .last_end
+                    .take()
+                    .map(|mut f| {
+                        f.events = self.m.events;
+                        Record::End(f)
+                    })
+                    .into_iter()
+                    .collect();
+                tail.push(Record::Cost(self.m.cost));
+                tail
+            });
+            return tail.pop();
+        }
+    }
 }
 
 /// The windows in `job_dir` (the agent's `<workload>-<pid>/` folder: one
@@ -333,12 +462,16 @@ mod tests {
             cpu_ns: 5,
             peak_rss_bytes: start + 10,
         }));
-        records.push(Record::End(Footer {
+        // Its end at its cut, late GPU work, and its end again (as a
+        // recording cut into windows writes it).
+        let footer = Record::End(Footer {
             end_ns: end,
             reason,
             exit_code: None,
             events: 3,
-        }));
+        });
+        records.insert(records.len() - 3, footer.clone());
+        records.push(footer);
         for r in &records {
             w.push(r).unwrap();
         }
@@ -370,8 +503,20 @@ mod tests {
         );
         let c = window(dir.path(), 300, 400, &[], 0, StopReason::Duration);
         let out = dir.path().join("merged.gsz");
-        let m = merge(&[a, b, c.clone()], &out).unwrap();
+        let runs = recordings(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(runs, [vec![a, b], vec![c.clone()]]);
+        let m = merge(&runs[0], &out).unwrap();
         assert_eq!((m.windows, m.shared), (2, 1));
+        // Read as they are merged, the windows are the merged file.
+        let written: Vec<String> = SessionReader::open(&out)
+            .unwrap()
+            .map(|r| format!("{r:?}"))
+            .collect();
+        let streamed: Vec<String> = Merging::open(&runs[0])
+            .unwrap()
+            .map(|r| format!("{r:?}"))
+            .collect();
+        assert_eq!(streamed, written);
         let s = read_session(&out).unwrap();
         assert_eq!(s.header().start_ns, 0);
         let f = s.footer.as_ref().unwrap();
@@ -400,5 +545,40 @@ mod tests {
         // The other recording's window on its own.
         let m = merge(&[c], &dir.path().join("other.gsz")).unwrap();
         assert_eq!(m.windows, 1);
+    }
+
+    /// A window cut off by a crash has no end: the next window, if any,
+    /// begins another recording, and the window itself still reads.
+    #[test]
+    fn a_window_without_its_end_ends_its_recording() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = window(dir.path(), 0, 100, &[(10, 20)], 0, StopReason::Duration);
+        let whole = window(dir.path(), 100, 200, &[(150, 160)], 0, StopReason::Duration);
+        let c = window(dir.path(), 200, 300, &[], 0, StopReason::Duration);
+        // Written as a recording writes it, a chunk at every flush, and
+        // killed before its cut: no end, the last chunk torn.
+        let b = dir.path().join("b.gsz");
+        let mut w = SessionWriter::create(&b).unwrap();
+        for r in SessionReader::open(&whole).unwrap() {
+            if !matches!(r, Record::End(_)) {
+                w.push(&r).unwrap();
+                w.flush().unwrap();
+            }
+        }
+        w.finish().unwrap();
+        assert!(SessionReader::footer(&whole).is_some_and(|f| f.end_ns == 200));
+        let bytes = std::fs::read(&b).unwrap();
+        std::fs::write(&b, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(SessionReader::footer(&b).is_none());
+        let runs = recordings(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(runs, [vec![a.clone(), b.clone()], vec![c]]);
+        // Its recording still reads as one, to where the tear is.
+        let merged: Vec<Record> = Merging::open(&runs[0]).unwrap().collect();
+        assert!(matches!(merged.first(), Some(Record::Header(h)) if h.start_ns == 0));
+        assert!(!merged.iter().any(|r| matches!(r, Record::End(_))));
+        // A window with no header yet ends the list.
+        let d = dir.path().join("empty.gsz");
+        SessionWriter::create(&d).unwrap().finish().unwrap();
+        assert_eq!(recordings(&[d, a.clone()]), Vec::<Vec<PathBuf>>::new());
     }
 }

@@ -9,15 +9,17 @@
 mod merge;
 mod model;
 mod reader;
+mod stored;
 mod writer;
 
-pub use merge::{merge, windows_in, Merged};
+pub use merge::{merge, recordings, windows_in, Merged, Merging};
 pub use model::*;
 pub use reader::{
     check, read_outline, read_session, span_within, within, EventStream, Outline, Session,
     SessionReader,
 };
 pub(crate) use reader::{note_dropped, sanitize};
+pub use stored::{Records, Stored};
 pub use writer::{wrap_records, SessionWriter};
 
 use std::path::{Path, PathBuf};
@@ -62,6 +64,8 @@ pub enum SessionError {
 pub enum Source {
     InMemory(Box<Session>),
     File(PathBuf),
+    /// The windows of one recording, read as one session.
+    Windows(Vec<PathBuf>),
 }
 
 impl From<Session> for Source {

@@ -1,10 +1,11 @@
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use gapscope_wire::GpuRecord;
 
+use super::stored::Stored;
 use super::{
     Drops, Event, FdPath, Footer, Frame, GpuBlind, GpuLost, GpuSource, HostOp, NvmlDevice,
     NvmlSample, ProcMaps, ProcessInfo, Record, SessionError, SessionHeader, Stack, ThreadSeed,
@@ -207,6 +208,46 @@ impl SessionReader {
 }
 
 impl SessionReader {
+    /// How `path` ended, read from its last chunk alone: the chunks before
+    /// are walked by their headers and not unpacked (a window's end says
+    /// whether the next window continues it). None when it has no footer
+    /// (still being written, or cut off) or cannot be read.
+    pub fn footer(path: &Path) -> Option<Footer> {
+        let mut reader = SessionReader::open(path).ok()?;
+        let last = last_chunk_at(reader.input.get_ref())?;
+        reader.input.seek(std::io::SeekFrom::Start(last)).ok()?;
+        reader.offset = last;
+        let mut footer = None;
+        for record in reader {
+            if let Record::End(f) = record {
+                footer = Some(f);
+            }
+        }
+        footer
+    }
+}
+
+/// Where the last whole chunk of a session file begins, found from the
+/// chunk headers alone (read where they lie, without the chunks between).
+fn last_chunk_at(file: &File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let size = file.metadata().ok()?.len();
+    let mut at = FILE_HEADER_LEN as u64;
+    let mut last = None;
+    let mut head = [0u8; CHUNK_HEADER_LEN];
+    while file.read_exact_at(&mut head, at).is_ok() {
+        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+        let next = at + (CHUNK_HEADER_LEN as u64) + u64::from(len);
+        if len > MAX_CHUNK_COMPRESSED || next > size {
+            break;
+        }
+        last = Some(at);
+        at = next;
+    }
+    last
+}
+
+impl SessionReader {
     /// The records of the next chunk (what is left of the current one, at
     /// first); None at the end of the stream.
     fn next_batch(&mut self) -> Option<Vec<Record>> {
@@ -306,7 +347,7 @@ impl Background {
     }
 
     /// [`SessionReader::refusal`], once the stream has ended.
-    fn refusal(&self) -> Option<SessionError> {
+    pub(super) fn refusal(&self) -> Option<SessionError> {
         self.end.as_ref().and_then(SessionReader::refusal)
     }
 }
@@ -456,7 +497,7 @@ pub fn check(path: &Path) -> Result<(), SessionError> {
 /// Reads a session file (or the session in a run directory).
 pub fn read_session(path: &Path) -> Result<Session, SessionError> {
     let mut events = Vec::new();
-    let (mut s, _) = read_records(path, |e| events.push(e), None)?;
+    let (mut s, _) = read_records(&path.into(), |e| events.push(e), None)?;
     s.events = events;
     let dropped = sanitize(&mut s);
     note_dropped(&mut s, dropped);
@@ -478,7 +519,7 @@ pub struct Outline {
 
 /// A session file's events, to be read again in time order.
 pub struct EventStream {
-    path: PathBuf,
+    stored: Stored,
     /// Records the first pass read, so that the second reads the same ones
     /// even if the file grows meanwhile.
     records: u64,
@@ -495,7 +536,7 @@ pub struct EventStream {
 /// they are; its GPU records go to `gpu` as they are read, and each event
 /// passes `event` (to count what must be known before they are replayed).
 pub fn read_outline(
-    path: &Path,
+    stored: Stored,
     mut gpu: impl FnMut(u32, GpuRecord),
     mut event: impl FnMut(&Event),
 ) -> Result<Outline, SessionError> {
@@ -503,7 +544,7 @@ pub fn read_outline(
     let mut lateness = 0u64;
     let mut cuda_calls = false;
     let (mut s, records) = read_records(
-        path,
+        &stored,
         |e| {
             event(&e);
             let ts = e.ts();
@@ -519,7 +560,7 @@ pub fn read_outline(
     Ok(Outline {
         session: s,
         events: EventStream {
-            path: super::resolve_path(path),
+            stored,
             records,
             lateness,
             window,
@@ -540,7 +581,7 @@ impl EventStream {
     /// orders them) and past the same checks; returns how many records
     /// were dropped as timed outside the recording, the outline's included.
     pub fn replay(&self, mut each: impl FnMut(Event)) -> Result<usize, SessionError> {
-        let reader = SessionReader::open(&self.path)?.in_background();
+        let reader = self.stored.records()?;
         let mut held: std::collections::BinaryHeap<Held> = Default::default();
         let mut latest = 0u64;
         let mut dropped = 0usize;
@@ -600,12 +641,12 @@ impl Ord for Held {
 /// the GPU records to `gpu` when given; also returns how many records it
 /// read.
 fn read_records(
-    path: &Path,
+    stored: &Stored,
     mut event: impl FnMut(Event),
     mut gpu: Option<&mut dyn FnMut(u32, GpuRecord)>,
 ) -> Result<(Session, u64), SessionError> {
-    let path = super::resolve_path(path);
-    let mut reader = SessionReader::open(&path)?.in_background();
+    let path = stored.path();
+    let mut reader = stored.records()?;
     let mut s = Session::default();
     let mut first = true;
     let mut records = 0u64;
@@ -696,7 +737,7 @@ fn read_records(
             Record::Neighbours(n) => s.neighbours.push(n),
         }
     }
-    if let Some(e) = reader.refusal() {
+    if let Some(e) = reader.take_refusal() {
         return Err(e);
     }
     if first {
