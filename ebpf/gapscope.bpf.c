@@ -68,6 +68,11 @@ struct inflight {
 	/* Its syscall's number and fd (see gs_wait_kstack). */
 	__u64 wait_call;
 	__u8 wait_kind;
+	/* The user stack of its last blocking wait, the fingerprint of the
+	 * code it was walked in, and when (see gs_wait_ustack). */
+	__u64 wait_ustack;
+	__u64 wait_ukey;
+	__u64 wait_ustack_at;
 };
 
 /* Task-local: no hashing on the syscall path, freed with the task. */
@@ -934,6 +939,98 @@ __attribute__((noinline)) __u64 gs_wait_kstack(struct bpf_raw_tracepoint_args *c
 	return h;
 }
 
+/* A blocked thread's user stack is walked again after this long even if
+ * it blocks from the same code. */
+#define GS_USTACK_REUSE_NS 10000000ULL
+
+static __always_inline __u64 fnv(__u64 h, __u64 v)
+{
+	return (h ^ v) * 0x100000001b3ULL;
+}
+
+/* The fingerprint of the code the current thread blocks in (see
+ * gs_wait_ustack); 1 when it cannot be taken. A function of its own so
+ * that its locals are off the stack while the walk runs below it. */
+__attribute__((noinline)) __u64 gs_wait_ukey(__u32 pid, __s32 nr, __s32 fd)
+{
+	if (nr < 0)
+		return 1;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	__u64 bp = BPF_CORE_READ(regs, bp);
+	__u64 up[2] = {}, ret2 = 0;
+	__u64 key = fnv(0xcbf29ce484222325ULL, ((__u64)(__u32)nr << 32) | (__u32)fd);
+	key = fnv(key, BPF_CORE_READ(regs, ip));
+	key = fnv(key, BPF_CORE_READ(regs, sp));
+	key = fnv(key, bp);
+	/* A chain that cannot be read gives 0s where the return addresses go:
+	 * its walk would stop there too. */
+	if (bp && bpf_probe_read_user(up, sizeof(up), (const void *)bp) == 0) {
+		if (up[0] && read_u64(&ret2, up[0] + 8))
+			ret2 = 0;
+	} else {
+		up[1] = 0;
+	}
+	key = fnv(fnv(key, up[1]), ret2);
+	struct gs_py_proc *py = bpf_map_lookup_elem(&py_procs, &pid);
+	if (py) {
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		/* Only a thread whose state was found before: finding it is the
+		 * walk's business, not the key's. */
+		__u64 *ts = bpf_map_lookup_elem(&py_threads, &tid);
+		__u64 fr = 0, code = 0, back = 0;
+		if (!ts || read_u64(&fr, *ts + py->ts_frame))
+			return 1;
+		if (py->cframe_frame != GS_PY_NONE && fr && read_u64(&fr, fr + py->cframe_frame))
+			return 1;
+		key = fnv(key, fr);
+		if (fr) {
+			if (read_u64(&code, fr + py->fr_code) || read_u64(&back, fr + py->fr_back))
+				return 1;
+			key = fnv(key, code);
+			if (back && read_u64(&code, back + py->fr_code))
+				return 1;
+			key = fnv(key, back ? code : 0);
+		}
+	}
+	return key | 1;
+}
+
+/*
+ * The user half of the current thread's blocked-time stack: which code
+ * waited. A pipeline that blocks 100 k times a second blocks from the same
+ * few places, and walking the whole chain each time was most of what a
+ * switch-out cost once the kernel half was reused. So the walk is reused
+ * for up to GS_USTACK_REUSE_NS while a fingerprint of the code is the
+ * same: the syscall and its fd, the saved instruction, stack and frame
+ * pointers, the two return addresses above them on the frame-pointer
+ * chain, and in a CPython process its innermost two Python frames and
+ * their code. Two call paths that reach the same wait from code differing
+ * only three frames or more up, with identical frame sizes on the way,
+ * share a walk for those 10 ms; anything nearer reads as its own.
+ *
+ * A global function (see gs_wait_kstack).
+ */
+__attribute__((noinline)) __u64 gs_wait_ustack(struct bpf_raw_tracepoint_args *ctx, __u32 pid,
+						__s32 nr, __s32 fd, __u64 now)
+{
+	struct inflight *f = 0;
+	__u64 key = gs_wait_ukey(pid, nr, fd);
+	if (key != 1)
+		f = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0,
+					 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (f && f->wait_ustack && f->wait_ukey == key && now - f->wait_ustack_at < GS_USTACK_REUSE_NS &&
+	    bpf_map_lookup_elem(&known_stacks, &f->wait_ustack))
+		return f->wait_ustack;
+	__u64 h = capture_stack(ctx, SCRATCH_SWITCH, pid, 0);
+	if (f) {
+		f->wait_ustack = h;
+		f->wait_ukey = key;
+		f->wait_ustack_at = now;
+	}
+	return h;
+}
+
 SEC("raw_tp/sched_switch")
 int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -1029,7 +1126,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	__u64 ustack = 0, kstack = 0;
 	if ((flags & GS_SW_PREV_TRACKED) && blocked && !(prev_state & TASK_DEAD) && gs_offcpu_stacks) {
 		/* current is still prev here. */
-		ustack = capture_stack(ctx, SCRATCH_SWITCH, prev_tgid, 0);
+		ustack = gs_wait_ustack(ctx, prev_tgid, syscall, fd, now);
 		kstack = gs_wait_kstack(ctx, syscall, fd, ((__u64)fd_kind << 56) | prev_state, now);
 	}
 

@@ -299,6 +299,84 @@ fn blocked_python_threads_show_their_functions_off_cpu() {
     }
 }
 
+/// One blocking read reached from two Python functions through the same
+/// helper, so the native stack is the interpreter's either way and the
+/// two paths differ only in the Python frame above the helper: every
+/// 100th read from `slow_site`, whose writer sleeps 1 ms first, the rest
+/// from `fast_site`. On every CPython here each wait keeps its own
+/// stack: the slow site's blocked time is at least its writer's sleeps.
+/// (It guards the reuse of the last user walk on the Python side: a
+/// fingerprint that left out the caller's code gave most slow waits the
+/// fast site's stack.)
+#[test]
+fn python_waits_from_two_call_paths_keep_their_own_stacks() {
+    let test = "python_waits_from_two_call_paths_keep_their_own_stacks";
+    if !bpf_ready(test) {
+        return;
+    }
+    let dir = scratch("python-sites");
+    let script = dir.path().join("sites.py");
+    let (rounds, every, slow_ms) = (10_000u64, 100u64, 1u64);
+    std::fs::write(
+        &script,
+        format!(
+            "import os, time\n\
+             os.sched_setaffinity(0, {{1}})\n\
+             def wait_on(fd):\n\
+             \x20   if len(os.read(fd, 1)) != 1:\n\
+             \x20       raise SystemExit(1)\n\
+             def slow_site(fd):\n\
+             \x20   wait_on(fd)\n\
+             def fast_site(fd):\n\
+             \x20   wait_on(fd)\n\
+             down, up = os.pipe(), os.pipe()\n\
+             if os.fork() == 0:\n\
+             \x20   for i in range({rounds}):\n\
+             \x20       (slow_site if i % {every} == 0 else fast_site)(down[0])\n\
+             \x20       os.write(up[1], b'x')\n\
+             \x20   os._exit(0)\n\
+             for i in range({rounds}):\n\
+             \x20   if i % {every} == 0:\n\
+             \x20       time.sleep({slow_ms} / 1000)\n\
+             \x20   os.write(down[1], b'x')\n\
+             \x20   os.read(up[0], 1)\n\
+             os.wait()\n"
+        ),
+    )
+    .unwrap();
+    let floor = rounds.div_ceil(every) * slow_ms * 1_000_000;
+    for py in pythons(test) {
+        let _lock = recording_lock();
+        let rec = dir.path().join(format!("rec-{}", py.comm));
+        let r = run(
+            &rec,
+            &["-q", "--no-exports"],
+            &[py.path.to_str().unwrap(), script.to_str().unwrap()],
+        );
+        assert_eq!(r.code(), Some(0), "{}: {}", py.label, r.stderr());
+        let folded = rec.join("offcpu.folded");
+        succeed(
+            Command::new(gapscope())
+                .arg("export")
+                .arg(&rec)
+                .args(["--flamegraph", "offcpu", "--folded", "-o"])
+                .arg(&folded),
+        );
+        let (slow, _) = samples_with(&folded, &py.comm, &["py::slow_site", "py::wait_on"]);
+        let (fast, _) = samples_with(&folded, &py.comm, &["py::fast_site", "py::wait_on"]);
+        assert!(
+            slow >= floor * 9 / 10,
+            "{}: the slow site {slow} ns blocked, its writer slept {floor} ns (the fast site {fast} ns)",
+            py.label
+        );
+        assert!(
+            fast > 0,
+            "{}: the fast site's waits were not seen",
+            py.label
+        );
+    }
+}
+
 /// A JIT's functions named from its perf map: node spends its time in one
 /// JavaScript function, which exists in no file — only its perf map
 /// (/tmp/perf-PID.map) can name it.

@@ -729,6 +729,61 @@ fn blocked_reads_and_writes_keep_their_own_kernel_paths() {
     );
 }
 
+/// One wait reached from two call paths that differ two frames above the
+/// read: every 100th read is made from `wait_slow` and blocks for the 1 ms
+/// its writer sleeps first, the rest from `wait_fast` and block for a
+/// hand-over. Each wait must keep its own user stack — the slow site's
+/// time is at least its reads' sleeps. (It guards the reuse of the last
+/// user walk: a fingerprint that stopped one return address short gave
+/// the slow waits the fast site's stack, and the slow site a small part
+/// of its time.)
+#[test]
+fn waits_from_two_call_paths_keep_their_own_user_stacks() {
+    if !bpf_ready("waits_from_two_call_paths_keep_their_own_user_stacks") {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("ustacks");
+    let rec = dir.path().join("rec");
+    let (rounds, every, slow_us) = (20_000u64, 100u64, 1000u64);
+    succeed(
+        Command::new(gapscope())
+            .args(["run", "-q", "--no-exports", "-o"])
+            .arg(&rec)
+            .arg("--")
+            .arg(bin("gs-bench"))
+            .args(["sites", "--cpu", "1"])
+            .args(["--rounds", &rounds.to_string()])
+            .args(["--slow-every", &every.to_string()])
+            .args(["--slow-us", &slow_us.to_string()]),
+    );
+    let out = succeed(
+        Command::new(gapscope())
+            .args(["export", "--flamegraph", "offcpu", "--folded"])
+            .arg(&rec),
+    );
+    let (mut slow, mut fast) = (0u64, 0u64);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let (chain, ns) = line.rsplit_once(' ').unwrap();
+        let ns: u64 = ns.parse().unwrap();
+        let (in_slow, in_fast) = (chain.contains("wait_slow"), chain.contains("wait_fast"));
+        assert!(!(in_slow && in_fast), "{line}");
+        if in_slow {
+            slow += ns;
+        }
+        if in_fast {
+            fast += ns;
+        }
+    }
+    // Each slow read waits at least through its writer's sleep.
+    let floor = rounds.div_ceil(every) * slow_us * 1000;
+    assert!(
+        slow >= floor * 9 / 10,
+        "the slow site: {slow} ns blocked, its writer slept {floor} ns (the fast site {fast} ns)"
+    );
+    assert!(fast > 0, "the fast site's waits were not seen");
+}
+
 /// The windows `run --window` wrote in `rec`, in time order.
 fn windows_of(rec: &Path) -> Vec<std::path::PathBuf> {
     let windows = gapscope::session::windows_in(rec);

@@ -29,6 +29,12 @@ commands:
          to CPU C when given (every hand-over a context switch, and runs
          that repeat: unpinned, where the scheduler puts them moves the
          wall time by a fifth from one run to the next)
+  sites  --rounds N --slow-every K --slow-us U [--cpu C]
+         one wait from two places: a child reads a pipe N times, every
+         K-th read from one function (the parent sleeps U µs before it
+         writes that byte) and the rest from another, both through the
+         same helpers, so the two call paths differ two frames above the
+         read; parent and child pinned to CPU C when given
   cpu    --threads N --iters M
          CPU-bound: N threads hashing M rounds each, no syscalls
   events --threads N --secs S --rate R [--cpu C] [--nice N]
@@ -307,6 +313,64 @@ fn pin(cpu: Option<u64>) {
     }
 }
 
+/// One blocking read through two helpers, so that which site called is
+/// two return addresses up from the read.
+#[inline(never)]
+fn wait_on(fd: i32) {
+    let mut b = [0u8; 1];
+    if !std::hint::black_box(read_full(fd, &mut b)) {
+        die("a pipe closed");
+    }
+}
+
+#[inline(never)]
+fn wait_slow(fd: i32) {
+    wait_on(std::hint::black_box(fd));
+}
+
+#[inline(never)]
+fn wait_fast(fd: i32) {
+    wait_on(std::hint::black_box(fd));
+}
+
+fn cmd_sites(a: &Args) {
+    let rounds = a.num("rounds", 20_000);
+    let every = a.num("slow-every", 20).max(1);
+    let slow = std::time::Duration::from_micros(a.num("slow-us", 1000));
+    let cpu = a.get("cpu").map(|_| a.num("cpu", 0));
+    pin(cpu);
+    let (to_child, to_parent) = (short_pipe(1), short_pipe(1));
+    let start = Instant::now();
+    let child = fork_child(|| {
+        for i in 0..rounds {
+            if i % every == 0 {
+                wait_slow(to_child[0]);
+            } else {
+                wait_fast(to_child[0]);
+            }
+            write_full(to_parent[1], &[1]);
+        }
+    });
+    let mut b = [0u8; 1];
+    for i in 0..rounds {
+        if i % every == 0 {
+            std::thread::sleep(slow);
+        }
+        write_full(to_child[1], &[1]);
+        if !read_full(to_parent[0], &mut b) {
+            die("the child ended early");
+        }
+    }
+    reap([child]);
+    let wall = start.elapsed().as_nanos() as u64;
+    eprintln!(
+        "gs-bench sites: {rounds} reads, {} slow ({} µs each)",
+        rounds.div_ceil(every),
+        slow.as_micros()
+    );
+    finish(a, wall);
+}
+
 fn cmd_events(a: &Args) {
     let threads = a.num("threads", 1).max(1);
     let secs = a.num("secs", 2);
@@ -444,6 +508,7 @@ fn main() {
     match a.cmd.as_str() {
         "input" => cmd_input(&a),
         "relay" => cmd_relay(&a),
+        "sites" => cmd_sites(&a),
         "cpu" => cmd_cpu(&a),
         "events" => cmd_events(&a),
         "syscalls" => cmd_syscalls(&a),
