@@ -187,13 +187,25 @@ fn prometheus_scrapes_idle_by_cause_that_matches_the_jobs_truth() {
             "{cause}: Prometheus has {share:.1}% of the seen time, the job's ground truth {own:.1}%"
         );
     }
-    // Not vacuous: the job's own truth has its bottleneck, which the
-    // comparison above held Prometheus to. (A share fixed in advance would
-    // not hold on a busy machine: there the job's truth moves part of the
-    // idle to contention — sync 36.8%, contention 40.0% beside two busy
-    // loops.)
+    // Not vacuous: the comparison above held Prometheus to real idle —
+    // at least a quarter of the job's time, its bottleneck (sync) part of
+    // it. How much of it sync keeps depends on the machine: beside two busy
+    // loops the job's truth moves about half of the idle to contention
+    // (sync 23%, contention 49%, both matched by the scrape), so a floor on
+    // sync alone failed there while every cause matched.
+    let truth_idle: f64 = truth_causes
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap_or(0) as f64)
+        .sum::<f64>()
+        * 100.0
+        / truth_alloc;
     let truth_sync = u64_of(truth_causes, "sync") as f64 * 100.0 / truth_alloc;
-    assert!(truth_sync > 25.0, "the job's truth: {truth_causes}");
+    assert!(
+        truth_idle > 25.0 && truth_sync > 5.0,
+        "the job's truth: {truth_causes}"
+    );
 
     // The exposition passes Prometheus's own linter.
     let (_, text) = http_get(agent_addr, "/metrics").unwrap();

@@ -24,7 +24,7 @@ mod stress;
 mod wheel;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|build|wheel|demo|test|stress [N]|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
+    "usage: cargo xtask <setup|build|wheel|demo|test|stress [N] [TEST]…|vmlinux|gpu-bundle|bench [CASE]…|fuzz [TARGET] [SECS]>";
 
 /// The fuzz targets (fuzz/fuzz_targets/), and how many executions each gets
 /// in the gate (about 10–15 s apiece here: the targets differ in speed by

@@ -1,11 +1,12 @@
-//! `cargo xtask stress [N]`: the tests that hold gapscope to a ground truth
+//! `cargo xtask stress [N] [TEST...]`: the tests that hold gapscope to a ground truth
 //! run beside N busy-looping processes (default 2) and an I/O-heavy
 //! neighbour (a file written with fsync and read back, over and over), as
 //! a node that runs training jobs is busy: the suite's rule that every test
 //! passes on a loaded 2-core machine, checked. Each test binary's verdict
 //! is reported with the lines it printed comparing itself with its truth
-//! (the numbers that move under load). Not part of `test`: it would double
-//! CI's time.
+//! (the numbers that move under load). TEST names some of the binaries
+//! (`agent recording`) where a change touched only their part. Not part of
+//! `test`: it would double CI's time.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -71,18 +72,38 @@ impl Drop for Neighbours {
 }
 
 pub fn stress(args: &[String]) -> Result<()> {
-    let busy = match args.first() {
-        Some(n) => n
-            .parse::<usize>()
-            .with_context(|| format!("stress: N must be a count of busy neighbours, not {n:?}"))?,
+    let mut args = args.iter().peekable();
+    let busy = match args
+        .peek()
+        .filter(|a| a.starts_with(|c: char| c.is_ascii_digit()))
+    {
+        Some(n) => {
+            let n = n.parse::<usize>().with_context(|| {
+                format!("stress: N must be a count of busy neighbours, not {n:?}")
+            })?;
+            args.next();
+            n
+        }
         None => 2,
+    };
+    let tests: Vec<&str> = match args.map(String::as_str).collect::<Vec<_>>() {
+        named if named.is_empty() => TESTS.to_vec(),
+        named => {
+            if let Some(t) = named.iter().find(|t| !TESTS.contains(t)) {
+                bail!(
+                    "stress: no test binary {t:?}; these run: {}",
+                    TESTS.join(" ")
+                );
+            }
+            named
+        }
     };
     setup(true)?;
     // Built before the neighbours start: the tests are what is measured.
     run(cargo().args(["build", "--workspace"]))?;
     let mut build = cargo();
     build.args(["test", "-p", "gapscope-tests", "--no-run"]);
-    for t in TESTS {
+    for t in &tests {
         build.args(["--test", t]);
     }
     run(&mut build)?;
@@ -90,7 +111,7 @@ pub fn stress(args: &[String]) -> Result<()> {
     eprintln!("xtask: stress: {busy} busy neighbour(s) and one I/O-heavy one");
     let mut failed = Vec::new();
     let mut table = Vec::new();
-    for t in TESTS {
+    for t in &tests {
         let out = cargo()
             .args(["test", "-p", "gapscope-tests", "--test", t, "--"])
             .args(["--nocapture", "--test-threads", "1"])
