@@ -275,6 +275,24 @@ static __always_inline __u64 rb_flags(void)
 		       BPF_RB_NO_WAKEUP;
 }
 
+/* A task's tgid and pid (its thread id), from a raw tracepoint's untyped
+ * task pointer: one read where the kernel keeps them side by side, as
+ * every kernel so far does (each bpf_probe_read_kernel costs ~35 ns, and
+ * this runs at every switch and wakeup on the machine). */
+static __always_inline void task_ids(struct task_struct *p, __u32 *tgid, __u32 *tid)
+{
+	__u32 pid_at = bpf_core_field_offset(struct task_struct, pid);
+	if (bpf_core_field_offset(struct task_struct, tgid) == pid_at + 4) {
+		__u32 ids[2] = {};
+		bpf_probe_read_kernel(ids, sizeof(ids), (void *)p + pid_at);
+		*tid = ids[0];
+		*tgid = ids[1];
+	} else {
+		*tgid = BPF_CORE_READ(p, tgid);
+		*tid = BPF_CORE_READ(p, pid);
+	}
+}
+
 static __always_inline int is_tracked(__u32 tgid)
 {
 	return tgid != 0 && bpf_map_lookup_elem(&tracked, &tgid) != NULL;
@@ -595,18 +613,25 @@ static __always_inline __u64 capture_stack(void *ctx, __u32 slot, __u32 pid, int
 #define AF_INET 2
 #define AF_INET6 10
 
-/* The open file behind one of current's fds, or NULL. */
+/* The open file behind one of current's fds, or NULL. Walked from the
+ * trusted current task with plain loads (the verifier makes them faulting
+ * loads), not a helper call per field: each bpf_probe_read_kernel costs
+ * about 35 ns, and this runs at every blocking switch-out. Only the fd
+ * array's slot, an index the verifier cannot bound, takes a helper. */
 static __always_inline struct file *fd_file(int fd)
 {
 	if (fd < 0)
 		return NULL;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct files_struct *files = task->files;
+	if (!files)
+		return NULL;
+	struct fdtable *fdt = files->fdt;
 	if (!fdt)
 		return NULL;
-	if ((unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+	if ((unsigned int)fd >= fdt->max_fds)
 		return NULL;
-	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file **fds = fdt->fd;
 	struct file *file = NULL;
 	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]))
 		return NULL;
@@ -715,14 +740,22 @@ static __always_inline int fd_arg_index(long nr)
 	return -1;
 }
 
+/* `regs` is current's, from bpf_task_pt_regs: plain loads (see fd_file). */
 static __always_inline __u64 syscall_arg(struct pt_regs *regs, int i)
 {
 	switch (i) {
-	case 0: return BPF_CORE_READ(regs, di);
-	case 1: return BPF_CORE_READ(regs, si);
-	case 2: return BPF_CORE_READ(regs, dx);
+	case 0: return regs->di;
+	case 1: return regs->si;
+	case 2: return regs->dx;
 	}
 	return 0;
+}
+
+/* The saved user registers of the current task (its syscall's arguments,
+ * where it will return to), as a pointer the verifier knows the type of. */
+static __always_inline struct pt_regs *current_regs(void)
+{
+	return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 }
 
 /* The fd syscall `nr` (arguments in `regs`) waits on, or -1. */
@@ -756,7 +789,8 @@ int gs_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		if (!fp)
 			return 0;
 	}
-	struct pt_regs *regs = (struct pt_regs *)TP_ARG(ctx, 0);
+	/* The tracepoint's regs are current's; taken typed. */
+	struct pt_regs *regs = current_regs();
 	long nr = (long)TP_ARG(ctx, 1);
 
 	fp->ts = bpf_ktime_get_ns();
@@ -955,13 +989,12 @@ __attribute__((noinline)) __u64 gs_wait_ukey(__u32 pid, __s32 nr, __s32 fd)
 {
 	if (nr < 0)
 		return 1;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	__u64 bp = BPF_CORE_READ(regs, bp);
+	struct pt_regs *regs = current_regs();
+	__u64 bp = regs->bp;
 	__u64 up[2] = {}, ret2 = 0;
 	__u64 key = fnv(0xcbf29ce484222325ULL, ((__u64)(__u32)nr << 32) | (__u32)fd);
-	key = fnv(key, BPF_CORE_READ(regs, ip));
-	key = fnv(key, BPF_CORE_READ(regs, sp));
+	key = fnv(key, regs->ip);
+	key = fnv(key, regs->sp);
 	key = fnv(key, bp);
 	/* A chain that cannot be read gives 0s where the return addresses go:
 	 * its walk would stop there too. */
@@ -1044,7 +1077,8 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	 * call per field. */
 	__u64 current_ids = bpf_get_current_pid_tgid();
 	__u32 prev_tgid = current_ids >> 32, prev_tid = (__u32)current_ids;
-	__u32 next_tgid = BPF_CORE_READ(next, tgid), next_tid = BPF_CORE_READ(next, pid);
+	__u32 next_tgid, next_tid;
+	task_ids(next, &next_tgid, &next_tid);
 	__u8 flags = 0;
 	/* Set for a task reported after its process was untracked. */
 	__u64 *exit_run_base = 0;
@@ -1098,19 +1132,36 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		} else if (blocked) {
 			/* Without the per-syscall hooks it is all in prev's saved
 			 * registers. */
-			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-			long nr = BPF_CORE_READ(regs, orig_ax);
+			struct pt_regs *regs = current_regs();
+			long nr = regs->orig_ax;
 			if (nr >= 0) {
 				syscall = nr;
 				fd = waited_fd(regs, nr);
 				count = read_request(regs, nr);
 				struct file *file = fd_file(fd);
-				if (file)
-					fd_kind = file_kind(file);
+				struct inflight *f = 0;
+				__u64 inode = 0;
+				if (file) {
+					/* Threads block on the same files over and over:
+					 * the kind of the last one is kept, keyed as in
+					 * gs_sys_enter. Not an inet socket's, whose
+					 * classing also notes the thread as its user. */
+					f = bpf_task_storage_get(&inflight, task, 0,
+								 BPF_LOCAL_STORAGE_GET_F_CREATE);
+					inode = (__u64)BPF_CORE_READ(file, f_inode);
+					if (f && (__u64)file == f->last_file && inode == f->last_inode) {
+						fd_kind = f->last_kind;
+					} else {
+						fd_kind = file_kind(file);
+						if (f && fd_kind != GS_FD_SOCK_INET &&
+						    fd_kind != GS_FD_SOCK_ACCEPTED) {
+							f->last_file = (__u64)file;
+							f->last_inode = inode;
+							f->last_kind = fd_kind;
+						}
+					}
+				}
 				if (fd_kind == GS_FD_FILE || fd_kind == GS_FD_BLOCK) {
-					struct inflight *f = bpf_task_storage_get(
-						&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-					__u64 inode = (__u64)BPF_CORE_READ(file, f_inode);
 					if (f && ((__u64)file != f->named_file || inode != f->named_inode)) {
 						f->named_file = (__u64)file;
 						f->named_inode = inode;
@@ -1168,7 +1219,8 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 
 static __always_inline int emit_wakeup(struct task_struct *p, __u8 wflags)
 {
-	__u32 tgid = BPF_CORE_READ(p, tgid);
+	__u32 tgid, tid;
+	task_ids(p, &tgid, &tid);
 	if (!is_tracked(tgid))
 		return 0;
 	struct gs_wakeup *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -1177,8 +1229,7 @@ static __always_inline int emit_wakeup(struct task_struct *p, __u8 wflags)
 		return 0;
 	}
 	__u64 id = bpf_get_current_pid_tgid();
-	fill_header(&e->h, GS_EV_WAKEUP, sizeof(*e), tgid, BPF_CORE_READ(p, pid),
-		    bpf_ktime_get_ns());
+	fill_header(&e->h, GS_EV_WAKEUP, sizeof(*e), tgid, tid, bpf_ktime_get_ns());
 	e->waker_pid = id >> 32;
 	e->waker_tid = (__u32)id;
 	e->target_cpu = BPF_CORE_READ(p, wake_cpu);
