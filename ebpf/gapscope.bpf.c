@@ -26,13 +26,19 @@ const volatile __u8 gs_offcpu_stacks = 1;
  * switch-out reads what it blocked in from its registers. */
 const volatile __u8 gs_syscall_hooks = 1;
 
-/* Tracked processes (tgid -> 1): seeded by userspace with the target, grown on
- * fork, shrunk when a process's last thread exits. */
+/* Tracked processes: one bit per possible tgid (PID_MAX_LIMIT, 2^22, in
+ * 512 KiB), seeded by userspace with the target, grown on fork, shrunk when
+ * a process's last thread exits. Asked at every switch and wakeup on the
+ * machine, recorded or not: an array lookup is a load the JIT inlines,
+ * where a hash of pids cost ~37 ns a question. Mappable, so that userspace
+ * sets its bits with the same atomic OR the kernel side uses (a word
+ * written whole would lose a bit set beside it by a fork). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GS_TRACKED_WORDS);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, __u64);
 } tracked SEC(".maps");
 
 /* The syscall each tracked thread is in, if any. */
@@ -293,9 +299,28 @@ static __always_inline void task_ids(struct task_struct *p, __u32 *tgid, __u32 *
 	}
 }
 
+/* The word of `tracked` that holds tgid's bit, or NULL past the end. */
+static __always_inline __u64 *tracked_word(__u32 tgid)
+{
+	__u32 w = tgid >> 6;
+	return bpf_map_lookup_elem(&tracked, &w);
+}
+
 static __always_inline int is_tracked(__u32 tgid)
 {
-	return tgid != 0 && bpf_map_lookup_elem(&tracked, &tgid) != NULL;
+	__u64 *word = tracked_word(tgid);
+	return tgid != 0 && word && ((*word >> (tgid & 63)) & 1);
+}
+
+static __always_inline void set_tracked(__u32 tgid, int on)
+{
+	__u64 *word = tracked_word(tgid);
+	if (!word)
+		return;
+	if (on)
+		__sync_fetch_and_or(word, 1ULL << (tgid & 63));
+	else
+		__sync_fetch_and_and(word, ~(1ULL << (tgid & 63)));
 }
 
 static __always_inline void fill_header(struct gs_header *h, __u16 kind, __u32 size, __u32 pid,
@@ -1269,8 +1294,7 @@ int gs_sched_process_fork(struct bpf_raw_tracepoint_args *ctx)
 	if (child_tgid == parent_tgid) {
 		flags |= GS_FORK_THREAD;
 	} else {
-		__u32 one = 1;
-		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
+		set_tracked(child_tgid, 1);
 		/* A forked child is the same interpreter at the same addresses
 		 * (a DataLoader worker): its frames are found from the first. */
 		struct gs_py_proc *py = bpf_map_lookup_elem(&py_procs, &parent_tgid);
@@ -1371,7 +1395,7 @@ int gs_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 	}
 	/* inflight is task storage: freed with the task. */
 	if (group_dead) {
-		bpf_map_delete_elem(&tracked, &tgid);
+		set_tracked(tgid, 0);
 		bpf_map_delete_elem(&py_procs, &tgid);
 	}
 	return 0;

@@ -17,6 +17,9 @@
 #define GS_COMM_LEN 16
 #define GS_PATH_LEN 256
 #define GS_MAX_STACK_DEPTH 127
+/* Words of the tracked-process bitmap: a bit for every tgid below
+ * PID_MAX_LIMIT (2^22 on 64-bit). */
+#define GS_TRACKED_WORDS 65536
 
 enum gs_event_kind {
 	GS_EV_SWITCH = 1,

@@ -5,6 +5,7 @@
 pub mod abi;
 pub mod cuda;
 mod decode;
+mod tracked;
 
 pub use decode::{decode, decode_pycode};
 
@@ -55,6 +56,10 @@ pub enum BpfError {
     },
     #[error("BPF object lacks {0}")]
     Missing(&'static str),
+    #[error("mapping the tracked-process set: {0}")]
+    Mmap(#[source] std::io::Error),
+    #[error("process {0} is past the tracked-process set")]
+    PidRange(u32),
     #[error("listing online CPUs: {0}")]
     Cpus(#[source] std::io::Error),
 }
@@ -87,7 +92,7 @@ impl Default for TracerConfig {
 /// The loaded programs and the maps userspace talks to.
 pub struct Tracer {
     ebpf: Ebpf,
-    tracked: BpfHashMap<MapData, u32, u32>,
+    tracked: tracked::Tracked,
     py_procs: BpfHashMap<MapData, u32, abi::PyProc>,
     drops: PerCpuArray<MapData, u64>,
     neighbours: PerCpuArray<MapData, u64>,
@@ -130,7 +135,10 @@ impl Tracer {
             source,
         })?;
 
-        let tracked = take_map(&mut ebpf, "tracked")?;
+        let tracked = tracked::Tracked::new(
+            ebpf.take_map("tracked")
+                .ok_or(BpfError::Missing("tracked"))?,
+        )?;
         let py_procs = take_map(&mut ebpf, "py_procs")?;
         let drops = take_map(&mut ebpf, "drops")?;
         let neighbours = take_map(&mut ebpf, "neighbours")?;
@@ -149,12 +157,11 @@ impl Tracer {
 
     /// Adds a process (tgid) to the in-kernel filter.
     pub fn track(&mut self, tgid: u32) -> Result<(), BpfError> {
-        self.tracked
-            .insert(tgid, 1, 0)
-            .map_err(|source| BpfError::Map {
-                name: "tracked",
-                source,
-            })
+        if self.tracked.insert(tgid) {
+            Ok(())
+        } else {
+            Err(BpfError::PidRange(tgid))
+        }
     }
 
     /// Tells the kernel side where the CPython interpreter of process
