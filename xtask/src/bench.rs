@@ -1011,7 +1011,7 @@ fn bystander_switches(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         } else {
             Verdict::Missed(
                 "the scheduler tracepoints run at every context switch of every task: an \
-                 untracked switch pays two task reads, a lookup and its run's charge"
+                 untracked switch pays a read of the next task's ids, two loads of the tracked-process bitmap and its run's charge"
                     .into(),
             )
         },
