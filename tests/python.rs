@@ -114,12 +114,17 @@ const NESTED: &str = "import os, sys, time\n\
 
 /// Its cpu flamegraph, folded.
 fn cpu_folded(rec: &Path) -> PathBuf {
-    let folded = rec.join("cpu.folded");
+    folded(rec, "cpu")
+}
+
+/// Its flamegraph `which` (cpu, offcpu), folded.
+fn folded(rec: &Path, which: &str) -> PathBuf {
+    let folded = rec.join(format!("{which}.folded"));
     succeed(
         Command::new(gapscope())
             .arg("export")
             .arg(rec)
-            .args(["--flamegraph", "cpu", "--folded", "-o"])
+            .args(["--flamegraph", which, "--folded", "-o"])
             .arg(&folded),
     );
     folded
@@ -280,14 +285,7 @@ fn blocked_python_threads_show_their_functions_off_cpu() {
         &[py.path.to_str().unwrap(), script.to_str().unwrap()],
     );
     assert_eq!(r.code(), Some(0), "{}", r.stderr());
-    let folded = rec.join("offcpu.folded");
-    succeed(
-        Command::new(gapscope())
-            .arg("export")
-            .arg(&rec)
-            .args(["--flamegraph", "offcpu", "--folded", "-o"])
-            .arg(&folded),
-    );
+    let folded = folded(&rec, "offcpu");
     // Off-CPU weights are nanoseconds; each waited about a second.
     for (function, blocked_in) in [("py::sleeper", "select"), ("py::wait_socket", "recv")] {
         let (with, _) = samples_with(&folded, &py.comm, &[function, blocked_in]);
@@ -354,14 +352,7 @@ fn python_waits_from_two_call_paths_keep_their_own_stacks() {
             &[py.path.to_str().unwrap(), script.to_str().unwrap()],
         );
         assert_eq!(r.code(), Some(0), "{}: {}", py.label, r.stderr());
-        let folded = rec.join("offcpu.folded");
-        succeed(
-            Command::new(gapscope())
-                .arg("export")
-                .arg(&rec)
-                .args(["--flamegraph", "offcpu", "--folded", "-o"])
-                .arg(&folded),
-        );
+        let folded = folded(&rec, "offcpu");
         let (slow, _) = samples_with(&folded, &py.comm, &["py::slow_site", "py::wait_on"]);
         let (fast, _) = samples_with(&folded, &py.comm, &["py::fast_site", "py::wait_on"]);
         assert!(

@@ -449,21 +449,27 @@ fn a_killed_recorder_leaves_a_readable_truncated_session() {
     child.kill().unwrap(); // SIGKILL: no chance to finish the file
     child.wait().unwrap();
     signal(target, libc::SIGKILL); // orphaned now; not needed any more
-    let report = report_json(&rec);
+                                   // What was flushed before the kill is there: the waiting threads, a
+                                   // second or more into their waits.
+    assert_cut_off_with_sleepers(&rec, 900_000_000);
+}
+
+/// `rec` reads as a recording that did not finish, partitioned, with a
+/// thread asleep for at least `sleep_ns` in it.
+fn assert_cut_off_with_sleepers(rec: &Path, sleep_ns: u64) {
+    let report = report_json(rec);
     assert_partitions(&report);
     let truncated = report["session"]["truncated"]
         .as_str()
         .expect("marked truncated");
     assert!(truncated.contains("did not finish"), "{truncated}");
-    // What was flushed before the kill is there: the waiting threads, a
-    // second or more into their waits.
-    let sleeping: Vec<&Value> = report["threads"]
+    let sleeping = report["threads"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|t| u64_of(&t["off_cpu_ns"], "sleep") >= 900_000_000)
-        .collect();
-    assert!(!sleeping.is_empty(), "{report}");
+        .filter(|t| u64_of(&t["off_cpu_ns"], "sleep") >= sleep_ns)
+        .count();
+    assert!(sleeping > 0, "{report}");
 }
 
 const PYTHON_WORKLOAD: &str = r#"
@@ -686,25 +692,25 @@ fn blocked_reads_and_writes_keep_their_own_kernel_paths() {
     let _lock = recording_lock();
     let dir = scratch("kstacks");
     let rec = dir.path().join("rec");
-    succeed(
-        Command::new(gapscope())
-            .args(["run", "-q", "--no-exports", "-o"])
-            .arg(&rec)
-            .arg("--")
-            .arg(bin("gs-bench"))
-            .args(["relay", "--chunks", "20000", "--read-kib", "4"])
-            .args(["--decode-passes", "1", "--cpu", "1", "--dir"])
-            .arg(dir.path()),
-    );
-    let out = succeed(
-        Command::new(gapscope())
-            .args(["export", "--flamegraph", "offcpu", "--folded"])
-            .arg(&rec),
-    );
+    let dir_arg = dir.path().to_str().unwrap();
     let (mut reads, mut writes) = (0u64, 0u64);
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let (chain, ns) = line.rsplit_once(' ').unwrap();
-        let ns: u64 = ns.parse().unwrap();
+    for (line, chain, ns) in gs_bench_offcpu(
+        &rec,
+        &[
+            "relay",
+            "--chunks",
+            "20000",
+            "--read-kib",
+            "4",
+            "--decode-passes",
+            "1",
+            "--cpu",
+            "1",
+            "--dir",
+            dir_arg,
+        ],
+    ) {
+        let line = line.as_str();
         let frames: Vec<&str> = chain.split(';').collect();
         let user = |f: &str| {
             frames
@@ -729,6 +735,32 @@ fn blocked_reads_and_writes_keep_their_own_kernel_paths() {
     );
 }
 
+/// `gs-bench ARGS` recorded into `rec`: its off-CPU flamegraph, folded, as
+/// (line, stack, nanoseconds).
+fn gs_bench_offcpu(rec: &Path, args: &[&str]) -> Vec<(String, String, u64)> {
+    succeed(
+        Command::new(gapscope())
+            .args(["run", "-q", "--no-exports", "-o"])
+            .arg(rec)
+            .arg("--")
+            .arg(bin("gs-bench"))
+            .args(args),
+    );
+    let out = succeed(
+        Command::new(gapscope())
+            .args(["export", "--flamegraph", "offcpu", "--folded"])
+            .arg(rec),
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (chain, ns) = line.rsplit_once(' ').unwrap();
+            (line.to_string(), chain.to_string(), ns.parse().unwrap())
+        })
+        .collect()
+}
+
 /// One wait reached from two call paths that differ two frames above the
 /// read: every 100th read is made from `wait_slow` and blocks for the 1 ms
 /// its writer sleeps first, the rest from `wait_fast` and block for a
@@ -746,26 +778,23 @@ fn waits_from_two_call_paths_keep_their_own_user_stacks() {
     let dir = scratch("ustacks");
     let rec = dir.path().join("rec");
     let (rounds, every, slow_us) = (20_000u64, 100u64, 1000u64);
-    succeed(
-        Command::new(gapscope())
-            .args(["run", "-q", "--no-exports", "-o"])
-            .arg(&rec)
-            .arg("--")
-            .arg(bin("gs-bench"))
-            .args(["sites", "--cpu", "1"])
-            .args(["--rounds", &rounds.to_string()])
-            .args(["--slow-every", &every.to_string()])
-            .args(["--slow-us", &slow_us.to_string()]),
-    );
-    let out = succeed(
-        Command::new(gapscope())
-            .args(["export", "--flamegraph", "offcpu", "--folded"])
-            .arg(&rec),
-    );
+    let (rounds_arg, every_arg, slow_arg) =
+        (rounds.to_string(), every.to_string(), slow_us.to_string());
     let (mut slow, mut fast) = (0u64, 0u64);
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let (chain, ns) = line.rsplit_once(' ').unwrap();
-        let ns: u64 = ns.parse().unwrap();
+    for (line, chain, ns) in gs_bench_offcpu(
+        &rec,
+        &[
+            "sites",
+            "--cpu",
+            "1",
+            "--rounds",
+            &rounds_arg,
+            "--slow-every",
+            &every_arg,
+            "--slow-us",
+            &slow_arg,
+        ],
+    ) {
         let (in_slow, in_fast) = (chain.contains("wait_slow"), chain.contains("wait_fast"));
         assert!(!(in_slow && in_fast), "{line}");
         if in_slow {
@@ -884,18 +913,6 @@ fn a_killed_recorder_loses_at_most_the_window_being_written() {
         gapscope::session::SessionReader::footer(&last.join(gapscope::session::FILE_NAME))
             .is_none()
     );
-    let report = report_json(&rec);
-    assert_partitions(&report);
-    let truncated = report["session"]["truncated"]
-        .as_str()
-        .expect("marked truncated");
-    assert!(truncated.contains("did not finish"), "{truncated}");
     // The closed windows' second and more of the waiting threads' sleep.
-    let sleeping: Vec<&Value> = report["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|t| u64_of(&t["off_cpu_ns"], "sleep") >= 1_900_000_000)
-        .collect();
-    assert!(!sleeping.is_empty(), "{report}");
+    assert_cut_off_with_sleepers(&rec, 1_900_000_000);
 }

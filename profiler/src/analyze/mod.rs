@@ -54,6 +54,16 @@ pub struct AnalyzeOptions {
     pub code: code::Rules,
 }
 
+impl AnalyzeOptions {
+    /// How the timeline is built for these options.
+    fn build(&self, intervals: bool) -> BuildOptions {
+        BuildOptions {
+            intervals,
+            pictures: self.pictures,
+        }
+    }
+}
+
 /// What the recording says about itself.
 #[derive(Clone, Debug)]
 pub struct Facts {
@@ -153,10 +163,6 @@ pub fn analyze_settling_every(
     opts: &AnalyzeOptions,
     settle_every: u64,
 ) -> Result<Analysis, SessionError> {
-    let build = |intervals| BuildOptions {
-        intervals,
-        pictures: opts.pictures,
-    };
     match source.into() {
         Source::InMemory(mut session) => {
             let events = session.events.len() as u64;
@@ -166,7 +172,7 @@ pub fn analyze_settling_every(
                     .events
                     .iter()
                     .any(|e| matches!(e, Event::CudaCall { .. }));
-            let timeline = Timeline::build(&mut session, build(intervals));
+            let timeline = Timeline::build(&mut session, opts.build(intervals));
             // Everything the timeline needed from the events is in it now.
             session.events = Vec::new();
             Ok(conclude(*session, timeline, events, opts, None))
@@ -184,67 +190,59 @@ fn streamed(
     opts: &AnalyzeOptions,
     settle_every: u64,
 ) -> Result<Analysis, SessionError> {
-    let build = |intervals| BuildOptions {
-        intervals,
-        pictures: opts.pictures,
-    };
-    {
-        {
-            let mut records = GpuRecords::default();
-            let mut samples = crate::timeline::SampleStacks::new();
-            let Outline {
-                mut session,
-                events: stream,
-                cuda_calls,
-            } = crate::session::read_outline(
-                stored,
-                |pid, r| records.add(pid, r),
-                |e| crate::timeline::count_sample(&mut samples, e),
-            )?;
-            let gpu_dropped = records.retain_within(stream.window());
-            let intervals = opts.pictures || records.count > 0 || cuda_calls;
-            let gpu = GpuSide::from_records(&mut session, records);
-            let mut timeline = Timeline::begin_with(&session, gpu, build(intervals));
-            timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
-            let code = code_of(&session, opts);
-            // With the recording's end known, idle gaps are attributed as
-            // the events pass them, and the states behind let go (the
-            // pictures keep every state: they draw them all).
-            let mut attributor = crate::timeline::recorded_end(&session)
-                .filter(|_| intervals && !opts.pictures)
-                .map(|end| {
-                    stream::Attributor::new(
-                        &timeline,
-                        (timeline.start, end),
-                        attribute::Edges::of(&session),
-                        &loss::blind_windows(&session),
-                        loss::lossy_windows(&session),
-                        code,
-                    )
-                });
-            let mut events = 0u64;
-            let mut last = None;
-            let replay = stream.replay(|e| {
-                events += 1;
-                let ts = e.ts();
-                last = Some(ts);
-                timeline.apply(&e);
-                if events % settle_every.max(1) == 0 {
-                    if let Some(a) = attributor.as_mut() {
-                        a.settle(&mut timeline, ts);
-                    }
-                }
-            });
-            match replay {
-                Ok(dropped) => crate::session::note_dropped(&mut session, dropped + gpu_dropped),
-                // The file went away between the passes: what was replayed
-                // stands.
-                Err(e) => session.notes.push(format!("reading the events again: {e}")),
+    let mut records = GpuRecords::default();
+    let mut samples = crate::timeline::SampleStacks::new();
+    let Outline {
+        mut session,
+        events: stream,
+        cuda_calls,
+    } = crate::session::read_outline(
+        stored,
+        |pid, r| records.add(pid, r),
+        |e| crate::timeline::count_sample(&mut samples, e),
+    )?;
+    let gpu_dropped = records.retain_within(stream.window());
+    let intervals = opts.pictures || records.count > 0 || cuda_calls;
+    let gpu = GpuSide::from_records(&mut session, records);
+    let mut timeline = Timeline::begin_with(&session, gpu, opts.build(intervals));
+    timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
+    let code = code_of(&session, opts);
+    // With the recording's end known, idle gaps are attributed as
+    // the events pass them, and the states behind let go (the
+    // pictures keep every state: they draw them all).
+    let mut attributor = crate::timeline::recorded_end(&session)
+        .filter(|_| intervals && !opts.pictures)
+        .map(|end| {
+            stream::Attributor::new(
+                &timeline,
+                (timeline.start, end),
+                attribute::Edges::of(&session),
+                &loss::blind_windows(&session),
+                loss::lossy_windows(&session),
+                code,
+            )
+        });
+    let mut events = 0u64;
+    let mut last = None;
+    let replay = stream.replay(|e| {
+        events += 1;
+        let ts = e.ts();
+        last = Some(ts);
+        timeline.apply(&e);
+        if events % settle_every.max(1) == 0 {
+            if let Some(a) = attributor.as_mut() {
+                a.settle(&mut timeline, ts);
             }
-            timeline.end(&session, last);
-            Ok(conclude(session, timeline, events, opts, attributor))
         }
+    });
+    match replay {
+        Ok(dropped) => crate::session::note_dropped(&mut session, dropped + gpu_dropped),
+        // The file went away between the passes: what was replayed
+        // stands.
+        Err(e) => session.notes.push(format!("reading the events again: {e}")),
     }
+    timeline.end(&session, last);
+    Ok(conclude(session, timeline, events, opts, attributor))
 }
 
 /// Which code each sampled stack is in, by the options' rules.
