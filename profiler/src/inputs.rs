@@ -36,7 +36,7 @@ impl Loaded {
             session::Source::InMemory(s) => kineto::warnings(s)
                 .map(|w| format!("{}: {w}", self.label))
                 .collect(),
-            session::Source::File(_) | session::Source::Windows(_) => Vec::new(),
+            session::Source::Stored(_) => Vec::new(),
         }
     }
 }
@@ -58,7 +58,7 @@ fn load_file(path: &Path) -> Result<Loaded, LoadError> {
         kineto::import(path)?.into()
     } else {
         session::check(path)?;
-        session::Source::File(path.to_path_buf())
+        path.to_path_buf().into()
     };
     Ok(Loaded { label, source })
 }
@@ -97,7 +97,7 @@ fn load_windows(dir: &Path) -> Result<Option<Loaded>, LoadError> {
         .unwrap_or_default();
     Ok(Some(Loaded {
         label,
-        source: session::Source::Windows(last.clone()),
+        source: session::Stored::Windows(last.clone()).into(),
     }))
 }
 

@@ -426,14 +426,15 @@ fn windows_written(every: Duration) -> gapscope::collect::windows::Windows {
 /// Reads the session back from disk, writes the report files beside it and
 /// prints the text report: what is printed is exactly what `report` shows.
 fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), String> {
-    // Cut into windows, the reports are of all of them, in their folder.
-    let (out, source) = match &rec.windows {
+    // Cut into windows, the reports are of all of them, in their folder
+    // (read back through the folder held open, as the session file is).
+    let (out, source): (_, gapscope::session::Source) = match &rec.windows {
         Some(folder) => {
-            let windows = gapscope::session::windows_in(folder.path());
+            let windows = gapscope::session::windows_in(&folder.held_path(""));
             let last = gapscope::session::recordings(&windows).pop();
             (
                 folder,
-                gapscope::session::Source::Windows(last.unwrap_or_default()),
+                gapscope::session::Stored::Windows(last.unwrap_or_default()).into(),
             )
         }
         None => (

@@ -177,8 +177,7 @@ pub fn analyze_settling_every(
             session.events = Vec::new();
             Ok(conclude(*session, timeline, events, opts, None))
         }
-        Source::File(path) => streamed(Stored::File(path), opts, settle_every),
-        Source::Windows(windows) => streamed(Stored::Windows(windows), opts, settle_every),
+        Source::Stored(stored) => streamed(stored, opts, settle_every),
     }
 }
 

@@ -215,6 +215,9 @@ pub fn windows_in(job_dir: &Path) -> Vec<PathBuf> {
         .into_iter()
         .flatten()
         .flatten()
+        // Folders only, never a link to one: every window is a folder the
+        // recorder made (a link planted beside them is not one of them).
+        .filter(|w| w.file_type().is_ok_and(|t| t.is_dir()))
         .filter(|w| w.path().join(super::FILE_NAME).is_file())
         .filter_map(|w| {
             let n = w.file_name().to_string_lossy().into_owned();
@@ -580,5 +583,31 @@ mod tests {
         let d = dir.path().join("empty.gsz");
         SessionWriter::create(&d).unwrap().finish().unwrap();
         assert_eq!(recordings(&[d, a.clone()]), Vec::<Vec<PathBuf>>::new());
+    }
+
+    /// The windows of a folder are its run directories named by time, in
+    /// time order; a link to a folder elsewhere, planted beside them, is
+    /// not one of them.
+    #[test]
+    fn windows_are_the_folders_made_not_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        for (name, at) in [
+            ("200", dir.path()),
+            ("100", dir.path()),
+            ("150", elsewhere.path()),
+        ] {
+            let run = at.join(name);
+            std::fs::create_dir(&run).unwrap();
+            SessionWriter::create(&run.join(crate::session::FILE_NAME))
+                .unwrap()
+                .finish()
+                .unwrap();
+        }
+        std::os::unix::fs::symlink(elsewhere.path().join("150"), dir.path().join("150")).unwrap();
+        assert_eq!(
+            windows_in(dir.path()),
+            [dir.path().join("100"), dir.path().join("200")]
+        );
     }
 }

@@ -60,12 +60,10 @@ pub enum SessionError {
 }
 
 /// A session to analyse: one in memory (imported, or built by a test), or
-/// a session file, read as it streams.
+/// one stored (a file, or one recording's windows), read as it streams.
 pub enum Source {
     InMemory(Box<Session>),
-    File(PathBuf),
-    /// The windows of one recording, read as one session.
-    Windows(Vec<PathBuf>),
+    Stored(Stored),
 }
 
 impl From<Session> for Source {
@@ -76,7 +74,13 @@ impl From<Session> for Source {
 
 impl From<PathBuf> for Source {
     fn from(p: PathBuf) -> Source {
-        Source::File(p)
+        Source::Stored(Stored::File(p))
+    }
+}
+
+impl From<Stored> for Source {
+    fn from(s: Stored) -> Source {
+        Source::Stored(s)
     }
 }
 
