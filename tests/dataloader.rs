@@ -3,11 +3,16 @@
 //! torch's queues; the trainer feeds gapscope's simulated GPU and
 //! synchronizes every step. Ground truth is the trainer's own clock and the
 //! kernel's schedstat: the share of the GPU's idle time it spent inside
-//! `next(DataLoader)`, or outside it waiting for a CPU (its loaders held
-//! them). The report's input causes must give the same share within 4
-//! points — with two workers on two CPUs too, where the trainer waits for
-//! CPUs its own loaders hold and spends CPU time receiving each batch, both
-//! input costs. And each recording says what more workers would give.
+//! `next(DataLoader)`, and its waits for a CPU there and outside it. The
+//! report's input causes must give that share within 4 points — with two
+//! workers on two CPUs too, where the trainer waits for CPUs its own
+//! loaders hold and spends CPU time receiving each batch, both input
+//! costs. Beside busy neighbours a wait for a CPU is the loaders' only
+//! while they held one: which did, moment by moment, no counter says, so
+//! there the truth is a range — all the waits at most, and at least those
+//! no neighbour can have held (neighbours hold every CPU for at most their
+//! CPU time over the CPUs, by /proc/stat); on a quiet machine the range is
+//! a few points wide. And each recording says what more workers would give.
 //!
 //! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
 //! without it these tests skip, unless GAPSCOPE_REQUIRE_TORCH=1.
@@ -49,17 +54,70 @@ fn record(py: &Path, data: &Path, workers: u32, more: &[&str]) -> (Value, Value)
     record_python_workload(&format!("dataloader-{workers}"), py, SCRIPT, &args)
 }
 
-/// Percent of the GPU's idle between its first and last work: the truth's
-/// input (inside next(DataLoader) — less the time there it had no CPU to
-/// load with: the hypervisor's steal, and with no workers its waits for a
-/// CPU, which are contention — or waiting for a CPU its loaders held),
-/// the report's input causes; and the report's table of every cause, for
-/// messages.
-fn shares(report: &Value, truth: &Value) -> (f64, f64, String) {
-    let truth_input = u64_of(truth, "idle_in_next_ns")
-        - u64_of(truth, "idle_in_next_without_a_cpu_ns")
-        + u64_of(truth, "idle_waiting_for_cpu_ns");
-    shares_of(report, truth, truth_input, |c| c.starts_with("input."))
+/// What the truth says of input, in percent of the GPU's idle between its
+/// first and last work.
+struct Input {
+    /// Surely input: the trainer inside next(DataLoader) with a CPU, or
+    /// blocked for its loaders' batch — the time there it had no CPU to
+    /// load with taken out (the hypervisor's steal, and with no workers its
+    /// waits for a CPU, which are contention).
+    sure: f64,
+    /// With workers, its waits for a CPU (inside next() and out): the
+    /// loaders' where they held the CPUs, a busy neighbour's where it did.
+    waits: f64,
+    /// The most of `waits` a neighbour can have held: the trainer waited
+    /// on a neighbour only while no loader had a CPU, so while neighbours
+    /// held every CPU — at most their CPU time over the CPUs (with its
+    /// /proc/stat reading of the rest of the machine over the loop).
+    others_at_most: f64,
+}
+
+impl Input {
+    fn of(truth: &Value) -> Input {
+        let idle = u64_of(truth, "idle_between_ns").max(1) as f64;
+        let pct = |k: &str| u64_of(truth, k) as f64 * 100.0 / idle;
+        let sure = pct("idle_in_next_ns")
+            - pct("idle_in_next_without_a_cpu_ns")
+            - pct("idle_in_next_waiting_for_cpu_ns");
+        let waits = if u64_of(truth, "workers") == 0 {
+            0.0
+        } else {
+            pct("idle_in_next_waiting_for_cpu_ns") + pct("idle_waiting_for_cpu_ns")
+        };
+        let others = truth["others_cpus"].as_f64().unwrap() / truth["nr_cpus"].as_f64().unwrap();
+        let others_at_most = (others * u64_of(truth, "loop_ns") as f64 * 100.0 / idle).min(waits);
+        Input {
+            sure,
+            waits,
+            others_at_most,
+        }
+    }
+
+    /// The report's input share `got` holds to it within `tolerance`
+    /// points: all of the surely-input time, and as much of the waits as
+    /// no neighbour can have held; not more than all of it.
+    fn check(&self, got: f64, tolerance: f64) -> Result<(), String> {
+        let (low, high) = (
+            self.sure + self.waits - self.others_at_most,
+            self.sure + self.waits,
+        );
+        if got < low - tolerance || got > high + tolerance {
+            return Err(format!(
+                "the truth {low:.1}–{high:.1}% ({:.1}% surely input, {:.1}% waiting for a CPU, at most {:.1}% of it a neighbour's), the report says input {got:.1}%",
+                self.sure, self.waits, self.others_at_most
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The truth's input and the report's input causes, in percent of the
+/// GPU's idle between its first and last work; and the report's table of
+/// every cause, for messages.
+fn shares(report: &Value, truth: &Value) -> (Input, f64, String) {
+    let input = Input::of(truth);
+    let (_, got, table) = shares_of(report, truth, 0, |c| c.starts_with("input."));
+    (input, got, table)
 }
 
 /// As [`shares`], for the truth's `truth_ns` and the report's causes that
@@ -131,13 +189,16 @@ fn dataloader_workers_are_the_input_pipeline() {
         .collect();
     for (workers, report, truth) in &runs {
         let (want, got, table) = shares(report, truth);
-        eprintln!("{workers} worker(s): truth {want:.1}%, input {got:.1}% ({table})");
-        assert!(
-            (want - got).abs() <= 4.0,
-            "{workers} worker(s): the trainer spent {want:.1}% of the GPU's idle inside next(DataLoader) or waiting for CPUs its loaders held, the report says input {got:.1}%\n  {table}\n  drops: {}\n  notes: {:#}",
-            report["drops"],
-            report["notes"]
+        eprintln!(
+            "{workers} worker(s): truth {:.1}% + {:.1}% waiting for a CPU (at most {:.1}% a neighbour's), input {got:.1}% ({table})",
+            want.sure, want.waits, want.others_at_most
         );
+        if let Err(e) = want.check(got, 4.0) {
+            panic!(
+                "{workers} worker(s): {e}\n  {table}\n  drops: {}\n  notes: {:#}",
+                report["drops"], report["notes"]
+            );
+        }
         assert_eq!(
             report["recommendations"][0]["cause"], "input.cpu",
             "{report:#}"
@@ -211,11 +272,14 @@ fn the_trainer_loading_its_own_batches_is_input() {
     let _lock = recording_lock();
     let (report, truth) = record(&py, &data, 0, &[]);
     let (want, got, table) = shares(&report, &truth);
-    eprintln!("0 workers: truth {want:.1}%, input {got:.1}% ({table})");
-    assert!(
-        (want - got).abs() <= 5.0,
-        "0 workers: the trainer spent {want:.1}% of the GPU's idle inside next(DataLoader), the report says input {got:.1}%\n  {table}"
+    eprintln!(
+        "0 workers: truth {:.1}%, input {got:.1}% ({table})",
+        want.sure
     );
+    if let Err(e) = want.check(got, 5.0) {
+        panic!("0 workers: {e}\n  {table}");
+    }
+    let want = want.sure;
     // Input's advice first — or, beside neighbours busy enough that the
     // trainer's waits for a CPU (none of them its loading: it has no
     // loaders) are as large by its own clock, contention's.
@@ -300,7 +364,8 @@ fn stages_match_the_loaders_clock(report: &Value, truth: &Value) {
 /// batch's arrival — all but the part the synchronize before it kept from
 /// overlapping the GPU's work (as long as it waited), which is `sync`;
 /// input is only the time in next(DataLoader) and the CPUs the loaders
-/// held. Each within 5 points of the truth's.
+/// held (the truth's range, see the module's doc). Each within 5 points of
+/// the truth's.
 #[test]
 fn the_trainers_own_work_between_batches_is_host_work() {
     let Some(py) = torch_python() else { return };
@@ -312,14 +377,15 @@ fn the_trainers_own_work_between_batches_is_host_work() {
         2,
         &["--host-ms", "20", "--kernels", "2", "--kernel-us", "1000"],
     );
-    let (want, got, table) = shares(&report, &truth);
+    let (input, got, table) = shares(&report, &truth);
     let host = u64_of(&truth, "idle_in_host_work_ns");
     let (want_host, got_host, _) = shares_of(&report, &truth, host, |c| c == "cpu.host");
     let behind = u64_of(&truth, "idle_host_work_behind_sync_ns");
     let (want_sync, got_sync, _) = shares_of(&report, &truth, behind, |c| c == "sync");
     eprintln!(
-        "2 workers, 20 ms host work: truth input {want:.1}%, host {want_host:.1}%, sync {want_sync:.1}%; \
-         report input {got:.1}%, cpu.host {got_host:.1}%, sync {got_sync:.1}% ({table})"
+        "2 workers, 20 ms host work: truth input {:.1}% + {:.1}% waiting for a CPU (at most {:.1}% a neighbour's), host {want_host:.1}%, sync {want_sync:.1}%; \
+         report input {got:.1}%, cpu.host {got_host:.1}%, sync {got_sync:.1}% ({table})",
+        input.sure, input.waits, input.others_at_most
     );
     // Not vacuous: the host work is twice the tolerance at least, so a
     // report that charged none of it to cpu.host fails. On a 2-CPU machine
@@ -327,8 +393,10 @@ fn the_trainers_own_work_between_batches_is_host_work() {
     // runs: 25% of the idle quiet, 13% beside two busy loops (with 10 ms a
     // step those were 12% and 5%, too near the tolerance to tell).
     assert!(want_host >= 10.0, "host work {want_host:.1}% of the idle");
+    if let Err(e) = input.check(got, 5.0) {
+        panic!("input: {e}\n  {table}");
+    }
     for (what, want, got) in [
-        ("input", want, got),
         ("cpu.host", want_host, got_host),
         ("sync", want_sync, got_sync),
     ] {

@@ -10,17 +10,21 @@ kernels on it and synchronizes, as `loss.item()` would.
 Ground truth, written as JSON to --truth: the simulated GPU's busy spans'
 total and, of its idle time between its first and last work, how much was
 the input pipeline's: the trainer inside `next(DataLoader)`, and outside it
-waiting for a CPU (the kernel's schedstat run delay; nothing else of note
-runs here, so the CPUs were held by the loaders) — spread evenly over the
-span it was measured in, as simtrain's ground truth does. Inside next(),
-the part it had no CPU to load with is not the loading's: the hypervisor's
-steal (wall time less CPU time and run delay where it never blocked
-inside; else this machine's /proc/stat rate over its CPU time there)
-and, with num_workers=0, its waits for a CPU (no loader holds one).
+waiting for a CPU (the kernel's schedstat run delay) — spread evenly over
+the span it was measured in, as simtrain's ground truth does. Those waits
+are the loaders' where they held the CPUs and a busy neighbour's where it
+did; which held them at each moment is not in any counter a process can
+read, so they are given apart (inside next() and outside it), with the
+CPUs the rest of the machine used over the loop (`others_cpus`): on a
+quiet machine they are all the loaders'. Inside next(), the part it had
+no CPU to load with is not the loading's: the hypervisor's steal (wall
+time less CPU time and run delay where it never blocked inside; else
+this machine's /proc/stat rate over its CPU time there) and, with
+num_workers=0, its waits for a CPU (no loader holds one).
 With --host-ms,
 the trainer's own work between a batch's arrival and its launches (pure
-Python): the idle spent running it, its waits for a CPU excepted (those
-are the loaders', as above) and a CPU the hypervisor took from it there
+Python): the idle spent running it, its waits for a CPU excepted (as
+above) and a CPU the hypervisor took from it there
 (steal: its CPU clock less the run delay; contention), and of that the part the synchronize before
 it kept from overlapping the GPU's work (as long as the synchronize
 waited), which is the synchronize's. With num_workers=0, the loading's own CPU
@@ -220,8 +224,9 @@ def main():
             # The synchronize before it waited this long for the GPU.
             hid = delays[-1][1] - delays[-1][0] if delays else 0
             # It never blocks there: of what the kernel did not charge it,
-            # the run delay is the loaders' (they hold the CPUs), the rest
-            # a CPU the hypervisor took (steal) — contention, no one's here.
+            # the run delay is a wait for a CPU (as the synchronize's), the
+            # rest a CPU the hypervisor took (steal) — contention, no one's
+            # here.
             stolen = max(0, (h1 - h0) - (c1 - c0) - (d1 - d0))
             hosts.append((h0, h1, d1 - d0, hid, stolen))
         # A forward and backward pass: kernels the batch feeds, then a
@@ -272,6 +277,7 @@ def main():
     # machine's rate, over the CPU time it was charged there) and, with no
     # workers to hold the CPUs, its waits for one — not the loading's cost.
     without_cpu = 0
+    waiting_in_next = 0
     for s, e in idle:
         for ws, we, cpu_ns, waited, stolen in waits:
             overlap = max(0, min(e, we) - max(s, ws))
@@ -281,6 +287,10 @@ def main():
             lost = stolen + (waited if a.workers == 0 else 0)
             lost = min(lost, max(we - ws - cpu_ns, 0))
             without_cpu += overlap * lost // max(we - ws, 1)
+            # With workers, its waits for a CPU there: the loaders' while
+            # they held the CPUs, a busy neighbour's while it did.
+            waits_all = min(stolen + waited, max(we - ws - cpu_ns, 0))
+            waiting_in_next += overlap * (waits_all - lost) // max(we - ws, 1)
     held = 0
     in_host = 0
     hidden = 0
@@ -303,6 +313,7 @@ def main():
         "idle_between_ns": idle_ns,
         "idle_in_next_ns": in_next,
         "idle_in_next_without_a_cpu_ns": without_cpu,
+        "idle_in_next_waiting_for_cpu_ns": waiting_in_next,
         "steal": steal,
         "idle_waiting_for_cpu_ns": held,
         "idle_in_host_work_ns": in_host,
@@ -311,6 +322,8 @@ def main():
         "idle_cpus": idle_cpus,
         "loader_cpus": loader_cpus,
         "others_cpus": others_cpus,
+        "nr_cpus": nr_cpus,
+        "loop_ns": loop_ns,
         "torch": torch.__version__,
     }
     if a.workers == 0:
