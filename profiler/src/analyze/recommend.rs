@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::Serialize;
 
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
+use crate::analyze::cause::IdleByCause;
 use crate::analyze::code::{Region, Rules};
 use crate::analyze::diagnose::{Diagnosis, GpuDiagnosis};
 use crate::analyze::replay;
@@ -48,6 +49,10 @@ pub struct WhatIf {
     /// computing spread over the CPUs they got, those that sat idle and a
     /// share of those their scheduling group's other tasks held).
     pub more_workers: Vec<MoreWorkers>,
+    /// What the replayed run's GPU still idles for, by cause (per GPU):
+    /// start-up and tear-down as the recording had them, and what the fix
+    /// leaves.
+    pub idle_by_cause_ns: IdleByCause,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -57,6 +62,8 @@ pub struct MoreWorkers {
     pub workers: u32,
     pub wall_ns: u64,
     pub speedup: f64,
+    /// As [`WhatIf::idle_by_cause_ns`], with these workers.
+    pub idle_by_cause_ns: IdleByCause,
 }
 
 impl Recommendation {
@@ -236,6 +243,7 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
                     workers: workers.round() as u32 + add,
                     wall_ns: w.wall_ns,
                     speedup: rounded(wall as f64 / w.wall_ns.max(1) as f64),
+                    idle_by_cause_ns: w.idle_by_cause(),
                 }
             })
             .collect()
@@ -247,6 +255,7 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
         speedup: rounded(wall as f64 / p.wall_ns.max(1) as f64),
         next_cause,
         more_workers,
+        idle_by_cause_ns: p.idle_by_cause(),
     })
 }
 

@@ -1021,6 +1021,13 @@ pub struct Prediction {
     pub replayed_wall_ns: u64,
 }
 
+impl Prediction {
+    /// Its replayed idle by cause, every cause named.
+    pub fn idle_by_cause(&self) -> crate::analyze::cause::IdleByCause {
+        crate::analyze::cause::IdleByCause::from_fn(|c| self.idle.get(&c).copied().unwrap_or(0))
+    }
+}
+
 impl<'a> Job<'a> {
     /// `nr_cpus`: the recorded machine's CPUs (0 when not recorded: the
     /// loaders are then not bounded by CPUs); `collector_cpu_ns`: what the
