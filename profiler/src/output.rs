@@ -156,7 +156,7 @@ impl OutDir {
     /// (`/proc/self/fd/N/name`): for reading back what was written here,
     /// whatever became of the directory's own path.
     pub fn held_path(&self, name: &str) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}/{name}", self.fd.as_raw_fd()))
+        PathBuf::from(format!("{HELD}{}/{name}", self.fd.as_raw_fd()))
     }
 
     /// Subdirectory `name`, made if missing (0700); never through a link.
@@ -408,6 +408,40 @@ fn link_may_be_followed(dir: &Path, link: &std::fs::Metadata) -> io::Result<()> 
     Ok(())
 }
 
+/// Where [`OutDir::held_path`]s begin.
+const HELD: &str = "/proc/self/fd/";
+
+/// Whether `path` runs through a folder gapscope holds open
+/// ([`OutDir::held_path`]): what it names there gapscope wrote itself, and
+/// is read back never through a link put in its place.
+pub fn is_held(path: &Path) -> bool {
+    path.starts_with(HELD)
+}
+
+/// Opens `path` to read a file gapscope reads whole: a regular file only
+/// (a FIFO's open or read would wait for a writer forever, a device's read
+/// need never end — the open does not wait, and anything else is refused),
+/// and in a folder it holds open, never through a link ([`is_held`]).
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut flags = libc::O_NONBLOCK | libc::O_CLOEXEC;
+    if is_held(path) {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    // O_NONBLOCK changes nothing for a regular file's reads.
+    Ok(f)
+}
+
 /// Whether the thing at `path` is a character device, a FIFO or a socket.
 pub fn is_special(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| {
@@ -439,6 +473,26 @@ mod tests {
                 & 0o777,
             0o600
         );
+    }
+
+    /// A FIFO or device is refused without waiting for a writer; a link
+    /// put at a name in a held folder is not followed, as it is when a
+    /// user names it.
+    #[test]
+    fn reads_are_of_regular_files_and_not_through_links_in_held_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = OutDir::named(&dir.path().join("run")).unwrap();
+        let fifo = std::ffi::CString::new(out.join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = open_regular(&out.held_path("fifo")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(open_regular(Path::new("/dev/zero")).is_err());
+        fs::write(dir.path().join("elsewhere"), b"not ours").unwrap();
+        symlink(dir.path().join("elsewhere"), out.join("session.gsz")).unwrap();
+        let e = open_regular(&out.held_path("session.gsz")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert!(open_regular(&out.join("session.gsz")).is_ok());
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl SessionReader {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let file = crate::output::open_regular(path).map_err(io)?;
         let mut input = BufReader::with_capacity(1 << 20, file);
         let mut header = [0u8; FILE_HEADER_LEN];
         let n = read_full(&mut input, &mut header).map_err(io)?;
