@@ -29,6 +29,7 @@ pub mod kineto;
 pub mod output;
 pub mod safe_fs;
 pub mod session;
+pub mod spool;
 pub mod timeline;
 pub mod units;
 

@@ -3,11 +3,13 @@
 //! account is millions of moments, so each is kept in 16 bytes, with no
 //! more of who decided it than the replay asks: the feeder itself, another
 //! thread (a loader it waited on; which ones, the feeder keeps apart), or
-//! nobody.
+//! nobody; and they are spooled (`crate::spool`), compressed and, once
+//! large, out of memory.
 
 use std::collections::HashMap;
 
 use super::attribute::{Cause, Piece, Tid};
+use crate::spool::Spool;
 
 /// Whose state decided a moment's cause.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,30 +29,30 @@ pub struct Moment {
     pub who: Who,
 }
 
-/// A moment as kept: its length in a u32 of ns, up to [`LONG`].
-#[derive(Clone, Copy)]
+/// A moment as kept: its length in a u32 of ns, up to [`LONG`]; its cause
+/// and who decided it by their places in [`Cause::ALL`] and [`WHO`].
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
 struct Packed {
     start: u64,
     len: u32,
-    cause: Cause,
-    who: Who,
+    cause: u8,
+    who: u8,
+    _pad: [u8; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<Packed>() == 16);
 
+const WHO: [Who; 3] = [Who::Nobody, Who::Feeder, Who::Other];
+
 /// A length that does not fit: the end is in [`Account::long`].
 const LONG: u32 = u32::MAX;
 
-/// Moments per block: an account grows by blocks, never by copying itself
-/// into one twice its size (a long run's account is hundreds of MiB).
-const BLOCK: usize = 1 << 16;
-
-/// The moments, in time order.
+/// The moments, in time order, spooled: a long run's account is hundreds
+/// of MiB, and the replay reads it in order.
 #[derive(Default)]
 pub struct Account {
-    /// Full blocks of [`BLOCK`] moments, then the one being filled.
-    moments: Vec<Vec<Packed>>,
-    len: usize,
+    moments: Spool<Packed>,
     /// Ends of the moments of 4.3 s or more (start-up, a long wait), by
     /// index.
     long: HashMap<usize, u64>,
@@ -67,55 +69,81 @@ impl Account {
         let len = match u32::try_from(p.end - p.start) {
             Ok(len) if len < LONG => len,
             _ => {
-                self.long.insert(self.len, p.end);
+                self.long.insert(self.moments.len(), p.end);
                 LONG
             }
         };
-        if self.len % BLOCK == 0 {
-            self.moments.push(Vec::with_capacity(BLOCK));
-        }
-        let block = self.moments.last_mut().expect("a block to fill");
-        block.push(Packed {
+        self.moments.push(Packed {
             start: p.start,
             len,
-            cause: p.cause,
-            who,
+            cause: Cause::ALL.iter().position(|&c| c == p.cause).unwrap_or(0) as u8,
+            who: WHO.iter().position(|&w| w == who).unwrap_or(0) as u8,
+            _pad: [0; 2],
         });
-        self.len += 1;
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.moments.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.moments.is_empty()
     }
 
-    pub fn get(&self, i: usize) -> Option<Moment> {
-        let m = self.moments.get(i / BLOCK)?.get(i % BLOCK)?;
+    /// Reads the moments by index, near where it last read.
+    pub fn reader(&self) -> Reader<'_> {
+        Reader {
+            moments: self.moments.reader(),
+            long: &self.long,
+        }
+    }
+
+    pub fn first(&self) -> Option<Moment> {
+        self.reader().get(0)
+    }
+
+    pub fn last(&self) -> Option<Moment> {
+        self.reader().get(self.len().checked_sub(1)?)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Moment> + '_ {
+        let mut r = self.reader();
+        (0..self.len()).map_while(move |i| r.get(i))
+    }
+
+    /// Why its moments could not all be kept out of memory, if they could
+    /// not.
+    pub fn kept_in_memory(&self) -> Option<&str> {
+        self.moments.kept_in_memory()
+    }
+}
+
+/// A reader of an [`Account`].
+pub struct Reader<'a> {
+    moments: crate::spool::Reader<'a, Packed>,
+    long: &'a HashMap<usize, u64>,
+}
+
+impl Reader<'_> {
+    /// Moment `i`; None past the end (or when it could not be read back:
+    /// see [`Reader::failed`]).
+    pub fn get(&mut self, i: usize) -> Option<Moment> {
+        let m = self.moments.get(i)?;
         let end = match m.len {
-            LONG => self.long[&i],
+            LONG => *self.long.get(&i)?,
             len => m.start + len as u64,
         };
         Some(Moment {
             start: m.start,
             end,
-            cause: m.cause,
-            who: m.who,
+            cause: *Cause::ALL.get(m.cause as usize)?,
+            who: *WHO.get(m.who as usize)?,
         })
     }
 
-    pub fn first(&self) -> Option<Moment> {
-        self.get(0)
-    }
-
-    pub fn last(&self) -> Option<Moment> {
-        self.get(self.len().checked_sub(1)?)
-    }
-
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Moment> + '_ {
-        (0..self.len()).map(|i| self.get(i).expect("in range"))
+    /// Why part of the account could not be read back, if it could not.
+    pub fn failed(&self) -> Option<&str> {
+        self.moments.failed()
     }
 }
 

@@ -39,7 +39,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::account::{Account, Moment, Who};
+use super::account::{self, Account, Moment, Who};
 use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use super::lockstep::Meeting;
@@ -604,7 +604,7 @@ impl Run<'_> {
     /// work that no longer runs is not preempted either, whoever held the
     /// CPU. (Left in, a disturbed recording predicts the disturbance as if
     /// it were the rest of the run.)
-    fn interrupts_removed(&self, i: usize, plan: &Plan) -> bool {
+    fn interrupts_removed(&self, a: &mut account::Reader, i: usize, plan: &Plan) -> bool {
         let removed = |p: Option<Moment>| {
             p.is_some_and(|p| {
                 p.who != Who::Other
@@ -618,10 +618,9 @@ impl Run<'_> {
         let working = |p: &Moment| {
             p.who == Who::Other || !matches!(p.cause, Cause::CpuContention | Cause::InputCpu)
         };
-        let a = self.account;
-        let near = |k: usize| a.get(k).expect("in range");
-        removed((0..i).rev().take(64).map(near).find(working))
-            && removed((i + 1..a.len()).take(64).map(near).find(working))
+        let n = self.account.len();
+        removed((0..i).rev().take(64).map_while(|k| a.get(k)).find(working))
+            && removed((i + 1..n).take(64).map_while(|k| a.get(k)).find(working))
     }
 
     /// Recorded GPU idle time inside `[a, b)`.
@@ -680,7 +679,8 @@ impl Run<'_> {
         let mut ci = 0;
         let mut i = 0;
         let mut moments = 0usize;
-        while let Some(p) = self.account.get(i) {
+        let mut account = self.account.reader();
+        while let Some(p) = account.get(i) {
             // What was issued before this moment goes now.
             while let Some(it) = (mi < mine).then(|| m(mi)).filter(|it| it.issued < p.start) {
                 gpu.run(h, &it);
@@ -721,7 +721,7 @@ impl Run<'_> {
             if p.who == Who::Other {
                 let mut latency = 0;
                 let mut e = p.start;
-                while let Some(q) = self.account.get(i).filter(|q| q.who == Who::Other) {
+                while let Some(q) = account.get(i).filter(|q| q.who == Who::Other) {
                     if !plan.removes(q.cause) {
                         latency += q.end - q.start;
                     }
@@ -863,7 +863,7 @@ impl Run<'_> {
                     if inside
                         && p.who != Who::Other
                         && sync_left == 0
-                        && self.interrupts_removed(i, plan) => {}
+                        && self.interrupts_removed(&mut account, i, plan) => {}
                 c => {
                     log.note(h, h + d, c);
                     h += d;

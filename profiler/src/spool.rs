@@ -1,0 +1,393 @@
+//! Spools: long runs of small fixed-size records that an analysis writes
+//! once and reads back, in order or near where it last read — the feeder's
+//! account, the GPU's work and the CUDA calls of an hours-long recording.
+//! The first [`RAW_BLOCKS`] blocks stay in memory as they are; the rest are
+//! compressed into an unnamed temporary file, so that what a report holds
+//! in memory does not grow with the recording's length.
+//!
+//! A compressed block is [`BLOCK`] records with their bytes laid out by
+//! position (every record's first byte, then every second byte…):
+//! neighbouring records differ in their low bytes only, so the high ones
+//! compress to almost nothing (the feeder's account: 16 bytes a moment to
+//! under 0.5).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+/// Records per block.
+pub const BLOCK: usize = 1 << 14;
+/// Blocks kept in memory uncompressed: up to a few MiB, a spool costs
+/// nothing to read back (most recordings' spools never leave them).
+const RAW_BLOCKS: usize = 64;
+/// zstd's level: its fastest that still finds the runs the position-wise
+/// layout makes.
+const LEVEL: i32 = 1;
+
+/// Where a sealed block lies.
+#[derive(Clone, Copy)]
+enum Sealed {
+    /// In [`Spool::raw`], by index.
+    Raw(usize),
+    /// Compressed, in [`Spool::packed`] by index: no file could be made
+    /// or written.
+    Packed(usize),
+    /// Compressed, in the file at this offset, this long.
+    File(u64, u32),
+}
+
+/// Records of type `T`, appended and read back by index.
+pub struct Spool<T: Pod> {
+    fill: Vec<T>,
+    sealed: Vec<Sealed>,
+    raw: Vec<Box<[T]>>,
+    packed: Vec<Box<[u8]>>,
+    /// An unnamed file (`O_TMPFILE`) and its size: nobody can open it, and
+    /// it is gone when the spool is.
+    file: Option<(File, u64)>,
+    /// Why compressed blocks stayed in memory, if they did.
+    no_file: Option<String>,
+    /// The blocks readers unpacked last, shared between them: the what-if
+    /// replays read one account side by side, each plan on a core, and
+    /// unpack each block once between them.
+    unpacked: std::sync::Mutex<std::collections::VecDeque<(usize, Arc<[T]>)>>,
+}
+
+/// Unpacked blocks a spool keeps for its readers.
+const SHARED: usize = 32;
+
+impl<T: Pod> Default for Spool<T> {
+    fn default() -> Self {
+        Spool {
+            fill: Vec::new(),
+            sealed: Vec::new(),
+            raw: Vec::new(),
+            packed: Vec::new(),
+            file: None,
+            no_file: None,
+            unpacked: Default::default(),
+        }
+    }
+}
+
+impl<T: Pod> Spool<T> {
+    pub fn len(&self) -> usize {
+        self.sealed.len() * BLOCK + self.fill.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn push(&mut self, record: T) {
+        if self.fill.capacity() == 0 {
+            self.fill.reserve_exact(BLOCK);
+        }
+        self.fill.push(record);
+        if self.fill.len() == BLOCK {
+            self.seal();
+        }
+    }
+
+    /// Why the spool kept compressed blocks in memory (no temporary file
+    /// could be made or written), if it did.
+    pub fn kept_in_memory(&self) -> Option<&str> {
+        self.no_file.as_deref()
+    }
+
+    fn seal(&mut self) {
+        if self.raw.len() < RAW_BLOCKS {
+            let block = std::mem::take(&mut self.fill).into_boxed_slice();
+            self.sealed.push(Sealed::Raw(self.raw.len()));
+            self.raw.push(block);
+            return;
+        }
+        let packed = pack(&self.fill);
+        self.fill.clear();
+        if self.file.is_none() && self.no_file.is_none() {
+            match unnamed_file() {
+                Ok(f) => self.file = Some((f, 0)),
+                Err(e) => self.no_file = Some(e.to_string()),
+            }
+        }
+        if let (Some((file, size)), None) = (self.file.as_mut(), &self.no_file) {
+            match file.write_all_at(&packed, *size) {
+                Ok(()) => {
+                    self.sealed.push(Sealed::File(*size, packed.len() as u32));
+                    *size += packed.len() as u64;
+                    return;
+                }
+                // The disk filled: the blocks already there stay there,
+                // the rest in memory.
+                Err(e) => self.no_file = Some(e.to_string()),
+            }
+        }
+        self.sealed.push(Sealed::Packed(self.packed.len()));
+        self.packed.push(packed);
+    }
+
+    /// A reader of the records written so far.
+    pub fn reader(&self) -> Reader<'_, T> {
+        Reader {
+            spool: self,
+            cache: Default::default(),
+            next_slot: 0,
+            scratch: Scratch::default(),
+            failed: None,
+        }
+    }
+
+    /// Every record written so far, in order.
+    pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        let mut r = self.reader();
+        (0..self.len()).map_while(move |i| r.get(i))
+    }
+
+    /// Compressed block `b`, unpacked by this reader or another.
+    fn unpacked(&self, b: usize, scratch: &mut Scratch) -> std::io::Result<Arc<[T]>> {
+        let shared = |s: &Self| {
+            let cache = s.unpacked.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .iter()
+                .find(|(at, _)| *at == b)
+                .map(|(_, v)| v.clone())
+        };
+        if let Some(v) = shared(self) {
+            return Ok(v);
+        }
+        let mut out = Vec::new();
+        match self.sealed[b] {
+            Sealed::File(at, len) => {
+                let (file, _) = self.file.as_ref().expect("a block in the file");
+                scratch.read.resize(len as usize, 0);
+                file.read_exact_at(&mut scratch.read, at)?;
+                unpack_into(&scratch.read, &mut out, &mut scratch.planes)?;
+            }
+            Sealed::Packed(i) => unpack_into(&self.packed[i], &mut out, &mut scratch.planes)?,
+            Sealed::Raw(i) => out.extend_from_slice(&self.raw[i]),
+        }
+        let v: Arc<[T]> = out.into();
+        let mut cache = self.unpacked.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() == SHARED {
+            cache.pop_front();
+        }
+        cache.push_back((b, v.clone()));
+        Ok(v)
+    }
+}
+
+/// An unnamed file in the temporary directory, readable by its owner only:
+/// it has no name that anything could open, link or replace.
+fn unnamed_file() -> std::io::Result<File> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::env::temp_dir();
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a valid C string; the fd returned is owned by the File.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// Records laid out by byte position, then compressed.
+fn pack<T: Pod>(records: &[T]) -> Box<[u8]> {
+    let raw: &[u8] = bytemuck::cast_slice(records);
+    let mut planes = vec![0u8; raw.len()];
+    shuffle(raw, std::mem::size_of::<T>(), &mut planes);
+    let mut out = (records.len() as u32).to_le_bytes().to_vec();
+    match zstd::bulk::compress(&planes, LEVEL) {
+        Ok(c) => {
+            out.push(1);
+            out.extend_from_slice(&c);
+        }
+        // Compressing into memory does not fail; if it did, kept as it is.
+        Err(_) => {
+            out.push(0);
+            out.extend_from_slice(&planes);
+        }
+    }
+    out.into_boxed_slice()
+}
+
+/// Buffers a reader unpacks blocks through, kept between blocks.
+#[derive(Default)]
+struct Scratch {
+    read: Vec<u8>,
+    planes: Vec<u8>,
+}
+
+/// Unpacks `packed` into `out`, through `planes`.
+fn unpack_into<T: Pod>(
+    packed: &[u8],
+    out: &mut Vec<T>,
+    planes: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "a damaged spool block");
+    let size = std::mem::size_of::<T>();
+    let (n, rest) = packed.split_at_checked(4).ok_or_else(bad)?;
+    let n = u32::from_le_bytes(n.try_into().expect("4 bytes")) as usize;
+    let (&kind, body) = rest.split_first().ok_or_else(bad)?;
+    if n > BLOCK {
+        return Err(bad());
+    }
+    planes.resize(n * size, 0);
+    match kind {
+        1 => {
+            let got = zstd::bulk::decompress_to_buffer(body, planes.as_mut_slice())?;
+            if got != n * size {
+                return Err(bad());
+            }
+        }
+        _ if body.len() == n * size => planes.copy_from_slice(body),
+        _ => return Err(bad()),
+    }
+    out.clear();
+    out.resize(n, T::zeroed());
+    unshuffle(planes, size, bytemuck::cast_slice_mut(out));
+    Ok(())
+}
+
+#[cfg(test)]
+fn unpack_from<T: Pod>(packed: &[u8]) -> std::io::Result<Vec<T>> {
+    let mut out = Vec::new();
+    unpack_into(packed, &mut out, &mut Vec::new())?;
+    Ok(out)
+}
+
+/// `raw`, records of `size` bytes, laid out by byte position into `planes`.
+fn shuffle(raw: &[u8], size: usize, planes: &mut [u8]) {
+    let n = raw.len() / size;
+    for (j, plane) in planes.chunks_exact_mut(n).enumerate() {
+        for (out, rec) in plane.iter_mut().zip(raw.chunks_exact(size)) {
+            *out = rec[j];
+        }
+    }
+}
+
+/// [`shuffle`] undone.
+fn unshuffle(planes: &[u8], size: usize, raw: &mut [u8]) {
+    let n = raw.len() / size;
+    for (j, plane) in planes.chunks_exact(n).enumerate() {
+        for (&b, rec) in plane.iter().zip(raw.chunks_exact_mut(size)) {
+            rec[j] = b;
+        }
+    }
+}
+
+/// Reads a spool by index, keeping the last blocks it unpacked: reads in
+/// order, or a little back and forth, unpack each block once.
+pub struct Reader<'s, T: Pod> {
+    spool: &'s Spool<T>,
+    /// Blocks unpacked, by index.
+    cache: [Option<(usize, Arc<[T]>)>; 3],
+    next_slot: usize,
+    scratch: Scratch,
+    failed: Option<String>,
+}
+
+impl<T: Pod> Reader<'_, T> {
+    /// Record `i`; None past the end, or when its block could not be read
+    /// back (see [`Reader::failed`]).
+    pub fn get(&mut self, i: usize) -> Option<T> {
+        let spool = self.spool;
+        let (b, k) = (i / BLOCK, i % BLOCK);
+        match spool.sealed.get(b) {
+            None if b == spool.sealed.len() => return spool.fill.get(k).copied(),
+            None => return None,
+            Some(Sealed::Raw(r)) => return spool.raw[*r].get(k).copied(),
+            Some(_) => {}
+        }
+        if let Some((_, v)) = self.cache.iter().flatten().find(|(at, _)| *at == b) {
+            return v.get(k).copied();
+        }
+        match spool.unpacked(b, &mut self.scratch) {
+            Ok(v) => {
+                let got = v.get(k).copied();
+                self.cache[self.next_slot] = Some((b, v));
+                self.next_slot = (self.next_slot + 1) % 3;
+                got
+            }
+            Err(e) => {
+                self.failed.get_or_insert_with(|| e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Why a block could not be read back, if one could not.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    #[repr(C)]
+    struct Rec {
+        t: u64,
+        v: u32,
+        k: u32,
+    }
+
+    fn rec(i: usize) -> Rec {
+        Rec {
+            t: 1_000_000_000_000 + i as u64 * 977,
+            v: (i * 7 % 1000) as u32,
+            k: (i % 3) as u32,
+        }
+    }
+
+    #[test]
+    fn records_read_back_as_written_in_order_and_out_of_it() {
+        let n = BLOCK * (RAW_BLOCKS + 3) + 17;
+        let mut s = Spool::default();
+        for i in 0..n {
+            s.push(rec(i));
+        }
+        assert_eq!(s.len(), n);
+        // Past the raw blocks, into the file (or compressed in memory).
+        assert!(s.file.is_some() || !s.packed.is_empty());
+        assert!(s.iter().eq((0..n).map(rec)));
+        let mut r = s.reader();
+        let last_raw = BLOCK * RAW_BLOCKS - 1;
+        for i in [n - 1, 0, last_raw, last_raw + 1, n - BLOCK - 3, n - 17, 5] {
+            assert_eq!(r.get(i), Some(rec(i)), "record {i}");
+        }
+        assert_eq!(r.get(n), None);
+        assert!(r.failed().is_none());
+    }
+
+    #[test]
+    fn neighbouring_records_compress_well() {
+        let records: Vec<Rec> = (0..BLOCK).map(rec).collect();
+        let packed = pack(&records);
+        // 16 bytes a record, laid out by position: well under 4.
+        assert!(packed.len() < BLOCK * 4, "{} bytes", packed.len());
+        assert_eq!(unpack_from::<Rec>(&packed).unwrap(), records);
+    }
+
+    #[test]
+    fn a_damaged_block_reads_as_missing_not_as_garbage() {
+        let records: Vec<Rec> = (0..BLOCK).map(rec).collect();
+        let mut packed = pack(&records).to_vec();
+        let mid = packed.len() / 2;
+        packed.truncate(mid);
+        assert!(unpack_from::<Rec>(&packed).is_err());
+        assert!(unpack_from::<Rec>(&[1, 0]).is_err());
+    }
+}
