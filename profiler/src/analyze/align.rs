@@ -8,8 +8,7 @@
 //! collective on two ranks are the same moment. Then the starts say who
 //! came last: the rank the others waited for.
 
-use crate::analyze::gpu::is_communication_kernel;
-use crate::timeline::gpu::{Device, GpuSide};
+use crate::timeline::totals::{DeviceTotals, GpuTotals};
 
 /// The collectives' ends are matched only when, after the shift, they
 /// agree this closely (median distance from the median offset); clocks
@@ -56,34 +55,31 @@ pub struct Placement {
 
 /// The GPU of a session whose collectives stand for the session's: the
 /// one that ran most of them (a node's GPUs run the same ones).
-pub fn busiest(side: &GpuSide) -> Option<&Device> {
-    side.devices.iter().max_by_key(|d| collectives_of(d).len())
-}
-
-/// One GPU's collectives: its NCCL kernels, `(start, end)`, in order.
-pub fn collectives_of(device: &Device) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = device
-        .work
+pub fn busiest(totals: &GpuTotals) -> Option<(u32, &DeviceTotals)> {
+    totals
+        .devices
         .iter()
-        .filter(|w| w.kernel().is_some_and(|k| is_communication_kernel(&k.name)))
-        .map(|w| w.span())
-        .collect();
-    out.sort_unstable();
-    out
+        .max_by_key(|(_, d)| d.collectives.len())
+        .map(|(&id, d)| (id, d))
 }
 
 /// The GPUs of one recording that meet in collectives (several ranks'
 /// GPUs on one node, or one process driving several), on their one clock,
-/// by device index. Nothing for any GPU when fewer than two ran any.
-pub fn waits_within(side: &GpuSide) -> Vec<Placement> {
-    let mut out = vec![Placement::default(); side.devices.len()];
+/// for the devices `ids`, in order. Nothing for any GPU when fewer than two
+/// ran any.
+pub fn waits_within(ids: impl Iterator<Item = u32>, totals: &GpuTotals) -> Vec<Placement> {
+    let ids: Vec<u32> = ids.collect();
+    let mut out = vec![Placement::default(); ids.len()];
     // One clock: no header offsets to start from.
-    let (meeting, ranks): (Vec<usize>, Vec<RankClock>) = side
-        .devices
+    let (meeting, ranks): (Vec<usize>, Vec<RankClock>) = ids
         .iter()
         .enumerate()
-        .map(|(i, d)| {
-            let collectives = collectives_of(d);
+        .map(|(i, id)| {
+            let collectives = totals
+                .devices
+                .get(id)
+                .map(|d| d.collectives.clone())
+                .unwrap_or_default();
             let clock = RankClock {
                 start_ns: 0,
                 start_unix_ns: 0,

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::RecordMap;
-use crate::timeline::gpu::{CallName, GpuSide};
+use crate::timeline::totals::GpuTotals;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ApiCall {
@@ -41,21 +40,13 @@ pub struct ApiAccounting {
     pub syncs: Vec<SyncReport>,
 }
 
-pub fn accounting(side: &GpuSide) -> ApiAccounting {
+pub fn accounting(totals: &GpuTotals) -> ApiAccounting {
     let mut threads = Vec::new();
-    for (&(pid, tid), calls) in &side.calls {
-        // Counted by id first and named once per id: millions of calls
-        // share a handful of names.
-        let mut by_id: RecordMap<&CallName, (u64, u64, u64)> = RecordMap::new();
-        for c in calls {
-            let dur = c.end.saturating_sub(c.start);
-            let e = by_id.entry(&c.name).or_default();
-            e.0 += 1;
-            e.1 += dur;
-            e.2 = e.2.max(dur);
-        }
+    for (&(pid, tid), t) in &totals.threads {
+        // Counted by id, then named once per id: millions of calls share a
+        // handful of names.
         let mut by_name: BTreeMap<String, ApiCall> = BTreeMap::new();
-        for (name, (count, total_ns, max_ns)) in by_id {
+        for (name, &(count, total_ns, max_ns)) in &t.by_name {
             let name = name.name().into_owned();
             let c = by_name.entry(name.clone()).or_insert(ApiCall {
                 name,
@@ -71,14 +62,9 @@ pub fn accounting(side: &GpuSide) -> ApiAccounting {
         calls.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
         threads.push(ApiThread { pid, tid, calls });
     }
-    let mut by_type: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
-    for s in &side.syncs {
-        let c = by_type.entry(s.sync_type).or_default();
-        c.0 += 1;
-        c.1 += s.end.saturating_sub(s.start);
-    }
+    let by_type = &totals.syncs;
     let mut syncs: BTreeMap<String, SyncReport> = BTreeMap::new();
-    for (sync_type, (count, total_ns)) in by_type {
+    for (&sync_type, &(count, total_ns)) in by_type {
         let kind = gapscope_wire::record::sync_type::name(sync_type).to_string();
         let sr = syncs.entry(kind.clone()).or_insert(SyncReport {
             kind,

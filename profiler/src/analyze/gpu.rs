@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::intervals::{clip, holes, intersect, minus, total, union, within, Spans};
-use crate::timeline::gpu::{Device, What};
+use crate::timeline::gpu::Device;
+use crate::timeline::totals::DeviceTotals;
 use crate::timeline::GpuSide;
 
 /// Gaps strictly longer than these, in ns (the report's contract).
@@ -17,20 +18,7 @@ pub struct GapBucket {
     pub total_ns: u64,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OpStats {
-    pub count: u64,
-    pub total_ns: u64,
-    pub bytes: u64,
-}
-
-impl OpStats {
-    fn add(&mut self, start: u64, end: u64, bytes: u64) {
-        self.count += 1;
-        self.total_ns += end.saturating_sub(start);
-        self.bytes += bytes;
-    }
-}
+pub use crate::timeline::totals::{is_communication_kernel, OpStats};
 
 /// Busy time split by what ran, each instant counted once: compute kernels
 /// first, then communication kernels (NCCL collectives and send/recv) that
@@ -46,27 +34,6 @@ pub struct BusyByKind {
     /// start its own, where those GPUs are in the recording — time a
     /// collective cannot progress, not productive work.
     pub communication_waiting: u64,
-}
-
-/// A kernel of a collective-communication library (NCCL names all of its
-/// kernels `nccl...`: ncclKernel_AllReduce_..., ncclDevKernel_...).
-pub fn is_communication_kernel(name: &str) -> bool {
-    // Asked of every kernel, twice: a plain loop, not iterator adapters
-    // (6% of a launch-bound recording's whole analysis in a debug build).
-    // `| 0x20` lower-cases ASCII letters and maps nothing else onto them.
-    let b = name.as_bytes();
-    let mut i = 0;
-    while i + 4 <= b.len() {
-        if b[i] | 0x20 == b'n'
-            && b[i + 1] | 0x20 == b'c'
-            && b[i + 2] | 0x20 == b'c'
-            && b[i + 3] | 0x20 == b'l'
-        {
-            return true;
-        }
-        i += 1;
-    }
-    false
 }
 
 #[derive(Clone, Debug, Default)]
@@ -92,6 +59,9 @@ pub struct GpuTimeline {
     /// Copies by direction name ("HtoD pageable", ...).
     pub copies: BTreeMap<String, OpStats>,
     pub memsets: OpStats,
+    /// Its communication kernels running with no compute beside them
+    /// (disjoint, sorted, not clipped).
+    pub communication_alone: Vec<(u64, u64)>,
 }
 
 impl GpuTimeline {
@@ -143,62 +113,71 @@ impl GpuTimeline {
 /// Accounts each GPU of the timeline, clipped to the window `[start, end)`,
 /// in the timeline's device order.
 pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
-    let waits = crate::analyze::align::waits_within(side);
+    let waits =
+        crate::analyze::align::waits_within(side.devices.iter().map(|d| d.id), &side.totals);
     side.devices
         .iter()
         .zip(waits)
         .map(|(d, placed)| {
-            let mut tl = GpuTimeline {
-                device: d.id,
-                name: d.name.clone(),
-                uuid: d.uuid.clone(),
-                source: d.source,
-                pids: d.pids.clone(),
-                ..Default::default()
-            };
-            let mut all = Vec::with_capacity(d.work.len());
-            for w in &d.work {
-                let (s, e) = w.span();
-                all.push((s, e));
-                match w.what {
-                    What::Kernel(_) => tl.kernels.add(s, e, 0),
-                    What::Memcpy {
-                        bytes,
-                        copy_kind,
-                        src_kind,
-                        dst_kind,
-                    } => {
-                        let host_kind = match copy_kind {
-                            gapscope_wire::record::copy_kind::HTOD => src_kind,
-                            gapscope_wire::record::copy_kind::DTOH => dst_kind,
-                            _ => 0,
-                        };
-                        let mut key = gapscope_wire::record::copy_kind::name(copy_kind).to_string();
-                        if host_kind != 0 {
-                            key += " ";
-                            key += gapscope_wire::record::memory_kind::name(host_kind);
-                        }
-                        tl.copies.entry(key).or_default().add(s, e, bytes);
-                    }
-                    What::Memset { bytes } => tl.memsets.add(s, e, bytes),
-                }
-            }
-            tl.waiting = union(placed.waiting);
-            tl.met = placed.met;
+            let all = union(d.work.iter().map(|w| w.span()).collect());
             let (compute, alone) = compute_and_communication_alone(d);
-            let (compute, alone) = (clip(&compute, start, end), clip(&alone, start, end));
-            let (compute, communication) = (total(&compute), total(&alone));
-            tl.busy = clip(&union(all), start, end);
-            tl.busy_by_kind = BusyByKind {
+            GpuTimeline::new(
+                d,
+                side.totals.devices.get(&d.id),
+                placed,
+                (start, end),
+                all,
                 compute,
-                communication,
-                memory: total(&tl.busy) - compute - communication,
-                // Waiting with compute beside it cost nothing.
-                communication_waiting: total(&intersect(&alone, &tl.waiting)),
-            };
-            tl
+                alone,
+            )
         })
         .collect()
+}
+
+impl GpuTimeline {
+    /// GPU `d`'s account over `window`: from its work's totals, how its
+    /// collectives met the other GPUs', and the unions of its work, its
+    /// compute kernels and its communication kernels with no compute
+    /// beside them (unclipped).
+    pub(crate) fn new(
+        d: &Device,
+        totals: Option<&DeviceTotals>,
+        placed: crate::analyze::align::Placement,
+        (start, end): (u64, u64),
+        all: Spans,
+        compute: Spans,
+        alone: Spans,
+    ) -> GpuTimeline {
+        let empty = DeviceTotals::default();
+        let t = totals.unwrap_or(&empty);
+        let waiting = union(placed.waiting);
+        let busy = clip(&all, start, end);
+        let (compute_ns, communication) = (
+            total(&clip(&compute, start, end)),
+            total(&clip(&alone, start, end)),
+        );
+        GpuTimeline {
+            device: d.id,
+            name: d.name.clone(),
+            uuid: d.uuid.clone(),
+            source: d.source,
+            pids: d.pids.clone(),
+            busy_by_kind: BusyByKind {
+                compute: compute_ns,
+                communication,
+                memory: total(&busy) - compute_ns - communication,
+                // Waiting with compute beside it cost nothing.
+                communication_waiting: total(&intersect(&clip(&alone, start, end), &waiting)),
+            },
+            busy,
+            waiting,
+            met: placed.met,
+            kernels: t.kernels,
+            copies: t.copies_by_name(),
+            memsets: t.memsets,
+            communication_alone: alone,
+        }
+    }
 }
 
 /// A GPU's compute kernels running, and its communication kernels running
@@ -221,9 +200,11 @@ fn compute_and_communication_alone(d: &Device) -> (Spans, Spans) {
 
 /// Of `waiting` (a GPU's collectives waiting for the other ranks), the
 /// time no compute ran beside it: what the waits cost this GPU.
-pub fn exposed_waiting(d: &Device, waiting: &[(u64, u64)]) -> u64 {
-    let (_, alone) = compute_and_communication_alone(d);
-    total(&intersect(&alone, &union(waiting.to_vec())))
+pub fn exposed_waiting(gpu: &GpuTimeline, waiting: &[(u64, u64)]) -> u64 {
+    total(&intersect(
+        &gpu.communication_alone,
+        &union(waiting.to_vec()),
+    ))
 }
 
 #[cfg(test)]

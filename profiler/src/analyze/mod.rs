@@ -314,7 +314,7 @@ fn conclude(
             Some((g.gpu.device, r))
         })
         .collect();
-    let api = api::accounting(&timeline.gpu);
+    let api = api::accounting(&timeline.gpu.totals);
     let hta = opts.hta.then(|| hta::per_stream_idle(&timeline.gpu));
     let mut notes = std::mem::take(&mut session.notes);
     notes.extend(stack_depth_note(&timeline, &names));

@@ -154,7 +154,7 @@ fn unknown_first(
     let lost = !ev.d.lossy_windows.is_empty();
     let why = match top_threads(by, 1).first() {
         Some(&t) if !ev.tl.threads.contains_key(&t) => {
-            let calls = ev.tl.gpu.calls.get(&t).map_or(0, Vec::len);
+            let calls = ev.tl.gpu.totals.calls_of(t);
             if ev.tl.gpu.host_ops.contains_key(&t) {
                 format!(
                     "thread {} issued the work that ended those gaps, and its ops in the trace do not cover them",
@@ -547,13 +547,11 @@ fn late_because(h: &GpuDiagnosis) -> String {
 /// communication with compute is what to fix, or the slowest rank.
 fn communication_advice(tl: &Timeline, d: &Diagnosis, exposed: u64, wall: u64) -> Recommendation {
     let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for w in tl.gpu.devices.iter().flat_map(|d| &d.work) {
-        if let Some(k) = w.kernel() {
-            if crate::analyze::gpu::is_communication_kernel(&k.name) {
-                let e = by_name.entry(&k.name).or_default();
-                e.0 += 1;
-                e.1 += w.end.saturating_sub(w.start);
-            }
+    for d in tl.gpu.totals.devices.values() {
+        for (name, &(count, ns)) in &d.communication {
+            let e = by_name.entry(name).or_default();
+            e.0 += count;
+            e.1 += ns;
         }
     }
     let mut top: Vec<(&str, (u64, u64))> = by_name.into_iter().collect();
@@ -910,27 +908,14 @@ impl Evidence<'_> {
     }
 
     fn api_calls(&self, role: ApiRole) -> (u64, u64) {
-        self.tl
-            .gpu
-            .calls
-            .values()
-            .flatten()
-            .filter(|s| s.role == role)
-            .fold((0, 0), |(n, ns), s| (n + 1, ns + (s.end - s.start)))
+        self.tl.gpu.totals.api_calls(role)
     }
 
     fn kernel_histogram(&self) -> String {
         let mut buckets = [0u64; 4];
-        for w in self.tl.gpu.devices.iter().flat_map(|d| &d.work) {
-            if w.kernel().is_some() {
-                let d = w.end.saturating_sub(w.start);
-                let i = match d {
-                    0..10_000 => 0,
-                    10_000..100_000 => 1,
-                    100_000..1_000_000 => 2,
-                    _ => 3,
-                };
-                buckets[i] += 1;
+        for d in self.tl.gpu.totals.devices.values() {
+            for (b, n) in buckets.iter_mut().zip(d.kernel_durations) {
+                *b += n;
             }
         }
         format!(

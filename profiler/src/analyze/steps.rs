@@ -111,46 +111,106 @@ pub struct Timed {
 /// idle. Those that launched nothing the trace holds go, and then the last
 /// if it launched under 80% of what the step before it did.
 pub fn timed(tl: &Timeline, steps: &Steps) -> Vec<Timed> {
-    let work = || tl.gpu.devices.iter().flat_map(|d| &d.work);
-    let mut launched: Vec<(u64, u64)> = work()
-        .filter_map(|w| Some((w.launch?.1, w.span().1)))
-        .collect();
-    launched.sort_unstable();
-    let mut out = Vec::with_capacity(steps.steps.len());
-    let first_end = steps.steps.first().map_or(0, |s| s.end);
-    // Only where launches were seen at all: without them, nothing tells
-    // work queued before from work of the steps.
-    let mut previous: Option<u64> = work()
-        .filter(|w| !launched.is_empty() && w.launch.is_none() && w.span().0 < first_end)
-        .map(|w| w.span().1)
-        .max()
-        .zip(steps.steps.first())
-        .map(|(queued, first)| queued.max(first.start));
-    for (i, s) in steps.steps.iter().enumerate() {
-        let until = steps.steps.get(i + 1).map_or(s.end, |n| n.start.max(s.end));
-        let from = launched.partition_point(|x| x.0 < s.start);
-        let to = launched.partition_point(|x| x.0 < until);
-        let done = launched[from..to].iter().map(|x| x.1).fold(s.end, u64::max);
-        let begun = previous.map_or(s.start, |p| p.min(done));
-        out.push(Timed {
-            number: s.number,
-            begin: begun,
-            end: done,
-            launched: to - from,
-        });
-        previous = Some(previous.map_or(done, |p| p.max(done)));
+    let mut t = Timing::new(steps);
+    for w in tl.gpu.devices.iter().flat_map(|d| &d.work) {
+        t.add(w.launch.map(|l| l.1), w.span());
     }
-    if !launched.is_empty() && out.len() > 1 {
-        let Some(last) = out.iter().rposition(|t| t.launched > 0) else {
-            return out;
-        };
-        let mut keep = last + 1;
-        if last > 0 && (out[last].launched as f64) < 0.8 * out[last - 1].launched as f64 {
-            keep = last;
+    t.finish()
+}
+
+/// [`timed`], its GPU work added an item at a time, in any order.
+pub struct Timing<'s> {
+    steps: &'s [Step],
+    /// Where each step's launches end: the next step's start, or its own
+    /// end if later.
+    until: Vec<u64>,
+    /// The largest `until` up to each step: a launch at `t` belongs to the
+    /// steps starting by `t` whose `until` is past it.
+    reach: Vec<u64>,
+    /// Per step: work launched in it, and the latest end of that work.
+    launched: Vec<(usize, u64)>,
+    any_launched: bool,
+    /// The latest end of work with no launch starting before the first
+    /// step's end.
+    queued: Option<u64>,
+}
+
+impl<'s> Timing<'s> {
+    pub fn new(steps: &'s Steps) -> Timing<'s> {
+        let s = &steps.steps;
+        let until: Vec<u64> = (0..s.len())
+            .map(|i| s.get(i + 1).map_or(s[i].end, |n| n.start.max(s[i].end)))
+            .collect();
+        let reach = until
+            .iter()
+            .scan(0u64, |m, &u| {
+                *m = (*m).max(u);
+                Some(*m)
+            })
+            .collect();
+        Timing {
+            steps: s,
+            until,
+            reach,
+            launched: vec![(0, 0); s.len()],
+            any_launched: false,
+            queued: None,
         }
-        out.truncate(keep);
     }
-    out
+
+    /// A piece of GPU work over `span`, launched at `launch` if known.
+    pub fn add(&mut self, launch: Option<u64>, (start, end): (u64, u64)) {
+        let Some(at) = launch else {
+            if self.steps.first().is_some_and(|f| start < f.end) {
+                self.queued = Some(self.queued.map_or(end, |q| q.max(end)));
+            }
+            return;
+        };
+        self.any_launched = true;
+        let mut i = self.steps.partition_point(|s| s.start <= at);
+        while i > 0 && self.reach[i - 1] > at {
+            i -= 1;
+            if self.until[i] > at {
+                let l = &mut self.launched[i];
+                l.0 += 1;
+                l.1 = l.1.max(end);
+            }
+        }
+    }
+
+    pub fn finish(self) -> Vec<Timed> {
+        let steps = self.steps;
+        let mut out = Vec::with_capacity(steps.len());
+        // Only where launches were seen at all: without them, nothing tells
+        // work queued before from work of the steps.
+        let mut previous: Option<u64> = self
+            .queued
+            .filter(|_| self.any_launched)
+            .zip(steps.first())
+            .map(|(queued, first)| queued.max(first.start));
+        for (s, &(launched, latest)) in steps.iter().zip(&self.launched) {
+            let done = s.end.max(latest);
+            let begun = previous.map_or(s.start, |p| p.min(done));
+            out.push(Timed {
+                number: s.number,
+                begin: begun,
+                end: done,
+                launched,
+            });
+            previous = Some(previous.map_or(done, |p| p.max(done)));
+        }
+        if self.any_launched && out.len() > 1 {
+            let Some(last) = out.iter().rposition(|t| t.launched > 0) else {
+                return out;
+            };
+            let mut keep = last + 1;
+            if last > 0 && (out[last].launched as f64) < 0.8 * out[last - 1].launched as f64 {
+                keep = last;
+            }
+            out.truncate(keep);
+        }
+        out
+    }
 }
 
 /// The steps as a report gives them.
@@ -198,6 +258,95 @@ fn in_order(mut steps: Vec<Step>) -> Vec<Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The timing as first written: every launch sorted, then each step's
+    /// range of them.
+    fn timed_at_once(steps: &Steps, work: &[(Option<u64>, (u64, u64))]) -> Vec<Timed> {
+        let mut launched: Vec<(u64, u64)> = work
+            .iter()
+            .filter_map(|&(l, (_, e))| Some((l?, e)))
+            .collect();
+        launched.sort_unstable();
+        let first_end = steps.steps.first().map_or(0, |s| s.end);
+        let mut previous: Option<u64> = work
+            .iter()
+            .filter(|&&(l, (s, _))| !launched.is_empty() && l.is_none() && s < first_end)
+            .map(|&(_, (_, e))| e)
+            .max()
+            .zip(steps.steps.first())
+            .map(|(queued, first)| queued.max(first.start));
+        let mut out = Vec::new();
+        for (i, s) in steps.steps.iter().enumerate() {
+            let until = steps.steps.get(i + 1).map_or(s.end, |n| n.start.max(s.end));
+            let from = launched.partition_point(|x| x.0 < s.start);
+            let to = launched.partition_point(|x| x.0 < until).max(from);
+            let done = launched[from..to].iter().map(|x| x.1).fold(s.end, u64::max);
+            let begun = previous.map_or(s.start, |p| p.min(done));
+            out.push(Timed {
+                number: s.number,
+                begin: begun,
+                end: done,
+                launched: to - from,
+            });
+            previous = Some(previous.map_or(done, |p| p.max(done)));
+        }
+        if !launched.is_empty() && out.len() > 1 {
+            let Some(last) = out.iter().rposition(|t| t.launched > 0) else {
+                return out;
+            };
+            let mut keep = last + 1;
+            if last > 0 && (out[last].launched as f64) < 0.8 * out[last - 1].launched as f64 {
+                keep = last;
+            }
+            out.truncate(keep);
+        }
+        out
+    }
+
+    #[test]
+    fn steps_timed_item_by_item_in_any_order_are_timed_as_at_once() {
+        let mut x = 0x2545f4914f6cdd1du64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for _ in 0..300 {
+            let mut steps = Vec::new();
+            let mut at = rnd(50);
+            for number in 0..rnd(8) {
+                let len = 1 + rnd(40);
+                steps.push(Step {
+                    number,
+                    start: at,
+                    end: at + len,
+                });
+                // Steps may overlap (ranks or threads marking them).
+                at = (at + len + rnd(20)).saturating_sub(rnd(30));
+            }
+            let steps = Steps {
+                source: String::new(),
+                steps: in_order(steps),
+            };
+            let work: Vec<(Option<u64>, (u64, u64))> = (0..rnd(40))
+                .map(|_| {
+                    let s = rnd(300);
+                    let launch = (rnd(4) > 0).then(|| s.saturating_sub(rnd(30)));
+                    (launch, (s, s + rnd(50)))
+                })
+                .collect();
+            let mut t = Timing::new(&steps);
+            for &(l, span) in work.iter().rev() {
+                t.add(l, span);
+            }
+            assert_eq!(
+                t.finish(),
+                timed_at_once(&steps, &work),
+                "{steps:?} {work:?}"
+            );
+        }
+    }
 
     #[test]
     fn step_names() {

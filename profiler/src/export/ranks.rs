@@ -48,7 +48,7 @@ pub struct RankRow {
 pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
     let busiest: Vec<_> = inputs
         .iter()
-        .map(|l| align::busiest(&l.analysis.timeline.gpu))
+        .map(|l| align::busiest(&l.analysis.timeline.gpu.totals))
         .collect();
     let clocks: Vec<align::RankClock> = inputs
         .iter()
@@ -56,7 +56,7 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
         .map(|(l, d)| align::RankClock {
             start_ns: l.analysis.facts.header.start_ns,
             start_unix_ns: l.analysis.facts.header.start_unix_ns,
-            collectives: d.map(align::collectives_of).unwrap_or_default(),
+            collectives: d.map(|(_, d)| d.collectives.clone()).unwrap_or_default(),
         })
         .collect();
     let placed = align::align(&clocks);
@@ -65,7 +65,15 @@ pub fn rows(inputs: &[Labelled], views: &[View]) -> Vec<RankRow> {
         .zip(views)
         .zip(&placed)
         .zip(&busiest)
-        .map(|(((l, v), at), gpu)| {
+        .map(|(((l, v), at), busiest)| {
+            let gpu = busiest.and_then(|(id, _)| {
+                l.analysis
+                    .diagnosis
+                    .gpus
+                    .iter()
+                    .find(|g| g.gpu.device == id)
+                    .map(|g| &g.gpu)
+            });
             let r = &v.report;
             let span = r.gpus.iter().map(|g| g.span_ns).max().unwrap_or(0);
             let busy = r.gpus.iter().map(|g| g.busy_ns).sum::<u64>();

@@ -187,14 +187,11 @@ impl Work {
 /// who launched it): the attribution's fallback for gaps whose closing work
 /// has no known issuer, and the thread a what-if replays.
 pub fn main_feeder(work: &[Work]) -> Option<Tid> {
-    let mut counts: HashMap<Tid, usize> = HashMap::new();
-    for t in work.iter().filter_map(|w| w.launch.map(|l| l.0)) {
-        *counts.entry(t).or_default() += 1;
+    let mut d = super::totals::DeviceTotals::default();
+    for w in work {
+        d.add_launch(w);
     }
-    counts
-        .into_iter()
-        .max_by_key(|(t, n)| (*n, *t))
-        .map(|(t, _)| t)
+    d.main_feeder()
 }
 
 /// One GPU: its name, how it was seen, and its work in start order.
@@ -238,6 +235,8 @@ pub struct GpuSide {
     pub syncs: Vec<SyncWait>,
     /// Profiler ops of imported traces, per thread, sorted by start.
     pub host_ops: BTreeMap<Tid, Vec<HostOp>>,
+    /// Its work and calls summed, once the timeline has ended.
+    pub totals: super::totals::GpuTotals,
 }
 
 /// Which GPU each (process, CUDA ordinal) is, as the ids the report gives
@@ -569,6 +568,9 @@ impl GpuSide {
                 .unwrap_or_else(|| format!("GPU {}", d.id));
         }
         side.devices = by_dev.into_values().collect();
+        // (Summed again when the timeline ends, with the libcuda calls its
+        // events add.)
+        side.totals = super::totals::GpuTotals::of(&side);
         side
     }
 

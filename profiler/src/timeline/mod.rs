@@ -6,6 +6,7 @@ pub mod classify;
 pub mod gpu;
 mod syscall_names;
 pub mod thread;
+pub mod totals;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -360,6 +361,7 @@ impl Timeline {
         for calls in self.gpu.calls.values_mut() {
             calls.sort_by_key(|c| c.start);
         }
+        self.gpu.totals = totals::GpuTotals::of(&self.gpu);
         // Threads whose names came only from /proc or fork keep those.
         for t in self.threads.values_mut().chain(self.retired.iter_mut()) {
             if t.comm.is_empty() {
