@@ -34,7 +34,7 @@ use crate::session::{
     CollectorCost, Drops, Event, Footer, Frame, GpuBlind, GpuSource, Outline, Rank, Session,
     SessionError, SessionHeader, Source, SourceKind, Stack, Stored,
 };
-use crate::timeline::gpu::{GpuRecords, GpuSide};
+use crate::timeline::spooled::GpuIntake;
 use crate::timeline::{BuildOptions, Timeline};
 
 /// A map looked up once per GPU record, millions of times: a fast hasher,
@@ -189,7 +189,7 @@ fn streamed(
     opts: &AnalyzeOptions,
     settle_every: u64,
 ) -> Result<Analysis, SessionError> {
-    let mut records = GpuRecords::default();
+    let mut intake = GpuIntake::new(true);
     let mut samples = crate::timeline::SampleStacks::new();
     let Outline {
         mut session,
@@ -197,12 +197,13 @@ fn streamed(
         cuda_calls,
     } = crate::session::read_outline(
         stored,
-        |pid, r| records.add(pid, r),
+        |pid, r| intake.add(pid, r),
         |e| crate::timeline::count_sample(&mut samples, e),
     )?;
-    let gpu_dropped = records.retain_within(stream.window());
-    let intervals = opts.pictures || records.count > 0 || cuda_calls;
-    let gpu = GpuSide::from_records(&mut session, records);
+    let mut spools = intake.finish();
+    let intervals = opts.pictures || spools.count > 0 || cuda_calls;
+    let (side, gpu_dropped, plan) = spools.scan(&mut session, stream.window());
+    let gpu = spools.whole(side, &plan);
     let mut timeline = Timeline::begin_with(&session, gpu, opts.build(intervals));
     timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
     let code = code_of(&session, opts);

@@ -3,6 +3,7 @@
 //! ("step 12", "train_step#3", "iteration_7"). Two runs of one job are
 //! compared step by step (`export::diff`).
 
+use crate::timeline::gpu::step_number;
 use crate::timeline::Timeline;
 
 /// One step: its number (as named) and its span on the host.
@@ -21,26 +22,6 @@ pub struct Steps {
     pub source: String,
     /// By start.
     pub steps: Vec<Step>,
-}
-
-/// Words that name a step when a number follows.
-const STEP_WORDS: [&str; 3] = ["step", "iteration", "iter"];
-
-/// A range name as (its name without the number, the number), when it
-/// names a numbered step: "ProfilerStep#12" → ("ProfilerStep#", 12).
-fn numbered(name: &str) -> Option<(&str, u64)> {
-    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-    if digits == 0 || digits > 18 {
-        return None;
-    }
-    let (stem, number) = name.split_at(name.len() - digits);
-    let word = stem
-        .trim_end_matches([' ', '#', '_', '-', ':', '='])
-        .to_ascii_lowercase();
-    if !STEP_WORDS.iter().any(|w| word.ends_with(w)) {
-        return None;
-    }
-    Some((stem, number.parse().ok()?))
 }
 
 /// The run's steps: `ProfilerStep#N` ops where a trace has them, else the
@@ -70,7 +51,7 @@ pub fn find(tl: &Timeline) -> Option<Steps> {
     // NVTX: by stem, the one most ranges carry.
     let mut by_stem: std::collections::BTreeMap<&str, Vec<Step>> = Default::default();
     for r in tl.gpu.ranges.values().flatten() {
-        if let Some((stem, n)) = numbered(&r.name) {
+        if let Some((stem, n)) = step_number(&r.name) {
             by_stem.entry(stem).or_default().push(Step {
                 number: n,
                 start: r.start,
@@ -350,13 +331,13 @@ mod tests {
 
     #[test]
     fn step_names() {
-        assert_eq!(numbered("ProfilerStep#12"), Some(("ProfilerStep#", 12)));
-        assert_eq!(numbered("step 3"), Some(("step ", 3)));
-        assert_eq!(numbered("train_step_7"), Some(("train_step_", 7)));
-        assert_eq!(numbered("Iteration:40"), Some(("Iteration:", 40)));
-        assert_eq!(numbered("iter5"), Some(("iter", 5)));
-        assert_eq!(numbered("layer 3"), None);
-        assert_eq!(numbered("step"), None);
-        assert_eq!(numbered("forward"), None);
+        assert_eq!(step_number("ProfilerStep#12"), Some(("ProfilerStep#", 12)));
+        assert_eq!(step_number("step 3"), Some(("step ", 3)));
+        assert_eq!(step_number("train_step_7"), Some(("train_step_", 7)));
+        assert_eq!(step_number("Iteration:40"), Some(("Iteration:", 40)));
+        assert_eq!(step_number("iter5"), Some(("iter", 5)));
+        assert_eq!(step_number("layer 3"), None);
+        assert_eq!(step_number("step"), None);
+        assert_eq!(step_number("forward"), None);
     }
 }

@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gapscope_wire::{ApiDomain, GpuRecord};
+use gapscope_wire::ApiDomain;
 
-use crate::session::{span_within, within, HostOp, NvmlDevice, Session, SourceKind};
+use crate::session::{HostOp, NvmlDevice, Session, SourceKind};
 
 pub type Tid = (u32, u32);
 
@@ -133,27 +133,6 @@ pub struct Kernel {
 }
 
 impl Work {
-    /// Work of process `pid` over `(start, end)` on `(device, stream)`
-    /// with its correlation id, once told what it was; its launch is
-    /// found later.
-    fn new(
-        pid: u32,
-        (start, end): (u64, u64),
-        place: (u32, u32, u32),
-    ) -> impl FnOnce(What) -> Work {
-        let (device, stream, correlation) = place;
-        move |what| Work {
-            start,
-            end,
-            launch: None,
-            pid,
-            device,
-            stream,
-            correlation,
-            what,
-        }
-    }
-
     pub fn start(&self) -> u64 {
         self.start
     }
@@ -192,6 +171,26 @@ pub fn main_feeder(work: &[Work]) -> Option<Tid> {
         d.add_launch(w);
     }
     d.main_feeder()
+}
+
+/// Words that name a step when a number follows.
+const STEP_WORDS: [&str; 3] = ["step", "iteration", "iter"];
+
+/// A range name as (its name without the number, the number), when it
+/// names a numbered step: "ProfilerStep#12" → ("ProfilerStep#", 12).
+pub fn step_number(name: &str) -> Option<(&str, u64)> {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 || digits > 18 {
+        return None;
+    }
+    let (stem, number) = name.split_at(name.len() - digits);
+    let word = stem
+        .trim_end_matches([' ', '#', '_', '-', ':', '='])
+        .to_ascii_lowercase();
+    if !STEP_WORDS.iter().any(|w| word.ends_with(w)) {
+        return None;
+    }
+    Some((stem, number.parse().ok()?))
 }
 
 /// One GPU: its name, how it was seen, and its work in start order.
@@ -295,283 +294,19 @@ pub fn physical_ids(
         .collect()
 }
 
-/// GPU records as they are read, before the timeline takes them: each kept
-/// in its place (calls by thread, work, syncs, ranges) rather than as the
-/// records themselves.
-#[derive(Default)]
-pub struct GpuRecords {
-    calls: BTreeMap<Tid, Vec<Call>>,
-    work: Vec<Work>,
-    syncs: Vec<SyncWait>,
-    ranges: BTreeMap<Tid, Vec<Range>>,
-    /// Device names and UUIDs the sources reported, by (pid, ordinal).
-    names: BTreeMap<(u32, u32), String>,
-    uuids: BTreeMap<(u32, u32), String>,
-    /// Times of markers: only counted, when they lie outside the recording.
-    markers: Vec<u64>,
-    /// A role per API id, decided once: the names repeat millions of times.
-    roles: HashMap<(ApiDomain, u32), ApiRole>,
-    /// Kernels, one copy of each name and shape: every record is read
-    /// with its own.
-    kernels: std::collections::HashSet<std::sync::Arc<Kernel>>,
-    /// Records taken, of any kind.
-    pub count: u64,
-}
-
-impl GpuRecords {
-    pub fn add(&mut self, pid: u32, r: GpuRecord) {
-        self.count += 1;
-        match r {
-            GpuRecord::Api {
-                domain,
-                cbid,
-                start,
-                end,
-                tid,
-                correlation,
-                ..
-            } => {
-                let role = *self
-                    .roles
-                    .entry((domain, cbid))
-                    .or_insert_with(|| api_role(&CallName::Api(domain, cbid).name()));
-                self.calls.entry((pid, tid)).or_default().push(Call {
-                    start,
-                    end,
-                    role,
-                    name: CallName::Api(domain, cbid),
-                    correlation: Some(correlation),
-                });
-            }
-            GpuRecord::Kernel {
-                start,
-                end,
-                device,
-                stream,
-                correlation,
-                grid,
-                block,
-                name,
-                ..
-            } => {
-                let k = Kernel { name, grid, block };
-                let k = match self.kernels.get(&k) {
-                    Some(known) => known.clone(),
-                    None => {
-                        let k = std::sync::Arc::new(k);
-                        self.kernels.insert(k.clone());
-                        k
-                    }
-                };
-                let work = Work::new(pid, (start, end), (device, stream, correlation));
-                self.work.push(work(What::Kernel(k)));
-            }
-            GpuRecord::Memcpy {
-                start,
-                end,
-                device,
-                stream,
-                correlation,
-                bytes,
-                copy_kind,
-                src_kind,
-                dst_kind,
-                ..
-            } => {
-                let work = Work::new(pid, (start, end), (device, stream, correlation));
-                self.work.push(work(What::Memcpy {
-                    bytes,
-                    copy_kind,
-                    src_kind,
-                    dst_kind,
-                }))
-            }
-            GpuRecord::Memset {
-                start,
-                end,
-                device,
-                stream,
-                correlation,
-                bytes,
-                ..
-            } => {
-                let work = Work::new(pid, (start, end), (device, stream, correlation));
-                self.work.push(work(What::Memset { bytes }))
-            }
-            GpuRecord::Sync {
-                start,
-                end,
-                sync_type,
-                ..
-            } => self.syncs.push(SyncWait {
-                start,
-                end,
-                sync_type,
-            }),
-            GpuRecord::Range {
-                start,
-                end,
-                tid,
-                name,
-                domain,
-            } => self.ranges.entry((pid, tid)).or_default().push(Range {
-                start,
-                end,
-                name,
-                domain,
-            }),
-            GpuRecord::Device { id, name } => {
-                self.names.entry((pid, id)).or_insert(name);
-            }
-            GpuRecord::DeviceUuid { id, uuid } => {
-                self.uuids.insert((pid, id), uuid);
-            }
-            GpuRecord::Marker { ts, .. } => self.markers.push(ts),
-        }
-    }
-
-    /// Drops what is timed outside `window` (or ends before it starts),
-    /// as a session's reader does; returns how many records it dropped.
-    pub fn retain_within(&mut self, window: (u64, u64)) -> usize {
-        let ok = |t: u64| within(window, t);
-        let span = |a: u64, b: u64| span_within(window, a, b);
-        /// Keeps what `keep` wants; returns how many it dropped.
-        fn keep_in<T>(v: &mut Vec<T>, keep: impl Fn(&T) -> bool) -> usize {
-            let n = v.len();
-            v.retain(keep);
-            n - v.len()
-        }
-        let mut dropped = 0;
-        for calls in self.calls.values_mut() {
-            dropped += keep_in(calls, |c| span(c.start, c.end));
-        }
-        self.calls.retain(|_, v| !v.is_empty());
-        for ranges in self.ranges.values_mut() {
-            dropped += keep_in(ranges, |r| span(r.start, r.end));
-        }
-        self.ranges.retain(|_, v| !v.is_empty());
-        dropped += keep_in(&mut self.work, |w| span(w.start, w.end));
-        dropped += keep_in(&mut self.syncs, |x| span(x.start, x.end));
-        dropped += keep_in(&mut self.markers, |&t| ok(t));
-        self.count -= dropped as u64;
-        dropped
-    }
-}
-
 impl GpuSide {
     /// Takes the session's GPU records and host ops: the timeline owns them
     /// from here on. (The libcuda calls among its events come as they are
-    /// replayed.)
+    /// replayed.) The session's records have been checked against its
+    /// window already.
     pub fn build(session: &mut Session) -> GpuSide {
-        let mut records = GpuRecords::default();
+        let mut intake = super::spooled::GpuIntake::new(true);
         for (pid, r) in std::mem::take(&mut session.gpu) {
-            records.add(pid, r);
+            intake.add(pid, r);
         }
-        GpuSide::from_records(session, records)
-    }
-
-    /// The GPU side from records read apart from the session (a session
-    /// file's, read as it streams), with the session's sources, device
-    /// names and host ops.
-    pub fn from_records(session: &mut Session, records: GpuRecords) -> GpuSide {
-        let GpuRecords {
-            calls,
-            work,
-            syncs,
-            ranges,
-            names,
-            uuids,
-            ..
-        } = records;
-        let mut side = GpuSide {
-            calls,
-            syncs,
-            ranges,
-            ..Default::default()
-        };
-        // The call that launched each piece of work, by correlation id.
-        let mut issuer: ahash::AHashMap<(u32, u32), (Tid, u64)> = ahash::AHashMap::new();
-        for (&(pid, tid), calls) in &side.calls {
-            for c in calls {
-                if let Some(corr) = c.correlation {
-                    issuer.insert((pid, corr), ((pid, tid), c.start));
-                }
-            }
-        }
-        for calls in side.calls.values_mut() {
-            calls.sort_by_key(|c| c.start);
-            // Kept to the end of the report: no room to grow into.
-            calls.shrink_to_fit();
-        }
-        for op in std::mem::take(&mut session.host_ops) {
-            side.host_ops.entry((op.pid, op.tid)).or_default().push(op);
-        }
-        for ops in side.host_ops.values_mut() {
-            ops.sort_by_key(|o| (o.start, std::cmp::Reverse(o.end)));
-        }
-        let source_of = |pid: u32| {
-            session
-                .gpu_sources
-                .iter()
-                .find(|s| s.pid == pid)
-                .map(|s| s.kind)
-                .unwrap_or_default()
-        };
-        let mut work = work;
-        let used: BTreeSet<(u32, u32)> = work.iter().map(|w| (w.pid, w.device())).collect();
-        let physical = physical_ids(&used, &uuids, &session.nvml_devices);
-        let mut by_dev: BTreeMap<u32, Device> = BTreeMap::new();
-        for w in &mut work {
-            if let Some(&id) = physical.get(&(w.pid, w.device)) {
-                w.device = id;
-            }
-            let correlation = w.correlation();
-            w.launch = issuer.get(&(w.pid, correlation)).copied();
-            let d = by_dev.entry(w.device()).or_insert_with(|| Device {
-                id: w.device(),
-                source: source_of(w.pid),
-                ..Default::default()
-            });
-            if !d.pids.contains(&w.pid) {
-                d.pids.push(w.pid);
-            }
-        }
-        drop(issuer);
-        // Each device's work, in file order, then by start; moved, not
-        // copied, when there is one device (the common case).
-        work.sort_by_key(Work::device);
-        let ids: Vec<u32> = by_dev.keys().copied().collect();
-        for &id in ids.iter().rev() {
-            let first = work.partition_point(|w| w.device() < id);
-            let d = by_dev.get_mut(&id).expect("listed above");
-            d.work = if first == 0 {
-                std::mem::take(&mut work)
-            } else {
-                work.split_off(first)
-            };
-        }
-        let nvml: BTreeMap<u32, &NvmlDevice> =
-            session.nvml_devices.iter().map(|d| (d.index, d)).collect();
-        for d in by_dev.values_mut() {
-            d.work.sort_by_key(Work::start);
-            d.work.shrink_to_fit();
-            // The name and UUID a process of it gave its ordinal of it.
-            let ours = || physical.iter().filter(|&(_, &id)| id == d.id);
-            let named = ours().find_map(|(key, _)| names.get(key));
-            // (Not NVML's by index: an ordinal is an NVML index only where
-            // the process sees every GPU.)
-            d.uuid = ours().find_map(|(key, _)| uuids.get(key).cloned());
-            d.name = nvml
-                .get(&d.id)
-                .map(|n| n.name.clone())
-                .or_else(|| named.cloned())
-                .unwrap_or_else(|| format!("GPU {}", d.id));
-        }
-        side.devices = by_dev.into_values().collect();
-        // (Summed again when the timeline ends, with the libcuda calls its
-        // events add.)
-        side.totals = super::totals::GpuTotals::of(&side);
-        side
+        let mut spools = intake.finish();
+        let (side, _, plan) = spools.scan(session, (0, u64::MAX));
+        spools.whole(side, &plan)
     }
 
     /// Where the attribution will read thread states: the holes between

@@ -4,6 +4,7 @@
 
 pub mod classify;
 pub mod gpu;
+pub mod spooled;
 mod syscall_names;
 pub mod thread;
 pub mod totals;
