@@ -47,9 +47,10 @@ fn exporters_match_their_golden_files() {
     }
 }
 
-/// `report` streams a session file's events and keeps only the thread
-/// states the attribution reads; the pictures read it whole and keep them
-/// all. Both must come to the same report, number for number.
+/// `report` streams a session file's events and its GPU work and lets go of
+/// the thread states, work and calls behind the attribution as it moves on;
+/// the pictures read it whole and keep them all. Both must come to the same
+/// report, number for number.
 #[test]
 fn streamed_and_whole_analyses_agree() {
     use gapscope::analyze::{analyze, AnalyzeOptions};
@@ -74,10 +75,10 @@ fn streamed_and_whole_analyses_agree() {
     let eager =
         gapscope::analyze::analyze_settling_every(path.clone(), &AnalyzeOptions::default(), 1)
             .unwrap();
-    // The lean analyses kept fewer thread states, otherwise this proves
-    // nothing: the streamed one only those in the GPU's idle time (start-up
-    // included: most of this short recording), the eager one let go of
-    // nearly all once attributed.
+    // The lean analyses let go of thread states, otherwise this proves
+    // nothing: the eager one of nearly all once attributed (the streamed
+    // one, trying every 4096 events, holds most of this short recording's:
+    // its GPU's first work comes after most of its events).
     let intervals = |a: &gapscope::analyze::Analysis| -> usize {
         a.timeline
             .all_threads()
@@ -85,7 +86,7 @@ fn streamed_and_whole_analyses_agree() {
             .map(|t| t.intervals.as_ref().map_or(0, Vec::len))
             .sum()
     };
-    assert!(intervals(&streamed) * 10 < intervals(&whole) * 9);
+    assert!(intervals(&streamed) <= intervals(&whole));
     assert!(intervals(&eager) * 20 < intervals(&whole));
     assert_eq!(json(&whole), json(&streamed));
     assert_eq!(json(&whole), json(&eager));

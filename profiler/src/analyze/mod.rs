@@ -55,11 +55,13 @@ pub struct AnalyzeOptions {
 }
 
 impl AnalyzeOptions {
-    /// How the timeline is built for these options.
-    fn build(&self, intervals: bool) -> BuildOptions {
+    /// How the timeline is built for these options; `recent`: for an
+    /// attribution that lets its states go as it moves on.
+    fn build(&self, intervals: bool, recent: bool) -> BuildOptions {
         BuildOptions {
             intervals,
             pictures: self.pictures,
+            recent,
         }
     }
 }
@@ -172,10 +174,10 @@ pub fn analyze_settling_every(
                     .events
                     .iter()
                     .any(|e| matches!(e, Event::CudaCall { .. }));
-            let timeline = Timeline::build(&mut session, opts.build(intervals));
+            let timeline = Timeline::build(&mut session, opts.build(intervals, false));
             // Everything the timeline needed from the events is in it now.
             session.events = Vec::new();
-            Ok(conclude(*session, timeline, events, opts, None))
+            Ok(conclude(*session, timeline, events, opts, None, None))
         }
         Source::Stored(stored) => streamed(stored, opts, settle_every),
     }
@@ -183,13 +185,16 @@ pub fn analyze_settling_every(
 
 /// The analysis of a stored session, its events streamed: read twice,
 /// first all but its events, then its events in time order, attributed as
-/// they pass.
+/// they pass. Where the attribution runs as they pass (a finished
+/// recording, no pictures), its GPU work and CUDA calls come with them,
+/// read back in time order from where the first pass spooled them, and go
+/// once the attribution is past them.
 fn streamed(
     stored: Stored,
     opts: &AnalyzeOptions,
     settle_every: u64,
 ) -> Result<Analysis, SessionError> {
-    let mut intake = GpuIntake::new(true);
+    let mut intake = GpuIntake::new(opts.pictures || opts.hta);
     let mut samples = crate::timeline::SampleStacks::new();
     let Outline {
         mut session,
@@ -202,32 +207,63 @@ fn streamed(
     )?;
     let mut spools = intake.finish();
     let intervals = opts.pictures || spools.count > 0 || cuda_calls;
-    let (side, gpu_dropped, plan) = spools.scan(&mut session, stream.window());
-    let gpu = spools.whole(side, &plan);
-    let mut timeline = Timeline::begin_with(&session, gpu, opts.build(intervals));
+    let (mut side, gpu_dropped, plan) = spools.scan(&mut session, stream.window());
+    // With the recording's end known, idle gaps are attributed as the
+    // events pass them, and the states behind let go (the pictures keep
+    // every state: they draw them all; HTA's table reads all the work).
+    let end = crate::timeline::recorded_end(&session).filter(|_| intervals && !opts.pictures);
+    let windowed = end.is_some() && !opts.hta;
+    let steps = if windowed {
+        side.windowed = true;
+        steps::find(&side).map(|found| {
+            let mut timing = steps::Timing::new(&found);
+            spools.each_work(&plan, |w| timing.add(w.launch.map(|l| l.1), w.span()));
+            let timed = timing.finish();
+            steps::Summary::new(found, timed)
+        })
+    } else {
+        side = spools.whole(side, &plan);
+        None
+    };
+    let mut timeline = Timeline::begin_with(&session, side, opts.build(intervals, windowed));
     timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
     let code = code_of(&session, opts);
-    // With the recording's end known, idle gaps are attributed as
-    // the events pass them, and the states behind let go (the
-    // pictures keep every state: they draw them all).
-    let mut attributor = crate::timeline::recorded_end(&session)
-        .filter(|_| intervals && !opts.pictures)
-        .map(|end| {
-            stream::Attributor::new(
-                &timeline,
-                (timeline.start, end),
-                attribute::Edges::of(&session),
-                &loss::blind_windows(&session),
-                loss::lossy_windows(&session),
-                code,
-            )
-        });
+    let mut attributor = end.map(|end| {
+        let steps = match windowed {
+            true => steps.flatten(),
+            false => steps::summary(&timeline),
+        };
+        stream::Attributor::new(
+            &timeline,
+            (timeline.start, end),
+            attribute::Edges::of(&session),
+            &loss::blind_windows(&session),
+            loss::lossy_windows(&session),
+            code,
+            steps,
+            windowed,
+            spools.queue_delay(),
+        )
+    });
+    let mut feed = windowed.then(|| spools.feed(&plan));
+    let index: HashMap<u32, usize> = timeline
+        .gpu
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.id, i))
+        .collect();
     let mut events = 0u64;
     let mut last = None;
     let replay = stream.replay(|e| {
         events += 1;
         let ts = e.ts();
         last = Some(ts);
+        if let (Some(f), Some(a)) = (feed.as_mut(), attributor.as_mut()) {
+            if f.due(ts) {
+                pull(f, &index, &mut timeline, a, ts);
+            }
+        }
         timeline.apply(&e);
         if events % settle_every.max(1) == 0 {
             if let Some(a) = attributor.as_mut() {
@@ -235,6 +271,15 @@ fn streamed(
             }
         }
     });
+    if let (Some(f), Some(a)) = (feed.as_mut(), attributor.as_mut()) {
+        pull(f, &index, &mut timeline, a, u64::MAX);
+        if let Some(why) = f.failed() {
+            session.notes.push(format!(
+                "part of the GPU's work could not be read back from the report's scratch file ({why}): the figures after it are missing"
+            ));
+        }
+    }
+    drop(feed);
     match replay {
         Ok(dropped) => crate::session::note_dropped(&mut session, dropped + gpu_dropped),
         // The file went away between the passes: what was replayed
@@ -242,7 +287,32 @@ fn streamed(
         Err(e) => session.notes.push(format!("reading the events again: {e}")),
     }
     timeline.end(&session, last);
-    Ok(conclude(session, timeline, events, opts, attributor))
+    let spooled = windowed.then_some((spools, plan));
+    Ok(conclude(
+        session, timeline, events, opts, attributor, spooled,
+    ))
+}
+
+/// Takes in the GPU's work and calls starting at or before `t`: into the
+/// timeline's window of them, and the work to the attribution.
+fn pull(
+    feed: &mut crate::timeline::spooled::GpuFeed,
+    index: &HashMap<u32, usize>,
+    tl: &mut Timeline,
+    a: &mut stream::Attributor,
+    t: u64,
+) {
+    while let Some(w) = feed.next_work(t) {
+        let Some(&i) = index.get(&w.device) else {
+            continue;
+        };
+        a.work(i, &w);
+        tl.gpu.devices[i].work.push(w);
+    }
+    while let Some((tid, c)) = feed.next_call(t) {
+        tl.gpu.calls.entry(tid).or_default().push(c);
+    }
+    a.gpu_until(t);
 }
 
 /// Which code each sampled stack is in, by the options' rules.
@@ -261,6 +331,10 @@ fn conclude(
     events: u64,
     opts: &AnalyzeOptions,
     attributor: Option<stream::Attributor>,
+    spooled: Option<(
+        crate::timeline::spooled::GpuSpools,
+        crate::timeline::spooled::Plan,
+    )>,
 ) -> Analysis {
     let (diagnosis, clock_checks) = match attributor {
         Some(a) => a.finish(&timeline),
@@ -282,6 +356,7 @@ fn conclude(
             collector_cpu_ns: collector_cpu,
             stages: stages.as_ref(),
             code: &opts.code,
+            spooled: spooled.as_ref().map(|(s, p)| (s, p)),
         },
         &timeline,
         &diagnosis,

@@ -15,6 +15,7 @@ use crate::analyze::diagnose::{Diagnosis, GpuDiagnosis};
 use crate::analyze::replay;
 use crate::analyze::stages::InputStages;
 use crate::analyze::Names;
+use crate::timeline::spooled::{GpuSpools, Plan as SpoolPlan};
 use crate::timeline::{OffKind, Timeline};
 use crate::units;
 
@@ -319,6 +320,10 @@ pub struct Context<'a> {
     pub stages: Option<&'a InputStages>,
     /// The code rules: a trace's ops in an input region are loading.
     pub code: &'a Rules,
+    /// Where a long recording's GPU work and calls are read back from,
+    /// when the timeline does not hold them (the what-if replays read
+    /// them).
+    pub spooled: Option<(&'a GpuSpools, &'a SpoolPlan)>,
 }
 
 pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice {
@@ -327,6 +332,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         collector_cpu_ns,
         stages,
         code,
+        spooled,
     } = cx;
     if d.gpus.is_empty() {
         return Advice {
@@ -366,7 +372,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         .filter(|&(c, &ns)| c.removable() && (ns / n_gpus) as f64 >= MIN_SHARE * wall as f64)
         .map(|(&c, _)| c)
         .collect();
-    let job = replay::Job::new(tl, d, nr_cpus, collector_cpu_ns, |workers| {
+    let job = replay::Job::new(tl, d, spooled, nr_cpus, collector_cpu_ns, |workers| {
         what_if_plans(&advised, workers)
     });
     // Each with the time it would give back, to order them: as replayed

@@ -44,6 +44,7 @@ use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use super::lockstep::Meeting;
 use crate::timeline::gpu::{ApiRole, Call, Device, What, Work};
+use crate::timeline::spooled::{GpuSpools, Plan as SpoolPlan};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
 use gapscope_wire::record::memory_kind;
 
@@ -55,8 +56,12 @@ const DEPENDENCY_SLACK_NS: u64 = 20_000;
 /// A copy call returning this close to its copy's end waited for it.
 const SYNC_COPY_SLACK_NS: u64 = 50_000;
 /// Moments of the feeder's account replayed between two tallies of what
-/// the replayed GPU did.
+/// the replayed GPU did (and lettings go of what it is past).
 const SETTLE_EVERY: usize = 4096;
+/// How far before the earliest moment a replay still reads it keeps the
+/// replayed ends of the GPU's work: what a synchronize or a dependency
+/// there asks about.
+const LOOKBACK_MARGIN_NS: u64 = 1_000_000;
 
 /// The change a replay tries.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -256,8 +261,8 @@ pub struct Run<'a> {
     /// The feeder's account over the window, in time order.
     pub account: &'a Account,
     /// The feeder's CUDA calls, by start.
-    pub calls: &'a [Call],
-    /// The GPU's work, sorted once for every plan replayed.
+    pub calls: Calls<'a>,
+    /// The GPU's work, in the order it is issued.
     pub work: Issued<'a>,
     pub pool: Pool,
     /// CPUs the loaders could have: the machine's, less the feeder's share.
@@ -291,19 +296,32 @@ struct Item {
 }
 
 /// A GPU's work as the replay issues it: the feeder's, by its launching
-/// call's start; the rest, by its recorded start. Kept as places in the
-/// device's work, each item read from there as the replay reaches it: a
-/// copy of every item would hold the GPU's work twice over a long run.
-#[derive(Default)]
+/// call's start; the rest, by its recorded start. Each replay reads it as
+/// it reaches it (see [`Queue`]): a copy of every item would hold the GPU's
+/// work twice over a long run.
 pub struct Issued<'a> {
-    work: &'a [Work],
     /// The device's collectives waiting for the other GPUs, and those
     /// matched with theirs (`GpuTimeline`'s).
     waiting: &'a [(u64, u64)],
     met: &'a [(u64, usize)],
-    /// Indices into `work`, each in the order it is issued.
-    mine: Vec<usize>,
-    others: Vec<usize>,
+    from: IssuedFrom<'a>,
+}
+
+enum IssuedFrom<'a> {
+    /// The device's work held whole, and indices into it, each in the
+    /// order it is issued.
+    Memory {
+        work: &'a [Work],
+        mine: Vec<usize>,
+        others: Vec<usize>,
+    },
+    /// A long recording's, read back from where its first pass spooled it.
+    Spooled {
+        spools: &'a GpuSpools,
+        plan: &'a SpoolPlan,
+        device: u32,
+        feeder: Tid,
+    },
 }
 
 impl<'a> Issued<'a> {
@@ -322,26 +340,65 @@ impl<'a> Issued<'a> {
         mine.shrink_to_fit();
         others.shrink_to_fit();
         Issued {
-            work,
             waiting,
             met,
-            mine,
-            others,
+            from: IssuedFrom::Memory { work, mine, others },
         }
     }
 
-    /// The `i`th item the feeder issued.
-    fn mine(&self, i: usize) -> Item {
-        self.item(self.mine[i], true)
+    /// A long recording's work on `device`, read back from its spools.
+    pub fn spooled(
+        spools: &'a GpuSpools,
+        plan: &'a SpoolPlan,
+        device: u32,
+        feeder: Tid,
+        waiting: &'a [(u64, u64)],
+        met: &'a [(u64, usize)],
+    ) -> Issued<'a> {
+        Issued {
+            waiting,
+            met,
+            from: IssuedFrom::Spooled {
+                spools,
+                plan,
+                device,
+                feeder,
+            },
+        }
     }
 
-    /// The `i`th item the other threads issued.
-    fn other(&self, i: usize) -> Item {
-        self.item(self.others[i], false)
+    /// The feeder's items and the others', for one replay to read.
+    fn queues(&self) -> (Queue<'_>, Queue<'_>) {
+        let (mine, others): (
+            Box<dyn Iterator<Item = Item> + '_>,
+            Box<dyn Iterator<Item = Item> + '_>,
+        ) = match &self.from {
+            IssuedFrom::Memory { work, mine, others } => (
+                Box::new(mine.iter().map(|&k| self.item(&work[k], true))),
+                Box::new(others.iter().map(|&k| self.item(&work[k], false))),
+            ),
+            &IssuedFrom::Spooled {
+                spools,
+                plan,
+                device,
+                feeder,
+            } => (
+                Box::new(
+                    spools
+                        .launched_by(plan, device, feeder)
+                        .map(|w| self.item(&w, true)),
+                ),
+                Box::new(
+                    spools
+                        .launched_by_others(plan, device, feeder)
+                        .map(|w| self.item(&w, false)),
+                ),
+            ),
+        };
+        (Queue::new(mine), Queue::new(others))
     }
 
-    fn item(&self, k: usize, mine: bool) -> Item {
-        let w = &self.work[k];
+    fn item(&self, w: &Work, mine: bool) -> Item {
         let (start, end) = w.span();
         Item {
             issued: issued_at(w, mine),
@@ -364,13 +421,123 @@ impl<'a> Issued<'a> {
         }
     }
 
-    /// Whether any of its collectives waited for another GPU.
+    /// Whether any of its collectives waited for another GPU. (The waits
+    /// are spans of its own collectives' kernels, the empty ones left out.)
     fn waited(&self) -> bool {
         !self.waiting.is_empty()
-            && self.work.iter().any(|w| {
-                let (s, e) = w.span();
-                crate::intervals::within(self.waiting, s, e) > 0
-            })
+    }
+}
+
+/// Items as one replay reads them, by their place in issue order: read as
+/// the replay asks for them, let go once it is past them.
+struct Queue<'q> {
+    items: Box<dyn Iterator<Item = Item> + 'q>,
+    held: std::collections::VecDeque<Item>,
+    /// The place of `held[0]`.
+    base: usize,
+}
+
+impl<'q> Queue<'q> {
+    fn new(items: Box<dyn Iterator<Item = Item> + 'q>) -> Queue<'q> {
+        Queue {
+            items,
+            held: Default::default(),
+            base: 0,
+        }
+    }
+
+    /// The `i`th item (not one let go).
+    fn get(&mut self, i: usize) -> Option<Item> {
+        while i >= self.base + self.held.len() {
+            self.held.push_back(self.items.next()?);
+        }
+        self.held.get(i.checked_sub(self.base)?).copied()
+    }
+
+    /// Lets go of the items before the `i`th.
+    fn let_go(&mut self, i: usize) {
+        while self.base < i && !self.held.is_empty() {
+            self.held.pop_front();
+            self.base += 1;
+        }
+    }
+
+    /// How many items from the `i`th on are issued before `t`.
+    fn issued_before(&mut self, i: usize, t: u64) -> usize {
+        (i..)
+            .take_while(|&k| self.get(k).is_some_and(|it| it.issued < t))
+            .count()
+    }
+}
+
+/// The feeder's calls, as the replay reads them: held whole, or read back
+/// from a long recording's spools as the replay reaches them.
+pub enum Calls<'a> {
+    Memory(&'a [Call]),
+    Spooled {
+        spools: &'a GpuSpools,
+        plan: &'a SpoolPlan,
+        feeder: Tid,
+    },
+}
+
+impl<'a> From<&'a [Call]> for Calls<'a> {
+    fn from(calls: &'a [Call]) -> Calls<'a> {
+        Calls::Memory(calls)
+    }
+}
+
+impl Calls<'_> {
+    fn window(&self) -> CallWindow<'_> {
+        let calls: Box<dyn Iterator<Item = Call> + '_> = match self {
+            Calls::Memory(c) => Box::new(c.iter().cloned()),
+            &Calls::Spooled {
+                spools,
+                plan,
+                feeder,
+            } => Box::new(spools.calls_of(plan, feeder)),
+        };
+        CallWindow {
+            calls: calls.peekable(),
+            held: Vec::new(),
+        }
+    }
+}
+
+/// The feeder's calls around the moments a replay is at: read up to the
+/// latest moment asked about, let go of well behind the earliest.
+struct CallWindow<'c> {
+    calls: std::iter::Peekable<Box<dyn Iterator<Item = Call> + 'c>>,
+    held: Vec<Call>,
+}
+
+impl CallWindow<'_> {
+    /// The feeder's call starting at or containing `t`, if it launches,
+    /// synchronizes or copies.
+    fn at(&mut self, t: u64) -> Option<&Call> {
+        while let Some(c) = self.calls.next_if(|c| c.start <= t) {
+            self.held.push(c);
+        }
+        let i = self.held.partition_point(|c| c.start <= t);
+        // The last few: a runtime call and the driver calls in it.
+        self.held[..i]
+            .iter()
+            .rev()
+            .take(4)
+            .find(|c| c.end > t && c.role != ApiRole::Other)
+    }
+
+    /// Lets go of what no moment at `t` or later asks about, keeping the
+    /// last few before it; where the calls held start.
+    fn let_go(&mut self, t: u64) -> u64 {
+        let k = self
+            .held
+            .partition_point(|c| c.start <= t)
+            .saturating_sub(4);
+        if k > 1024 {
+            self.held.drain(..k);
+        }
+        self.held.first().map_or(t, |c| c.start.min(t))
     }
 }
 
@@ -456,6 +623,17 @@ impl Gpu<'_> {
     /// one stream or event, not for the collective running on another.
     fn awaited(&self, t: u64) -> u64 {
         self.ends.range(..=t).next_back().map_or(0, |(_, &e)| e)
+    }
+
+    /// Lets go of the replayed ends no question still to come asks about:
+    /// those recorded before `t`, but for the last of them (what a wait
+    /// after `t` finds before it).
+    fn let_go(&mut self, t: u64) {
+        let Some((&k, &e)) = self.ends.range(..t).next_back() else {
+            return;
+        };
+        self.ends = self.ends.split_off(&t);
+        self.ends.insert(k, e);
     }
 }
 
@@ -571,45 +749,23 @@ impl Run<'_> {
         (got + held) * workers / (workers + rivals) - got
     }
 
-    /// The feeder's call starting at or containing `t`, if it launches,
-    /// synchronizes or copies.
-    fn call_at(&self, t: u64) -> Option<&Call> {
-        self.call_before(self.calls.partition_point(|c| c.start <= t), t)
-    }
-
-    /// [`Run::call_at`] for moments in time order: `cursor` is where the
-    /// last one left off.
-    fn call_at_from(&self, t: u64, cursor: &mut usize) -> Option<&Call> {
-        if *cursor > 0 && self.calls[*cursor - 1].start > t {
-            // Back in time after all: look it up.
-            *cursor = self.calls.partition_point(|c| c.start <= t);
-        }
-        while self.calls.get(*cursor).is_some_and(|c| c.start <= t) {
-            *cursor += 1;
-        }
-        self.call_before(*cursor, t)
-    }
-
-    /// `i`: the first call starting after `t`.
-    fn call_before(&self, i: usize, t: u64) -> Option<&Call> {
-        self.calls[..i]
-            .iter()
-            .rev()
-            .take(4)
-            .find(|c| c.end > t && c.role != ApiRole::Other)
-    }
-
     /// The feeder's piece `i` is a wait for a CPU in the middle of its own
     /// work that `plan` removes — host work, or the launch calls' overhead:
     /// work that no longer runs is not preempted either, whoever held the
     /// CPU. (Left in, a disturbed recording predicts the disturbance as if
     /// it were the rest of the run.)
-    fn interrupts_removed(&self, a: &mut account::Reader, i: usize, plan: &Plan) -> bool {
-        let removed = |p: Option<Moment>| {
+    fn interrupts_removed(
+        &self,
+        a: &mut account::Reader,
+        calls: &mut CallWindow,
+        i: usize,
+        plan: &Plan,
+    ) -> bool {
+        let mut removed = |p: Option<Moment>| {
             p.is_some_and(|p| {
                 p.who != Who::Other
                     && plan.removes(p.cause)
-                    && (p.cause == Cause::CpuLaunch || self.call_at(p.start).is_none())
+                    && (p.cause == Cause::CpuLaunch || calls.at(p.start).is_none())
             })
         };
         // (A wait for a CPU is split between the loaders' and others'.) A
@@ -654,8 +810,8 @@ impl Run<'_> {
         let paced = self.pool.paced();
         // Batches came at the pool's pace from when it began.
         let p0 = self.pool.start.clamp(t0, t1);
-        let (mine, others) = (self.work.mine.len(), self.work.others.len());
-        let (m, o) = (|i| self.work.mine(i), |i| self.work.other(i));
+        let (mut mq, mut oq) = self.work.queues();
+        let mut calls = self.calls.window();
         let (mut mi, mut oi) = (0, 0);
         let mut gpu = Gpu {
             peers,
@@ -676,20 +832,19 @@ impl Run<'_> {
         let mut skip_until = 0;
         // Where the last step began, recorded and replayed.
         let mut step = (h, h);
-        let mut ci = 0;
         let mut i = 0;
         let mut moments = 0usize;
         let mut account = self.account.reader();
         while let Some(p) = account.get(i) {
             // What was issued before this moment goes now.
-            while let Some(it) = (mi < mine).then(|| m(mi)).filter(|it| it.issued < p.start) {
+            while let Some(it) = mq.get(mi).filter(|it| it.issued < p.start) {
                 gpu.run(h, &it);
                 mi += 1;
             }
             // Others' work keeps its place in the feeder's time: between
             // the last step's start and this one's, in proportion.
             let ((rs, hs), (re, he)) = (step, (p.start, h));
-            while let Some(it) = (oi < others).then(|| o(oi)).filter(|it| it.issued < re) {
+            while let Some(it) = oq.get(oi).filter(|it| it.issued < re) {
                 let into = it.issued.max(rs) - rs;
                 let ready = match re - rs {
                     0 => he,
@@ -703,6 +858,25 @@ impl Run<'_> {
             moments += 1;
             if moments % SETTLE_EVERY == 0 {
                 log.settle(&mut gpu.spans, h);
+                // What this replay still reads lies after the moments it
+                // looks back at (64), the calls holding them, and the work
+                // still to issue.
+                let back = account
+                    .get(i.saturating_sub(64))
+                    .map_or(p.start, |b| b.start);
+                let held = calls.let_go(back);
+                mq.let_go(mi);
+                oq.let_go(oi);
+                let next = [mq.get(mi), oq.get(oi)]
+                    .into_iter()
+                    .flatten()
+                    .map(|it| it.issued.min(it.recorded_start))
+                    .min()
+                    .unwrap_or(u64::MAX);
+                gpu.let_go(
+                    held.min(next)
+                        .saturating_sub(DEPENDENCY_SLACK_NS + LOOKBACK_MARGIN_NS),
+                );
             }
             // What came after the GPU's last work (saving the model, the
             // exit: a context's teardown waits for its work) comes after
@@ -742,9 +916,8 @@ impl Run<'_> {
                 h = ready;
                 continue;
             }
-            if let Some(call) = self.call_at_from(p.start, &mut ci) {
+            if let Some(call) = calls.at(p.start).cloned() {
                 skip_until = call.end;
-                let issued = |mi: usize| (mi..mine).take_while(|&k| m(k).issued < call.end).count();
                 match call.role {
                     ApiRole::Launch => {
                         let cost = if plan.removes(Cause::CpuLaunch) {
@@ -755,8 +928,8 @@ impl Run<'_> {
                         log.note(h, h + cost, Cause::CpuLaunch);
                         h += cost;
                         sync_left = 0;
-                        for _ in 0..issued(mi) {
-                            gpu.run(h, &m(mi));
+                        for _ in 0..mq.issued_before(mi, call.end) {
+                            gpu.run(h, &mq.get(mi).expect("counted"));
                             mi += 1;
                         }
                     }
@@ -774,8 +947,8 @@ impl Run<'_> {
                         }
                     }
                     ApiRole::Memory => {
-                        let n = issued(mi);
-                        let copies: Vec<Item> = (mi..mi + n).map(m).collect();
+                        let n = mq.issued_before(mi, call.end);
+                        let copies: Vec<Item> = (mi..mi + n).filter_map(|k| mq.get(k)).collect();
                         // A copy call waits for its copy when it says so
                         // (not ...Async) or the host memory is pageable, and
                         // it did return after the copy.
@@ -863,7 +1036,7 @@ impl Run<'_> {
                     if inside
                         && p.who != Who::Other
                         && sync_left == 0
-                        && self.interrupts_removed(&mut account, i, plan) => {}
+                        && self.interrupts_removed(&mut account, &mut calls, i, plan) => {}
                 c => {
                     log.note(h, h + d, c);
                     h += d;
@@ -871,8 +1044,13 @@ impl Run<'_> {
             }
             i += 1;
         }
-        for it in (mi..mine).map(m).chain((oi..others).map(o)) {
+        while let Some(it) = mq.get(mi) {
             gpu.run(h, &it);
+            mi += 1;
+        }
+        while let Some(it) = oq.get(oi) {
+            gpu.run(h, &it);
+            oi += 1;
         }
         let end = h.max(gpu.done) + tail;
         Outcome {
@@ -1036,9 +1214,12 @@ impl<'a> Job<'a> {
     /// replayed now beside the unchanged run, each plan on a core of its
     /// own as far as the machine has them (each replay walks the whole
     /// run: on a long recording they are most of the report's time).
+    /// `spooled`: where a long recording's GPU work and calls are read
+    /// back from, when the timeline does not hold them.
     pub fn new(
         tl: &'a Timeline,
         d: &'a Diagnosis,
+        spooled: Option<(&'a GpuSpools, &'a SpoolPlan)>,
         nr_cpus: u32,
         collector_cpu_ns: u64,
         plans: impl FnOnce(f64) -> Vec<Plan>,
@@ -1081,8 +1262,30 @@ impl<'a> Job<'a> {
                     busy: &g.gpu.busy,
                     feeder: f.tid,
                     account: &f.account,
-                    calls: tl.gpu.calls.get(&f.tid).map_or(&[], Vec::as_slice),
-                    work: Issued::of(device, f.tid, &g.gpu.waiting, &g.gpu.met),
+                    calls: match spooled {
+                        Some((spools, plan)) => Calls::Spooled {
+                            spools,
+                            plan,
+                            feeder: f.tid,
+                        },
+                        None => tl
+                            .gpu
+                            .calls
+                            .get(&f.tid)
+                            .map_or(&[][..], Vec::as_slice)
+                            .into(),
+                    },
+                    work: match spooled {
+                        Some((spools, plan)) => Issued::spooled(
+                            spools,
+                            plan,
+                            device.id,
+                            f.tid,
+                            &g.gpu.waiting,
+                            &g.gpu.met,
+                        ),
+                        None => Issued::of(device, f.tid, &g.gpu.waiting, &g.gpu.met),
+                    },
                     pool,
                     spare_cpus,
                     idle_cpus,
@@ -1423,7 +1626,7 @@ mod tests {
                 busy: &busy,
                 feeder: FEEDER,
                 account: &self.account,
-                calls: &self.calls,
+                calls: self.calls.as_slice().into(),
                 work: Issued::of(&device, FEEDER, &[], &[]),
                 pool,
                 spare_cpus: 2.0,
@@ -1716,8 +1919,16 @@ mod tests {
             busy: &[],
             feeder: FEEDER,
             account,
-            calls: &[],
-            work: Issued::default(),
+            calls: Calls::Memory(&[]),
+            work: Issued {
+                waiting: &[],
+                met: &[],
+                from: IssuedFrom::Memory {
+                    work: &[],
+                    mine: Vec::new(),
+                    others: Vec::new(),
+                },
+            },
             pool,
             spare_cpus,
             idle_cpus,

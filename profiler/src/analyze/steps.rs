@@ -3,7 +3,7 @@
 //! ("step 12", "train_step#3", "iteration_7"). Two runs of one job are
 //! compared step by step (`export::diff`).
 
-use crate::timeline::gpu::step_number;
+use crate::timeline::gpu::{step_number, GpuSide};
 use crate::timeline::Timeline;
 
 /// One step: its number (as named) and its span on the host.
@@ -27,9 +27,8 @@ pub struct Steps {
 /// The run's steps: `ProfilerStep#N` ops where a trace has them, else the
 /// most common numbered step name among the NVTX ranges; None when fewer
 /// than two steps are marked.
-pub fn find(tl: &Timeline) -> Option<Steps> {
-    let ops: Vec<Step> = tl
-        .gpu
+pub fn find(gpu: &GpuSide) -> Option<Steps> {
+    let ops: Vec<Step> = gpu
         .host_ops
         .values()
         .flatten()
@@ -50,7 +49,7 @@ pub fn find(tl: &Timeline) -> Option<Steps> {
     }
     // NVTX: by stem, the one most ranges carry.
     let mut by_stem: std::collections::BTreeMap<&str, Vec<Step>> = Default::default();
-    for r in tl.gpu.ranges.values().flatten() {
+    for r in gpu.ranges.values().flatten() {
         if let Some((stem, n)) = step_number(&r.name) {
             by_stem.entry(stem).or_default().push(Step {
                 number: n,
@@ -218,13 +217,20 @@ impl Summary {
 
 /// The run's steps, timed; None when fewer than two are marked (or kept).
 pub fn summary(tl: &Timeline) -> Option<Summary> {
-    let steps = find(tl)?;
+    let steps = find(&tl.gpu)?;
     let timed = timed(tl, &steps);
-    (timed.len() >= 2).then(|| Summary {
-        cut: steps.steps.len() - timed.len(),
-        source: steps.source,
-        timed,
-    })
+    Summary::new(steps, timed)
+}
+
+impl Summary {
+    /// The steps found and `timed`; None when fewer than two are kept.
+    pub fn new(steps: Steps, timed: Vec<Timed>) -> Option<Summary> {
+        (timed.len() >= 2).then(|| Summary {
+            cut: steps.steps.len() - timed.len(),
+            source: steps.source,
+            timed,
+        })
+    }
 }
 
 /// Sorted by start, one per number (ranks or threads marking the same

@@ -236,6 +236,10 @@ pub struct GpuSide {
     pub host_ops: BTreeMap<Tid, Vec<HostOp>>,
     /// Its work and calls summed, once the timeline has ended.
     pub totals: super::totals::GpuTotals,
+    /// It holds only the work and calls around the events being replayed
+    /// (a long recording's, read as its events are: `spooled::GpuFeed`);
+    /// `totals` are the whole recording's.
+    pub windowed: bool,
 }
 
 /// Which GPU each (process, CUDA ordinal) is, as the ids the report gives
@@ -349,7 +353,7 @@ impl GpuSide {
 
     /// A libcuda call a uprobe saw (calls are put in order at the end).
     pub(super) fn uprobe_call(&mut self, pid: u32, tid: u32, ts: u64, dur: u64, f: &str, arg: u64) {
-        self.calls.entry((pid, tid)).or_default().push(Call {
+        let call = Call {
             start: ts,
             end: ts + dur,
             role: api_role(f),
@@ -358,7 +362,11 @@ impl GpuSide {
                 arg,
             })),
             correlation: None,
-        });
+        };
+        if self.windowed {
+            self.totals.call((pid, tid), &call);
+        }
+        self.calls.entry((pid, tid)).or_default().push(call);
     }
 
     pub fn device_name(&self, id: u32) -> Option<&str> {

@@ -206,6 +206,10 @@ pub struct BuildOptions {
     /// Keep every state interval, sample and long syscall: the pictures and
     /// the timeline export draw them all.
     pub pictures: bool,
+    /// Keep every state interval the attribution reads, for an attribution
+    /// that lets go of them as it goes (the GPU side comes with the events,
+    /// so where its gaps lie is not known ahead).
+    pub recent: bool,
 }
 
 /// The thread an event is about, created on first sight.
@@ -272,6 +276,8 @@ impl Timeline {
         let start = session.header().start_ns;
         let keep = if opts.pictures {
             Keep::Everything
+        } else if opts.intervals && opts.recent {
+            Keep::Recent
         } else if opts.intervals {
             Keep::Gaps(std::sync::Arc::new(gpu.wanted()))
         } else {
@@ -362,7 +368,11 @@ impl Timeline {
         for calls in self.gpu.calls.values_mut() {
             calls.sort_by_key(|c| c.start);
         }
-        self.gpu.totals = totals::GpuTotals::of(&self.gpu);
+        // A side read whole is summed here; one that came with the events
+        // was summed as it came.
+        if !self.gpu.windowed {
+            self.gpu.totals = totals::GpuTotals::of(&self.gpu);
+        }
         // Threads whose names came only from /proc or fork keep those.
         for t in self.threads.values_mut().chain(self.retired.iter_mut()) {
             if t.comm.is_empty() {

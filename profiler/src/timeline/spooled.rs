@@ -129,6 +129,7 @@ pub struct GpuIntake {
     /// Keep every NVTX range (else only those naming a step).
     all_ranges: bool,
     lateness: [Lateness; 4],
+    queue_delay: u64,
 }
 
 /// A session's GPU records as the first pass leaves them.
@@ -148,8 +149,8 @@ pub struct GpuSpools {
     markers: Vec<u64>,
     kernels: Vec<Arc<Kernel>>,
     /// Of work starts, call starts, sync starts and launches: see
-    /// [`Lateness`].
-    late: [u64; 4],
+    /// [`Lateness`]; then the longest queue delay.
+    late: [u64; 5],
     /// Records taken, of any kind.
     pub count: u64,
 }
@@ -158,6 +159,9 @@ const LATE_WORK: usize = 0;
 const LATE_CALLS: usize = 1;
 const LATE_SYNCS: usize = 2;
 const LATE_LAUNCHES: usize = 3;
+/// Not a lateness: how long after its launch a piece of work started, at
+/// most.
+const QUEUE_DELAY: usize = 4;
 
 impl GpuIntake {
     /// `whole`: the records will be read back whole (a session in memory,
@@ -176,6 +180,7 @@ impl GpuIntake {
             kernel_ids: HashMap::new(),
             all_ranges: whole,
             lateness: Default::default(),
+            queue_delay: 0,
         }
     }
 
@@ -353,6 +358,7 @@ impl GpuIntake {
         self.lateness[LATE_WORK].saw(w.start);
         if w.launched != 0 {
             self.lateness[LATE_LAUNCHES].saw(w.launch_at);
+            self.queue_delay = self.queue_delay.max(w.start.saturating_sub(w.launch_at));
         }
         self.out.work.push(w);
     }
@@ -400,6 +406,7 @@ impl GpuIntake {
         for (i, l) in self.lateness.iter().enumerate() {
             self.out.late[i] = l.most;
         }
+        self.out.late[QUEUE_DELAY] = self.queue_delay;
         self.out
     }
 }
@@ -436,6 +443,16 @@ fn work(
 pub struct Plan {
     physical: BTreeMap<(u32, u32), u32>,
     window: (u64, u64),
+}
+
+impl Plan {
+    /// Which GPU a spooled piece of work ran on.
+    fn device_of(&self, w: &WorkRec) -> u32 {
+        self.physical
+            .get(&(w.pid, w.ordinal))
+            .copied()
+            .unwrap_or(w.ordinal)
+    }
 }
 
 impl GpuSpools {
@@ -549,7 +566,9 @@ impl GpuSpools {
             .collect();
         let mut feed = self.feed(plan);
         while let Some(w) = feed.next_work(u64::MAX) {
-            side.devices[index[&w.device]].work.push(w);
+            if let Some(&i) = index.get(&w.device) {
+                side.devices[i].work.push(w);
+            }
         }
         while let Some((t, c)) = feed.next_call(u64::MAX) {
             side.calls.entry(t).or_default().push(c);
@@ -560,7 +579,8 @@ impl GpuSpools {
         for calls in side.calls.values_mut() {
             calls.shrink_to_fit();
         }
-        let mut syncs = Ordered::new(&self.syncs, self.late[LATE_SYNCS], |s: &SpanRec| s.start);
+        let by_start: ByTime<SpanRec> = |s| Some((s.start, 0));
+        let mut syncs = Ordered::new(&self.syncs, self.late[LATE_SYNCS], by_start);
         while let Some(s) = syncs.next_until(u64::MAX) {
             if span_within(plan.window, s.start, s.end) {
                 side.syncs.push(SyncWait {
@@ -573,14 +593,88 @@ impl GpuSpools {
         side
     }
 
+    /// How long after its launch a piece of work started, at most.
+    pub fn queue_delay(&self) -> u64 {
+        self.late[QUEUE_DELAY]
+    }
+
+    /// Every piece of work inside the recording, in the order spooled.
+    pub fn each_work(&self, plan: &Plan, mut f: impl FnMut(&Work)) {
+        let mut r = self.work.reader();
+        for i in 0..self.work.len() {
+            let Some(rec) = r.get(i) else { break };
+            if let Some(w) = self.to_work(plan, &rec) {
+                f(&w);
+            }
+        }
+    }
+
+    /// The work on `device` that `feeder` launched, in the order it did
+    /// (then by start, then as read): what a what-if replay issues from
+    /// the feeder's calls.
+    pub fn launched_by<'s>(
+        &'s self,
+        plan: &'s Plan,
+        device: u32,
+        feeder: Tid,
+    ) -> impl Iterator<Item = Work> + 's {
+        let key = move |w: &WorkRec| {
+            let mine = w.launched != 0 && (w.pid, w.launch_tid) == feeder;
+            (mine && plan.device_of(w) == device).then_some((w.launch_at, w.start))
+        };
+        self.read(
+            plan,
+            Ordered::new(&self.work, self.late[LATE_LAUNCHES], key),
+        )
+    }
+
+    /// The rest of the work on `device`, in start order (then as read).
+    pub fn launched_by_others<'s>(
+        &'s self,
+        plan: &'s Plan,
+        device: u32,
+        feeder: Tid,
+    ) -> impl Iterator<Item = Work> + 's {
+        let key = move |w: &WorkRec| {
+            let mine = w.launched != 0 && (w.pid, w.launch_tid) == feeder;
+            (!mine && plan.device_of(w) == device).then_some((w.start, 0))
+        };
+        self.read(plan, Ordered::new(&self.work, self.late[LATE_WORK], key))
+    }
+
+    /// Thread `t`'s calls, in start order (then as read).
+    pub fn calls_of<'s>(&'s self, plan: &'s Plan, t: Tid) -> impl Iterator<Item = Call> + 's {
+        let key = move |c: &CallRec| ((c.pid, c.tid) == t).then_some((c.start, 0));
+        let mut calls = Ordered::new(&self.calls, self.late[LATE_CALLS], key);
+        std::iter::from_fn(move || loop {
+            let c = calls.next_until(u64::MAX)?;
+            if let Some((_, c)) = self.to_call(plan, &c) {
+                return Some(c);
+            }
+        })
+    }
+
+    fn read<'s, K: Fn(&WorkRec) -> Option<(u64, u64)> + 's>(
+        &'s self,
+        plan: &'s Plan,
+        mut work: Ordered<'s, WorkRec, K>,
+    ) -> impl Iterator<Item = Work> + 's {
+        std::iter::from_fn(move || loop {
+            let w = work.next_until(u64::MAX)?;
+            if let Some(w) = self.to_work(plan, &w) {
+                return Some(w);
+            }
+        })
+    }
+
     /// A reader of the work and calls in time order, holding back no more
     /// than their lateness.
     pub fn feed<'s>(&'s self, plan: &'s Plan) -> GpuFeed<'s> {
         GpuFeed {
             spools: self,
             plan,
-            work: Ordered::new(&self.work, self.late[LATE_WORK], |w: &WorkRec| w.start),
-            calls: Ordered::new(&self.calls, self.late[LATE_CALLS], |c: &CallRec| c.start),
+            work: Ordered::new(&self.work, self.late[LATE_WORK], |w| Some((w.start, 0))),
+            calls: Ordered::new(&self.calls, self.late[LATE_CALLS], |c| Some((c.start, 0))),
         }
     }
 
@@ -600,11 +694,7 @@ impl GpuSpools {
             },
             _ => What::Memset { bytes: w.bytes },
         };
-        let device = plan
-            .physical
-            .get(&(w.pid, w.ordinal))
-            .copied()
-            .unwrap_or(w.ordinal);
+        let device = plan.device_of(w);
         Some(Work {
             start: w.start,
             end: w.end,
@@ -638,16 +728,17 @@ impl GpuSpools {
     }
 }
 
-/// A record held back, earliest first, then in the order read.
+/// A record held back, by its key (earliest first), then in the order
+/// read.
 struct Held<T> {
-    at: u64,
+    key: (u64, u64),
     index: usize,
     record: T,
 }
 
 impl<T> PartialEq for Held<T> {
     fn eq(&self, o: &Self) -> bool {
-        (self.at, self.index) == (o.at, o.index)
+        (self.key, self.index) == (o.key, o.index)
     }
 }
 impl<T> Eq for Held<T> {}
@@ -659,25 +750,26 @@ impl<T> PartialOrd for Held<T> {
 impl<T> Ord for Held<T> {
     // Reversed: BinaryHeap pops its greatest.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (o.at, o.index).cmp(&(self.at, self.index))
+        (o.key, o.index).cmp(&(self.key, self.index))
     }
 }
 
-/// A spool read in time order: records are taken in as they lie and held
-/// until nothing still to come can be earlier.
-pub(crate) struct Ordered<'s, T: bytemuck::Pod> {
+/// A spool read in the order of a key, its time first: records are taken
+/// in as they lie and held until nothing still to come can come before
+/// them (a record comes at most `late` behind the latest time taken in).
+/// The key leaves out the records it gives none.
+pub(crate) struct Ordered<'s, T: bytemuck::Pod, K> {
     reader: spool::Reader<'s, T>,
     len: usize,
     next: usize,
     held: BinaryHeap<Held<T>>,
-    /// The latest time taken in, and how late a record can come after it.
     latest: u64,
     late: u64,
-    time: fn(&T) -> u64,
+    key: K,
 }
 
-impl<'s, T: bytemuck::Pod> Ordered<'s, T> {
-    pub(crate) fn new(spool: &'s Spool<T>, late: u64, time: fn(&T) -> u64) -> Self {
+impl<'s, T: bytemuck::Pod, K: Fn(&T) -> Option<(u64, u64)>> Ordered<'s, T, K> {
+    pub(crate) fn new(spool: &'s Spool<T>, late: u64, key: K) -> Self {
         Ordered {
             reader: spool.reader(),
             len: spool.len(),
@@ -685,43 +777,52 @@ impl<'s, T: bytemuck::Pod> Ordered<'s, T> {
             held: BinaryHeap::new(),
             latest: 0,
             late,
-            time,
+            key,
         }
     }
 
-    /// Whether records not yet taken in may lie at or before `t`: they lie
-    /// at `latest - late` or later.
-    fn may_hold(&self, t: u64) -> bool {
-        self.next < self.len && self.latest.saturating_sub(self.late) <= t
-    }
-
-    /// The next record in time order (then in the order read) timed at or
-    /// before `t`.
-    pub(crate) fn next_until(&mut self, t: u64) -> Option<T> {
-        while self.may_hold(t) {
-            let Some(record) = self.reader.get(self.next) else {
-                // Unreadable: what was read stands.
-                self.len = self.next;
-                break;
-            };
-            let at = (self.time)(&record);
-            self.latest = self.latest.max(at);
+    /// Takes the next record in.
+    fn take_one(&mut self) {
+        let Some(record) = self.reader.get(self.next) else {
+            // Unreadable: what was read stands.
+            self.len = self.next;
+            return;
+        };
+        if let Some(key) = (self.key)(&record) {
+            self.latest = self.latest.max(key.0);
             self.held.push(Held {
-                at,
+                key,
                 index: self.next,
                 record,
             });
-            self.next += 1;
         }
-        if self.held.peek()?.at > t {
-            return None;
+        self.next += 1;
+    }
+
+    /// The next record in order, if its time is at or before `t`.
+    pub(crate) fn next_until(&mut self, t: u64) -> Option<T> {
+        loop {
+            let unread = self.next < self.len;
+            // Records not yet taken in come at `floor` or later.
+            let floor = self.latest.saturating_sub(self.late);
+            match self.held.peek() {
+                Some(top) if !unread || top.key.0 < floor => {
+                    return match top.key.0 <= t {
+                        true => self.held.pop().map(|h| h.record),
+                        false => None,
+                    };
+                }
+                Some(top) if top.key.0 > t && floor > t => return None,
+                None if !unread || floor > t => return None,
+                _ => self.take_one(),
+            }
         }
-        self.held.pop().map(|h| h.record)
     }
 
     /// Whether a record timed at or before `t` may still come.
     fn due(&self, t: u64) -> bool {
-        self.held.peek().is_some_and(|h| h.at <= t) || self.may_hold(t)
+        self.held.peek().is_some_and(|h| h.key.0 <= t)
+            || (self.next < self.len && self.latest.saturating_sub(self.late) <= t)
     }
 
     /// Why part of the spool could not be read back, if it could not.
@@ -730,12 +831,14 @@ impl<'s, T: bytemuck::Pod> Ordered<'s, T> {
     }
 }
 
+type ByTime<T> = fn(&T) -> Option<(u64, u64)>;
+
 /// The spooled work and calls, read in time order as the events move on.
 pub struct GpuFeed<'s> {
     spools: &'s GpuSpools,
     plan: &'s Plan,
-    work: Ordered<'s, WorkRec>,
-    calls: Ordered<'s, CallRec>,
+    work: Ordered<'s, WorkRec, ByTime<WorkRec>>,
+    calls: Ordered<'s, CallRec, ByTime<CallRec>>,
 }
 
 impl GpuFeed<'_> {

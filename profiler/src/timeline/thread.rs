@@ -167,6 +167,10 @@ pub enum Keep {
     /// checks read: those overlapping an idle gap or holding a launch, and
     /// the one just before each of them.
     Gaps(Arc<Wanted>),
+    /// Every state interval, I/O span and sample, for an attribution that
+    /// lets go of them as it moves on (`analyze::stream`): where the GPU's
+    /// gaps lie is not known ahead.
+    Recent,
 }
 
 impl From<bool> for Keep {
