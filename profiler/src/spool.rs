@@ -14,8 +14,6 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use std::sync::Arc;
-
 use bytemuck::Pod;
 
 /// Records per block.
@@ -50,14 +48,11 @@ pub struct Spool<T: Pod> {
     file: Option<(File, u64)>,
     /// Why compressed blocks stayed in memory, if they did.
     no_file: Option<String>,
-    /// The blocks readers unpacked last, shared between them: the what-if
-    /// replays read one account side by side, each plan on a core, and
-    /// unpack each block once between them.
-    unpacked: std::sync::Mutex<std::collections::VecDeque<(usize, Arc<[T]>)>>,
+    /// Kept between blocks: the records laid out by position, and zstd's
+    /// context.
+    planes: Vec<u8>,
+    packer: Option<zstd::bulk::Compressor<'static>>,
 }
-
-/// Unpacked blocks a spool keeps for its readers.
-const SHARED: usize = 32;
 
 impl<T: Pod> Default for Spool<T> {
     fn default() -> Self {
@@ -68,7 +63,8 @@ impl<T: Pod> Default for Spool<T> {
             packed: Vec::new(),
             file: None,
             no_file: None,
-            unpacked: Default::default(),
+            planes: Vec::new(),
+            packer: None,
         }
     }
 }
@@ -105,7 +101,7 @@ impl<T: Pod> Spool<T> {
             self.raw.push(block);
             return;
         }
-        let packed = pack(&self.fill);
+        let packed = pack(&self.fill, &mut self.planes, &mut self.packer);
         self.fill.clear();
         if self.file.is_none() && self.no_file.is_none() {
             match unnamed_file() {
@@ -133,7 +129,7 @@ impl<T: Pod> Spool<T> {
     pub fn reader(&self) -> Reader<'_, T> {
         Reader {
             spool: self,
-            cache: Default::default(),
+            cache: std::array::from_fn(|_| (usize::MAX, Vec::new())),
             next_slot: 0,
             scratch: Scratch::default(),
             failed: None,
@@ -146,36 +142,32 @@ impl<T: Pod> Spool<T> {
         (0..self.len()).map_while(move |i| r.get(i))
     }
 
-    /// Compressed block `b`, unpacked by this reader or another.
-    fn unpacked(&self, b: usize, scratch: &mut Scratch) -> std::io::Result<Arc<[T]>> {
-        let shared = |s: &Self| {
-            let cache = s.unpacked.lock().unwrap_or_else(|e| e.into_inner());
-            cache
-                .iter()
-                .find(|(at, _)| *at == b)
-                .map(|(_, v)| v.clone())
-        };
-        if let Some(v) = shared(self) {
-            return Ok(v);
-        }
-        let mut out = Vec::new();
+    /// Unpacks compressed block `b` into `out`, through `scratch`.
+    fn unpack(&self, b: usize, out: &mut Vec<T>, scratch: &mut Scratch) -> std::io::Result<()> {
         match self.sealed[b] {
             Sealed::File(at, len) => {
                 let (file, _) = self.file.as_ref().expect("a block in the file");
                 scratch.read.resize(len as usize, 0);
                 file.read_exact_at(&mut scratch.read, at)?;
-                unpack_into(&scratch.read, &mut out, &mut scratch.planes)?;
+                unpack_into(
+                    &scratch.read,
+                    out,
+                    &mut scratch.planes,
+                    &mut scratch.unpacker,
+                )
             }
-            Sealed::Packed(i) => unpack_into(&self.packed[i], &mut out, &mut scratch.planes)?,
-            Sealed::Raw(i) => out.extend_from_slice(&self.raw[i]),
+            Sealed::Packed(i) => unpack_into(
+                &self.packed[i],
+                out,
+                &mut scratch.planes,
+                &mut scratch.unpacker,
+            ),
+            Sealed::Raw(i) => {
+                out.clear();
+                out.extend_from_slice(&self.raw[i]);
+                Ok(())
+            }
         }
-        let v: Arc<[T]> = out.into();
-        let mut cache = self.unpacked.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() == SHARED {
-            cache.pop_front();
-        }
-        cache.push_back((b, v.clone()));
-        Ok(v)
     }
 }
 
@@ -201,21 +193,30 @@ fn unnamed_file() -> std::io::Result<File> {
     Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
-/// Records laid out by byte position, then compressed.
-fn pack<T: Pod>(records: &[T]) -> Box<[u8]> {
+/// Records laid out by byte position (through `planes`), then compressed
+/// (by `packer`, made on first use).
+fn pack<T: Pod>(
+    records: &[T],
+    planes: &mut Vec<u8>,
+    packer: &mut Option<zstd::bulk::Compressor<'static>>,
+) -> Box<[u8]> {
     let raw: &[u8] = bytemuck::cast_slice(records);
-    let mut planes = vec![0u8; raw.len()];
-    shuffle(raw, std::mem::size_of::<T>(), &mut planes);
+    planes.resize(raw.len(), 0);
+    shuffle(raw, std::mem::size_of::<T>(), planes);
     let mut out = (records.len() as u32).to_le_bytes().to_vec();
-    match zstd::bulk::compress(&planes, LEVEL) {
-        Ok(c) => {
+    if packer.is_none() {
+        *packer = zstd::bulk::Compressor::new(LEVEL).ok();
+    }
+    let compressed = packer.as_mut().and_then(|p| p.compress(planes).ok());
+    match compressed {
+        Some(c) => {
             out.push(1);
             out.extend_from_slice(&c);
         }
         // Compressing into memory does not fail; if it did, kept as it is.
-        Err(_) => {
+        None => {
             out.push(0);
-            out.extend_from_slice(&planes);
+            out.extend_from_slice(planes);
         }
     }
     out.into_boxed_slice()
@@ -226,6 +227,7 @@ fn pack<T: Pod>(records: &[T]) -> Box<[u8]> {
 struct Scratch {
     read: Vec<u8>,
     planes: Vec<u8>,
+    unpacker: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 /// Unpacks `packed` into `out`, through `planes`.
@@ -233,6 +235,7 @@ fn unpack_into<T: Pod>(
     packed: &[u8],
     out: &mut Vec<T>,
     planes: &mut Vec<u8>,
+    unpacker: &mut Option<zstd::bulk::Decompressor<'static>>,
 ) -> std::io::Result<()> {
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "a damaged spool block");
     let size = std::mem::size_of::<T>();
@@ -245,7 +248,13 @@ fn unpack_into<T: Pod>(
     planes.resize(n * size, 0);
     match kind {
         1 => {
-            let got = zstd::bulk::decompress_to_buffer(body, planes.as_mut_slice())?;
+            if unpacker.is_none() {
+                *unpacker = Some(zstd::bulk::Decompressor::new()?);
+            }
+            let got = unpacker
+                .as_mut()
+                .expect("made above")
+                .decompress_to_buffer(body, planes.as_mut_slice())?;
             if got != n * size {
                 return Err(bad());
             }
@@ -262,7 +271,7 @@ fn unpack_into<T: Pod>(
 #[cfg(test)]
 fn unpack_from<T: Pod>(packed: &[u8]) -> std::io::Result<Vec<T>> {
     let mut out = Vec::new();
-    unpack_into(packed, &mut out, &mut Vec::new())?;
+    unpack_into(packed, &mut out, &mut Vec::new(), &mut None)?;
     Ok(out)
 }
 
@@ -290,8 +299,8 @@ fn unshuffle(planes: &[u8], size: usize, raw: &mut [u8]) {
 /// order, or a little back and forth, unpack each block once.
 pub struct Reader<'s, T: Pod> {
     spool: &'s Spool<T>,
-    /// Blocks unpacked, by index.
-    cache: [Option<(usize, Arc<[T]>)>; 3],
+    /// Blocks unpacked, by index (usize::MAX: none), their buffers reused.
+    cache: [(usize, Vec<T>); 3],
     next_slot: usize,
     scratch: Scratch,
     failed: Option<String>,
@@ -309,15 +318,16 @@ impl<T: Pod> Reader<'_, T> {
             Some(Sealed::Raw(r)) => return spool.raw[*r].get(k).copied(),
             Some(_) => {}
         }
-        if let Some((_, v)) = self.cache.iter().flatten().find(|(at, _)| *at == b) {
+        if let Some((_, v)) = self.cache.iter().find(|(at, _)| *at == b) {
             return v.get(k).copied();
         }
-        match spool.unpacked(b, &mut self.scratch) {
-            Ok(v) => {
-                let got = v.get(k).copied();
-                self.cache[self.next_slot] = Some((b, v));
+        let slot = &mut self.cache[self.next_slot];
+        slot.0 = usize::MAX;
+        match spool.unpack(b, &mut slot.1, &mut self.scratch) {
+            Ok(()) => {
+                slot.0 = b;
                 self.next_slot = (self.next_slot + 1) % 3;
-                got
+                slot.1.get(k).copied()
             }
             Err(e) => {
                 self.failed.get_or_insert_with(|| e.to_string());
@@ -375,7 +385,7 @@ mod tests {
     #[test]
     fn neighbouring_records_compress_well() {
         let records: Vec<Rec> = (0..BLOCK).map(rec).collect();
-        let packed = pack(&records);
+        let packed = pack(&records, &mut Vec::new(), &mut None);
         // 16 bytes a record, laid out by position: well under 4.
         assert!(packed.len() < BLOCK * 4, "{} bytes", packed.len());
         assert_eq!(unpack_from::<Rec>(&packed).unwrap(), records);
@@ -384,7 +394,7 @@ mod tests {
     #[test]
     fn a_damaged_block_reads_as_missing_not_as_garbage() {
         let records: Vec<Rec> = (0..BLOCK).map(rec).collect();
-        let mut packed = pack(&records).to_vec();
+        let mut packed = pack(&records, &mut Vec::new(), &mut None).to_vec();
         let mid = packed.len() / 2;
         packed.truncate(mid);
         assert!(unpack_from::<Rec>(&packed).is_err());

@@ -43,6 +43,7 @@ use super::account::{self, Account, Moment, Who};
 use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use super::lockstep::Meeting;
+use crate::spool::Spool;
 use crate::timeline::gpu::{ApiRole, Call, Device, What, Work};
 use crate::timeline::spooled::{GpuSpools, Plan as SpoolPlan};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
@@ -274,6 +275,8 @@ pub struct Run<'a> {
     /// the loaders worked, on average (0 when not recorded): more workers
     /// win a share of them, thread by thread.
     pub group_cpus: f64,
+    /// `work` and `calls` as every replay reads them, spooled by the first.
+    pub prepared: std::sync::OnceLock<Prepared>,
 }
 
 /// A piece of GPU work as the replay schedules it.
@@ -295,10 +298,108 @@ struct Item {
     meet: Option<usize>,
 }
 
+/// An [`Item`] as spooled for the replays (see [`Prepared`]).
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct ItemRec {
+    issued: u64,
+    recorded_start: u64,
+    recorded_end: u64,
+    waiting: u64,
+    /// u64::MAX for none.
+    meet: u64,
+    stream: u32,
+    pageable: u32,
+}
+
+impl From<Item> for ItemRec {
+    fn from(it: Item) -> ItemRec {
+        ItemRec {
+            issued: it.issued,
+            recorded_start: it.recorded_start,
+            recorded_end: it.recorded_end,
+            waiting: it.waiting,
+            meet: it.meet.map_or(u64::MAX, |m| m as u64),
+            stream: it.stream,
+            pageable: it.pageable as u32,
+        }
+    }
+}
+
+impl From<ItemRec> for Item {
+    fn from(r: ItemRec) -> Item {
+        Item {
+            issued: r.issued,
+            recorded_start: r.recorded_start,
+            recorded_end: r.recorded_end,
+            dur: r.recorded_end.saturating_sub(r.recorded_start),
+            stream: r.stream,
+            pageable: r.pageable != 0,
+            waiting: r.waiting,
+            meet: (r.meet != u64::MAX).then_some(r.meet as usize),
+        }
+    }
+}
+
+/// A feeder's call as the replay reads it.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct CallRec {
+    start: u64,
+    end: u64,
+    /// Its place in [`ROLES`].
+    role: u8,
+    /// cudaDeviceSynchronize and the like, not cudaStreamWaitEvent.
+    synchronizes: u8,
+    /// An ...Async copy.
+    asynchronous: u8,
+    _pad: [u8; 5],
+}
+
+const ROLES: [ApiRole; 4] = [
+    ApiRole::Launch,
+    ApiRole::Sync,
+    ApiRole::Memory,
+    ApiRole::Other,
+];
+
+impl From<&Call> for CallRec {
+    fn from(c: &Call) -> CallRec {
+        let name = c.name.name();
+        CallRec {
+            start: c.start,
+            end: c.end,
+            role: ROLES.iter().position(|&r| r == c.role).unwrap_or(3) as u8,
+            synchronizes: name.contains("Synchronize") as u8,
+            asynchronous: name.contains("Async") as u8,
+            _pad: [0; 5],
+        }
+    }
+}
+
+impl CallRec {
+    fn role(&self) -> ApiRole {
+        ROLES
+            .get(self.role as usize)
+            .copied()
+            .unwrap_or(ApiRole::Other)
+    }
+}
+
+/// A run's GPU work and its feeder's calls as every replay of it reads
+/// them, spooled once: the feeder's work in the order it launched it, the
+/// rest in start order, each item as the replay schedules it.
+#[derive(Default)]
+pub struct Prepared {
+    mine: Spool<ItemRec>,
+    others: Spool<ItemRec>,
+    calls: Spool<CallRec>,
+}
+
 /// A GPU's work as the replay issues it: the feeder's, by its launching
-/// call's start; the rest, by its recorded start. Each replay reads it as
-/// it reaches it (see [`Queue`]): a copy of every item would hold the GPU's
-/// work twice over a long run.
+/// call's start; the rest, by its recorded start. Read once, in that order,
+/// into a run's [`Prepared`] spools: a copy of every item would hold the
+/// GPU's work twice over a long run.
 pub struct Issued<'a> {
     /// The device's collectives waiting for the other GPUs, and those
     /// matched with theirs (`GpuTimeline`'s).
@@ -367,35 +468,31 @@ impl<'a> Issued<'a> {
         }
     }
 
-    /// The feeder's items and the others', for one replay to read.
-    fn queues(&self) -> (Queue<'_>, Queue<'_>) {
-        let (mine, others): (
-            Box<dyn Iterator<Item = Item> + '_>,
-            Box<dyn Iterator<Item = Item> + '_>,
-        ) = match &self.from {
-            IssuedFrom::Memory { work, mine, others } => (
-                Box::new(mine.iter().map(|&k| self.item(&work[k], true))),
-                Box::new(others.iter().map(|&k| self.item(&work[k], false))),
-            ),
+    /// Spools the feeder's items and the others', each in issue order.
+    fn spool(&self, out: &mut Prepared) {
+        match &self.from {
+            IssuedFrom::Memory { work, mine, others } => {
+                for &k in mine {
+                    out.mine.push(self.item(&work[k], true).into());
+                }
+                for &k in others {
+                    out.others.push(self.item(&work[k], false).into());
+                }
+            }
             &IssuedFrom::Spooled {
                 spools,
                 plan,
                 device,
                 feeder,
-            } => (
-                Box::new(
-                    spools
-                        .launched_by(plan, device, feeder)
-                        .map(|w| self.item(&w, true)),
-                ),
-                Box::new(
-                    spools
-                        .launched_by_others(plan, device, feeder)
-                        .map(|w| self.item(&w, false)),
-                ),
-            ),
-        };
-        (Queue::new(mine), Queue::new(others))
+            } => {
+                for w in spools.launched_by(plan, device, feeder) {
+                    out.mine.push(self.item(&w, true).into());
+                }
+                for w in spools.launched_by_others(plan, device, feeder) {
+                    out.others.push(self.item(&w, false).into());
+                }
+            }
+        }
     }
 
     fn item(&self, w: &Work, mine: bool) -> Item {
@@ -428,38 +525,12 @@ impl<'a> Issued<'a> {
     }
 }
 
-/// Items as one replay reads them, by their place in issue order: read as
-/// the replay asks for them, let go once it is past them.
-struct Queue<'q> {
-    items: Box<dyn Iterator<Item = Item> + 'q>,
-    held: std::collections::VecDeque<Item>,
-    /// The place of `held[0]`.
-    base: usize,
-}
+/// Items as one replay reads them, by their place in issue order.
+struct Queue<'q>(crate::spool::Reader<'q, ItemRec>);
 
-impl<'q> Queue<'q> {
-    fn new(items: Box<dyn Iterator<Item = Item> + 'q>) -> Queue<'q> {
-        Queue {
-            items,
-            held: Default::default(),
-            base: 0,
-        }
-    }
-
-    /// The `i`th item (not one let go).
+impl Queue<'_> {
     fn get(&mut self, i: usize) -> Option<Item> {
-        while i >= self.base + self.held.len() {
-            self.held.push_back(self.items.next()?);
-        }
-        self.held.get(i.checked_sub(self.base)?).copied()
-    }
-
-    /// Lets go of the items before the `i`th.
-    fn let_go(&mut self, i: usize) {
-        while self.base < i && !self.held.is_empty() {
-            self.held.pop_front();
-            self.base += 1;
-        }
+        self.0.get(i).map(Item::from)
     }
 
     /// How many items from the `i`th on are issued before `t`.
@@ -488,56 +559,49 @@ impl<'a> From<&'a [Call]> for Calls<'a> {
 }
 
 impl Calls<'_> {
-    fn window(&self) -> CallWindow<'_> {
-        let calls: Box<dyn Iterator<Item = Call> + '_> = match self {
-            Calls::Memory(c) => Box::new(c.iter().cloned()),
+    fn spool(&self, out: &mut Prepared) {
+        match self {
+            Calls::Memory(c) => c.iter().for_each(|c| out.calls.push(c.into())),
             &Calls::Spooled {
                 spools,
                 plan,
                 feeder,
-            } => Box::new(spools.calls_of(plan, feeder)),
-        };
-        CallWindow {
-            calls: calls.peekable(),
-            held: Vec::new(),
+            } => spools
+                .calls_of(plan, feeder)
+                .for_each(|c| out.calls.push((&c).into())),
         }
     }
 }
 
-/// The feeder's calls around the moments a replay is at: read up to the
-/// latest moment asked about, let go of well behind the earliest.
+/// The feeder's calls around the moments a replay is at.
 struct CallWindow<'c> {
-    calls: std::iter::Peekable<Box<dyn Iterator<Item = Call> + 'c>>,
-    held: Vec<Call>,
+    calls: crate::spool::Reader<'c, CallRec>,
+    /// Calls starting at or before the last moment asked about.
+    before: usize,
 }
 
 impl CallWindow<'_> {
     /// The feeder's call starting at or containing `t`, if it launches,
     /// synchronizes or copies.
-    fn at(&mut self, t: u64) -> Option<&Call> {
-        while let Some(c) = self.calls.next_if(|c| c.start <= t) {
-            self.held.push(c);
+    fn at(&mut self, t: u64) -> Option<CallRec> {
+        while self.calls.get(self.before).is_some_and(|c| c.start <= t) {
+            self.before += 1;
         }
-        let i = self.held.partition_point(|c| c.start <= t);
+        while self.before > 0 && self.calls.get(self.before - 1).is_some_and(|c| c.start > t) {
+            self.before -= 1;
+        }
         // The last few: a runtime call and the driver calls in it.
-        self.held[..i]
-            .iter()
+        (self.before.saturating_sub(4)..self.before)
             .rev()
-            .take(4)
-            .find(|c| c.end > t && c.role != ApiRole::Other)
+            .filter_map(|k| self.calls.get(k))
+            .find(|c| c.end > t && c.role() != ApiRole::Other)
     }
 
-    /// Lets go of what no moment at `t` or later asks about, keeping the
-    /// last few before it; where the calls held start.
-    fn let_go(&mut self, t: u64) -> u64 {
-        let k = self
-            .held
-            .partition_point(|c| c.start <= t)
-            .saturating_sub(4);
-        if k > 1024 {
-            self.held.drain(..k);
-        }
-        self.held.first().map_or(t, |c| c.start.min(t))
+    /// Where the calls the last moment asked about may start: a few back.
+    fn held_from(&mut self, t: u64) -> u64 {
+        self.calls
+            .get(self.before.saturating_sub(4))
+            .map_or(t, |c| c.start.min(t))
     }
 }
 
@@ -701,6 +765,16 @@ pub fn loaders(feeder: Tid, waited: &HashSet<Tid>, tl: &Timeline) -> HashSet<Tid
 }
 
 impl Run<'_> {
+    /// The run's work and calls as its replays read them.
+    fn prepared(&self) -> &Prepared {
+        self.prepared.get_or_init(|| {
+            let mut p = Prepared::default();
+            self.work.spool(&mut p);
+            self.calls.spool(&mut p);
+            p
+        })
+    }
+
     /// The pool's pace under `plan`, relative to the recorded one.
     fn pace(&self, plan: &Plan) -> f64 {
         let k = self.pool.workers();
@@ -810,8 +884,15 @@ impl Run<'_> {
         let paced = self.pool.paced();
         // Batches came at the pool's pace from when it began.
         let p0 = self.pool.start.clamp(t0, t1);
-        let (mut mq, mut oq) = self.work.queues();
-        let mut calls = self.calls.window();
+        let prepared = self.prepared();
+        let (mut mq, mut oq) = (
+            Queue(prepared.mine.reader()),
+            Queue(prepared.others.reader()),
+        );
+        let mut calls = CallWindow {
+            calls: prepared.calls.reader(),
+            before: 0,
+        };
         let (mut mi, mut oi) = (0, 0);
         let mut gpu = Gpu {
             peers,
@@ -864,9 +945,7 @@ impl Run<'_> {
                 let back = account
                     .get(i.saturating_sub(64))
                     .map_or(p.start, |b| b.start);
-                let held = calls.let_go(back);
-                mq.let_go(mi);
-                oq.let_go(oi);
+                let held = calls.held_from(back);
                 let next = [mq.get(mi), oq.get(oi)]
                     .into_iter()
                     .flatten()
@@ -916,9 +995,9 @@ impl Run<'_> {
                 h = ready;
                 continue;
             }
-            if let Some(call) = calls.at(p.start).cloned() {
+            if let Some(call) = calls.at(p.start) {
                 skip_until = call.end;
-                match call.role {
+                match call.role() {
                     ApiRole::Launch => {
                         let cost = if plan.removes(Cause::CpuLaunch) {
                             0
@@ -934,7 +1013,7 @@ impl Run<'_> {
                         }
                     }
                     // cudaStreamWaitEvent orders streams; the host goes on.
-                    ApiRole::Sync if !call.name.name().contains("Synchronize") => {
+                    ApiRole::Sync if call.synchronizes == 0 => {
                         log.note(h, h + (call.end.saturating_sub(call.start)), Cause::Sync);
                         h += call.end.saturating_sub(call.start);
                     }
@@ -952,8 +1031,7 @@ impl Run<'_> {
                         // A copy call waits for its copy when it says so
                         // (not ...Async) or the host memory is pageable, and
                         // it did return after the copy.
-                        let blocking = !call.name.name().contains("Async")
-                            || copies.iter().any(|c| c.pageable);
+                        let blocking = call.asynchronous == 0 || copies.iter().any(|c| c.pageable);
                         let waited = blocking
                             && copies
                                 .iter()
@@ -1290,6 +1368,7 @@ impl<'a> Job<'a> {
                     spare_cpus,
                     idle_cpus,
                     group_cpus,
+                    prepared: Default::default(),
                 })
             })
             .collect();
@@ -1632,6 +1711,7 @@ mod tests {
                 spare_cpus: 2.0,
                 idle_cpus: self.idle_cpus.unwrap_or(f64::INFINITY),
                 group_cpus: 0.0,
+                prepared: Default::default(),
             }
             .replay(plan)
         }
@@ -1933,6 +2013,7 @@ mod tests {
             spare_cpus,
             idle_cpus,
             group_cpus,
+            prepared: Default::default(),
         }
     }
 

@@ -124,8 +124,12 @@ pub struct GpuIntake {
     now: u64,
     /// None: nothing is forgotten (a session read whole).
     horizon: Option<u64>,
-    roles: HashMap<(ApiDomain, u32), ApiRole>,
-    kernel_ids: HashMap<Arc<Kernel>, u32>,
+    /// A role per API id, decided once: the names repeat millions of
+    /// times.
+    roles: ahash::AHashMap<(ApiDomain, u32), ApiRole>,
+    /// Kernels, one copy of each name and shape: every record is read
+    /// with its own.
+    kernel_ids: ahash::AHashMap<Arc<Kernel>, u32>,
     /// Keep every NVTX range (else only those naming a step).
     all_ranges: bool,
     lateness: [Lateness; 4],
@@ -176,8 +180,8 @@ impl GpuIntake {
             waiting: VecDeque::new(),
             now: 0,
             horizon: (!whole).then_some(JOIN_HORIZON_NS),
-            roles: HashMap::new(),
-            kernel_ids: HashMap::new(),
+            roles: Default::default(),
+            kernel_ids: Default::default(),
             all_ranges: whole,
             lateness: Default::default(),
             queue_delay: 0,
