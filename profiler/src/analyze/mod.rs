@@ -194,6 +194,7 @@ fn streamed(
     opts: &AnalyzeOptions,
     settle_every: u64,
 ) -> Result<Analysis, SessionError> {
+    let mut phases = Phases::start();
     let mut intake = GpuIntake::new(opts.pictures || opts.hta);
     let mut samples = crate::timeline::SampleStacks::new();
     let Outline {
@@ -206,6 +207,7 @@ fn streamed(
         |e| crate::timeline::count_sample(&mut samples, e),
     )?;
     let mut spools = intake.finish();
+    phases.done("first pass (everything but the events, GPU records spooled)");
     let intervals = opts.pictures || spools.count > 0 || cuda_calls;
     let (mut side, gpu_dropped, plan) = spools.scan(&mut session, stream.window());
     // With the recording's end known, idle gaps are attributed as the
@@ -225,6 +227,7 @@ fn streamed(
         side = spools.whole(side, &plan);
         None
     };
+    phases.done("GPU totals and steps, read back from the spools");
     let mut timeline = Timeline::begin_with(&session, side, opts.build(intervals, windowed));
     timeline.io_tally = crate::timeline::io_tally(&samples, &session.symbols);
     let code = code_of(&session, opts);
@@ -287,10 +290,11 @@ fn streamed(
         Err(e) => session.notes.push(format!("reading the events again: {e}")),
     }
     timeline.end(&session, last);
+    phases.done("second pass (the events replayed, attributed as they pass)");
     let spooled = windowed.then_some((spools, plan));
-    Ok(conclude(
-        session, timeline, events, opts, attributor, spooled,
-    ))
+    let a = conclude(session, timeline, events, opts, attributor, spooled);
+    phases.done("the rest (the what-if replays, advice)");
+    Ok(a)
 }
 
 /// Takes in the GPU's work and calls starting at or before `t`: into the
@@ -322,6 +326,31 @@ fn code_of(session: &Session, opts: &AnalyzeOptions) -> code::CodeOf {
 
 /// Events replayed between two attempts to attribute what they passed.
 const SETTLE_EVERY: u64 = 4096;
+
+/// Where an analysis's time goes, said on stderr when
+/// `GAPSCOPE_PHASES` is set (`cargo xtask bench offline` reads it).
+struct Phases {
+    at: Option<std::time::Instant>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            at: std::env::var_os("GAPSCOPE_PHASES").map(|_| std::time::Instant::now()),
+        }
+    }
+
+    /// The phase `name` ended now.
+    fn done(&mut self, name: &str) {
+        if let Some(at) = self.at.as_mut() {
+            eprintln!(
+                "gapscope: phase {name}: {:.3} s",
+                at.elapsed().as_secs_f64()
+            );
+            *at = std::time::Instant::now();
+        }
+    }
+}
 
 /// Everything after the timeline; `attributor`: the attribution done while
 /// it was replayed, if it was.

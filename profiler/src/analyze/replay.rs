@@ -642,7 +642,45 @@ struct Gpu<'m> {
     done: u64,
     spans: Vec<(u64, u64)>,
     /// Each item's replayed end by its recorded end.
-    ends: BTreeMap<u64, u64>,
+    ends: Ends,
+}
+
+/// Replayed ends by recorded end, sorted: items come nearly in recorded
+/// order, so each goes in at the back (a B-tree took a tenth of a long
+/// replay's time).
+#[derive(Default)]
+struct Ends(std::collections::VecDeque<(u64, u64)>);
+
+impl Ends {
+    /// Work recorded to end at `at` ended at `end`, replayed (the latest
+    /// of those recorded to end then).
+    fn put(&mut self, at: u64, end: u64) {
+        match self.0.back_mut() {
+            Some(b) if b.0 < at => self.0.push_back((at, end)),
+            Some(b) if b.0 == at => b.1 = b.1.max(end),
+            None => self.0.push_back((at, end)),
+            Some(_) => match self.0.binary_search_by_key(&at, |x| x.0) {
+                Ok(i) => self.0[i].1 = self.0[i].1.max(end),
+                Err(i) => self.0.insert(i, (at, end)),
+            },
+        }
+    }
+
+    /// The replayed end of the work recorded to end last at or before `t`,
+    /// if it ended at `from` or later.
+    fn last(&self, from: u64, t: u64) -> Option<u64> {
+        let i = self.0.partition_point(|x| x.0 <= t).checked_sub(1)?;
+        let (at, end) = self.0[i];
+        (at >= from).then_some(end)
+    }
+
+    /// Lets go of the ends recorded before `t` but the last of them.
+    fn let_go(&mut self, t: u64) {
+        let k = self.0.partition_point(|x| x.0 < t);
+        if k > 1 {
+            self.0.drain(..k - 1);
+        }
+    }
 }
 
 impl Gpu<'_> {
@@ -655,11 +693,7 @@ impl Gpu<'_> {
             .saturating_sub(DEPENDENCY_SLACK_NS)
             .max(it.issued);
         let dep = match after <= it.recorded_start {
-            true => self
-                .ends
-                .range(after..=it.recorded_start)
-                .next_back()
-                .map_or(0, |(_, &e)| e),
+            true => self.ends.last(after, it.recorded_start).unwrap_or(0),
             false => 0,
         };
         let free = self.free.get(&it.stream).copied().unwrap_or(0);
@@ -677,8 +711,7 @@ impl Gpu<'_> {
         if it.dur > 0 {
             self.spans.push((start, end));
         }
-        let e = self.ends.entry(it.recorded_end).or_default();
-        *e = (*e).max(end);
+        self.ends.put(it.recorded_end, end);
         end
     }
 
@@ -686,18 +719,14 @@ impl Gpu<'_> {
     /// for was done: the last to finish before it. A synchronize waits for
     /// one stream or event, not for the collective running on another.
     fn awaited(&self, t: u64) -> u64 {
-        self.ends.range(..=t).next_back().map_or(0, |(_, &e)| e)
+        self.ends.last(0, t).unwrap_or(0)
     }
 
     /// Lets go of the replayed ends no question still to come asks about:
     /// those recorded before `t`, but for the last of them (what a wait
     /// after `t` finds before it).
     fn let_go(&mut self, t: u64) {
-        let Some((&k, &e)) = self.ends.range(..t).next_back() else {
-            return;
-        };
-        self.ends = self.ends.split_off(&t);
-        self.ends.insert(k, e);
+        self.ends.let_go(t);
     }
 }
 
@@ -823,34 +852,28 @@ impl Run<'_> {
         (got + held) * workers / (workers + rivals) - got
     }
 
-    /// The feeder's piece `i` is a wait for a CPU in the middle of its own
-    /// work that `plan` removes — host work, or the launch calls' overhead:
-    /// work that no longer runs is not preempted either, whoever held the
-    /// CPU. (Left in, a disturbed recording predicts the disturbance as if
-    /// it were the rest of the run.)
-    fn interrupts_removed(
-        &self,
-        a: &mut account::Reader,
-        calls: &mut CallWindow,
-        i: usize,
-        plan: &Plan,
-    ) -> bool {
-        let mut removed = |p: Option<Moment>| {
-            p.is_some_and(|p| {
-                p.who != Who::Other
-                    && plan.removes(p.cause)
-                    && (p.cause == Cause::CpuLaunch || calls.at(p.start).is_none())
-            })
-        };
+    /// Around the feeder's piece `i`, a wait for a CPU: the nearest pieces
+    /// of its own work before and after it (within 64), each with whether
+    /// it lies outside a call other than a launch — what a plan that
+    /// removes their cause removes, and with them the preemption between
+    /// ([`Near::removed`]).
+    fn near(&self, a: &mut account::Reader, calls: &mut CallWindow, i: usize) -> Near {
         // (A wait for a CPU is split between the loaders' and others'.) A
         // wait for the loaders bounds the feeder's own work, whatever its
         // loaders did meanwhile.
         let working = |p: &Moment| {
             p.who == Who::Other || !matches!(p.cause, Cause::CpuContention | Cause::InputCpu)
         };
+        let mut own = |p: Option<Moment>| {
+            p.filter(|p| p.who != Who::Other).and_then(|p| {
+                let bare = p.cause == Cause::CpuLaunch || calls.at(p.start).is_none();
+                bare.then_some(p.cause)
+            })
+        };
         let n = self.account.len();
-        removed((0..i).rev().take(64).map_while(|k| a.get(k)).find(working))
-            && removed((i + 1..n).take(64).map_while(|k| a.get(k)).find(working))
+        let before = (0..i).rev().take(64).map_while(|k| a.get(k)).find(working);
+        let after = (i + 1..n).take(64).map_while(|k| a.get(k)).find(working);
+        Near(own(before), own(after))
     }
 
     /// Recorded GPU idle time inside `[a, b)`.
@@ -875,12 +898,20 @@ impl Run<'_> {
             }
         }
         let _leave = Leave(peers);
+        let mut out = self.replay_at_once(std::slice::from_ref(plan), peers);
+        out.pop().unwrap_or_default()
+    }
+
+    /// The run replayed under each of `plans`, all at once: one walk of the
+    /// recorded run (its account, work and calls read once) steps every
+    /// plan's replay. `peers` meet one plan's replays only.
+    fn replay_at_once(&self, plans: &[Plan], peers: Peers) -> Vec<Outcome> {
+        debug_assert!(plans.len() == 1 || matches!(peers, Peers::AsRecorded));
         let (t0, t1) = self.window;
         let (first, last) = match (self.busy.first(), self.busy.last()) {
             (Some(f), Some(l)) => (f.0, l.1),
-            _ => return Outcome::default(),
+            _ => return vec![Outcome::default(); plans.len()],
         };
-        let pace = self.pace(plan);
         let paced = self.pool.paced();
         // Batches came at the pool's pace from when it began.
         let p0 = self.pool.start.clamp(t0, t1);
@@ -894,53 +925,64 @@ impl Run<'_> {
             before: 0,
         };
         let (mut mi, mut oi) = (0, 0);
-        let mut gpu = Gpu {
-            peers,
-            ..Gpu::default()
-        };
         // Before the feeder began and after it ended (the process starting
         // and exiting, the recorder's last flush) nothing is replayed: those
         // stretches keep their recorded length.
-        let mut h = self.account.first().map_or(t0, |p| p.start.max(t0));
+        let h0 = self.account.first().map_or(t0, |p| p.start.max(t0));
         let tail = t1.saturating_sub(self.account.last().map_or(t1, |p| p.end).max(last));
-        // The replayed account, summed as it goes.
-        let mut log = Tally::new(t0);
-        // How much of the feeder's own work after a synchronize that waited
-        // is still the synchronize's (what overlap would have hidden; as
-        // the attribution charges it).
-        let mut sync_left = 0u64;
-        let mut ended = false;
+        let mut rs: Vec<Replaying> = plans
+            .iter()
+            .map(|plan| Replaying {
+                plan: *plan,
+                pace: self.pace(plan),
+                h: h0,
+                gpu: Gpu {
+                    peers,
+                    ..Gpu::default()
+                },
+                log: Tally::new(t0),
+                sync_left: 0,
+                ended: false,
+                step: (h0, h0),
+            })
+            .collect();
         let mut skip_until = 0;
-        // Where the last step began, recorded and replayed.
-        let mut step = (h, h);
         let mut i = 0;
         let mut moments = 0usize;
         let mut account = self.account.reader();
+        let mut items: Vec<Item> = Vec::new();
+        let mut parts: Vec<(Cause, u64)> = Vec::new();
         while let Some(p) = account.get(i) {
             // What was issued before this moment goes now.
             while let Some(it) = mq.get(mi).filter(|it| it.issued < p.start) {
-                gpu.run(h, &it);
+                for r in &mut rs {
+                    r.gpu.run(r.h, &it);
+                }
                 mi += 1;
             }
             // Others' work keeps its place in the feeder's time: between
             // the last step's start and this one's, in proportion.
-            let ((rs, hs), (re, he)) = (step, (p.start, h));
+            let re = p.start;
             while let Some(it) = oq.get(oi).filter(|it| it.issued < re) {
-                let into = it.issued.max(rs) - rs;
-                let ready = match re - rs {
-                    0 => he,
-                    len => hs + (into as u128 * (he - hs) as u128 / len as u128) as u64,
-                };
-                gpu.run(ready, &it);
+                for r in &mut rs {
+                    let ((rs, hs), he) = (r.step, r.h);
+                    let into = it.issued.max(rs) - rs;
+                    let ready = match re - rs {
+                        0 => he,
+                        len => hs + (into as u128 * (he - hs) as u128 / len as u128) as u64,
+                    };
+                    r.gpu.run(ready, &it);
+                }
                 oi += 1;
             }
-            step = (re, he);
+            for r in &mut rs {
+                r.step = (re, r.h);
+            }
             // Whatever is issued from here on runs at `h` or later.
             moments += 1;
             if moments % SETTLE_EVERY == 0 {
-                log.settle(&mut gpu.spans, h);
-                // What this replay still reads lies after the moments it
-                // looks back at (64), the calls holding them, and the work
+                // What the replays still read lies after the moments they
+                // look back at (64), the calls holding them, and the work
                 // still to issue.
                 let back = account
                     .get(i.saturating_sub(64))
@@ -952,18 +994,27 @@ impl Run<'_> {
                     .map(|it| it.issued.min(it.recorded_start))
                     .min()
                     .unwrap_or(u64::MAX);
-                gpu.let_go(
-                    held.min(next)
-                        .saturating_sub(DEPENDENCY_SLACK_NS + LOOKBACK_MARGIN_NS),
-                );
+                let behind = held
+                    .min(next)
+                    .saturating_sub(DEPENDENCY_SLACK_NS + LOOKBACK_MARGIN_NS);
+                for r in &mut rs {
+                    r.log.settle(&mut r.gpu.spans, r.h);
+                    r.gpu.let_go(behind);
+                }
             }
             // What came after the GPU's last work (saving the model, the
             // exit: a context's teardown waits for its work) comes after
             // the replayed GPU's last work too, as long after it as it was
             // — unless the fix is to stop waiting for the GPU.
-            if p.end > last && !ended && !plan.removes(Cause::Sync) {
-                ended = true;
-                h = h.max(gpu.done.saturating_sub(last.saturating_sub(p.start)));
+            if p.end > last {
+                for r in rs
+                    .iter_mut()
+                    .filter(|r| !r.ended && !r.plan.removes(Cause::Sync))
+                {
+                    r.ended = true;
+                    r.h =
+                        r.h.max(r.gpu.done.saturating_sub(last.saturating_sub(p.start)));
+                }
             }
             if p.end <= skip_until {
                 i += 1;
@@ -972,62 +1023,78 @@ impl Run<'_> {
             // A wait for the loaders: the whole run of pieces another thread
             // decided.
             if p.who == Who::Other {
-                let mut latency = 0;
+                parts.clear();
                 let mut e = p.start;
                 while let Some(q) = account.get(i).filter(|q| q.who == Who::Other) {
-                    if !plan.removes(q.cause) {
-                        latency += q.end - q.start;
-                    }
+                    parts.push((q.cause, q.end - q.start));
                     e = q.end;
                     i += 1;
                 }
-                // Before the pool began, or after the GPU's last work (the
-                // loaders being shut down), waits are not for its batches:
-                // they keep their length.
-                let ready = if e <= p0 || p.start >= last {
-                    h + (e - p.start)
-                } else if paced {
-                    h.max(p0 + (e.saturating_sub(p0) as f64 * pace) as u64)
-                } else {
-                    h + latency
-                };
-                log.note(h, ready, self.pool.cause(plan.removed));
-                h = ready;
+                for r in &mut rs {
+                    let plan = r.plan;
+                    let latency: u64 = parts
+                        .iter()
+                        .filter(|(c, _)| !plan.removes(*c))
+                        .map(|x| x.1)
+                        .sum();
+                    // Before the pool began, or after the GPU's last work
+                    // (the loaders being shut down), waits are not for its
+                    // batches: they keep their length.
+                    let ready = if e <= p0 || p.start >= last {
+                        r.h + (e - p.start)
+                    } else if paced {
+                        r.h.max(p0 + (e.saturating_sub(p0) as f64 * r.pace) as u64)
+                    } else {
+                        r.h + latency
+                    };
+                    r.log.note(r.h, ready, self.pool.cause(plan.removed));
+                    r.h = ready;
+                }
                 continue;
             }
             if let Some(call) = calls.at(p.start) {
                 skip_until = call.end;
+                let n = match call.role() {
+                    ApiRole::Launch | ApiRole::Memory => mq.issued_before(mi, call.end),
+                    _ => 0,
+                };
+                items.clear();
+                items.extend((mi..mi + n).filter_map(|k| mq.get(k)));
+                mi += n;
+                let cost = call.end.saturating_sub(call.start);
                 match call.role() {
                     ApiRole::Launch => {
-                        let cost = if plan.removes(Cause::CpuLaunch) {
-                            0
-                        } else {
-                            call.end.saturating_sub(call.start)
-                        };
-                        log.note(h, h + cost, Cause::CpuLaunch);
-                        h += cost;
-                        sync_left = 0;
-                        for _ in 0..mq.issued_before(mi, call.end) {
-                            gpu.run(h, &mq.get(mi).expect("counted"));
-                            mi += 1;
+                        for r in &mut rs {
+                            let cost = if r.plan.removes(Cause::CpuLaunch) {
+                                0
+                            } else {
+                                cost
+                            };
+                            r.log.note(r.h, r.h + cost, Cause::CpuLaunch);
+                            r.h += cost;
+                            r.sync_left = 0;
+                            for it in &items {
+                                r.gpu.run(r.h, it);
+                            }
                         }
                     }
                     // cudaStreamWaitEvent orders streams; the host goes on.
                     ApiRole::Sync if call.synchronizes == 0 => {
-                        log.note(h, h + (call.end.saturating_sub(call.start)), Cause::Sync);
-                        h += call.end.saturating_sub(call.start);
+                        for r in &mut rs {
+                            r.log.note(r.h, r.h + cost, Cause::Sync);
+                            r.h += cost;
+                        }
                     }
                     ApiRole::Sync => {
-                        if !plan.removes(Cause::Sync) {
-                            let w = h.max(gpu.awaited(call.end));
-                            log.note(h, w, Cause::Sync);
-                            sync_left = w - h;
-                            h = w;
+                        for r in rs.iter_mut().filter(|r| !r.plan.removes(Cause::Sync)) {
+                            let w = r.h.max(r.gpu.awaited(call.end));
+                            r.log.note(r.h, w, Cause::Sync);
+                            r.sync_left = w - r.h;
+                            r.h = w;
                         }
                     }
                     ApiRole::Memory => {
-                        let n = mq.issued_before(mi, call.end);
-                        let copies: Vec<Item> = (mi..mi + n).filter_map(|k| mq.get(k)).collect();
+                        let copies = &items;
                         // A copy call waits for its copy when it says so
                         // (not ...Async) or the host memory is pageable, and
                         // it did return after the copy.
@@ -1038,37 +1105,41 @@ impl Run<'_> {
                                 .map(|c| c.recorded_end)
                                 .max()
                                 .is_some_and(|end| call.end + SYNC_COPY_SLACK_NS >= end);
-                        if plan.removes(Cause::Memory) {
-                            // From pinned memory: issued, not waited for.
-                            for c in &copies {
-                                gpu.run(h, c);
-                            }
-                        } else if waited {
-                            // A pageable copy: the queue drains, the host
-                            // stages the data, the GPU copies it, the call
-                            // returns.
-                            let first_copy = copies.iter().map(|c| c.recorded_start).min();
-                            let staging = self.idle_within(
+                        let first_copy = copies.iter().map(|c| c.recorded_start).min();
+                        let staging = match waited {
+                            true => self.idle_within(
                                 call.start,
                                 first_copy.unwrap_or(call.end).min(call.end),
-                            );
-                            let drained = h.max(gpu.awaited(first_copy.unwrap_or(call.start)));
-                            let staged = drained + staging;
-                            let mut end = staged;
-                            for c in &copies {
-                                end = end.max(gpu.run(staged, c));
-                            }
-                            log.note(h, end, Cause::Memory);
-                            h = end;
-                        } else {
-                            let cost = call.end.saturating_sub(call.start);
-                            log.note(h, h + cost, Cause::Memory);
-                            h += cost;
-                            for c in &copies {
-                                gpu.run(h, c);
+                            ),
+                            false => 0,
+                        };
+                        for r in &mut rs {
+                            if r.plan.removes(Cause::Memory) {
+                                // From pinned memory: issued, not waited for.
+                                for c in copies {
+                                    r.gpu.run(r.h, c);
+                                }
+                            } else if waited {
+                                // A pageable copy: the queue drains, the
+                                // host stages the data, the GPU copies it,
+                                // the call returns.
+                                let drained =
+                                    r.h.max(r.gpu.awaited(first_copy.unwrap_or(call.start)));
+                                let staged = drained + staging;
+                                let mut end = staged;
+                                for c in copies {
+                                    end = end.max(r.gpu.run(staged, c));
+                                }
+                                r.log.note(r.h, end, Cause::Memory);
+                                r.h = end;
+                            } else {
+                                r.log.note(r.h, r.h + cost, Cause::Memory);
+                                r.h += cost;
+                                for c in copies {
+                                    r.gpu.run(r.h, c);
+                                }
                             }
                         }
-                        mi += n;
                     }
                     ApiRole::Other => unreachable!("call_at skips them"),
                 }
@@ -1078,62 +1149,119 @@ impl Run<'_> {
             // The feeder's own time outside those calls.
             let d = p.end - p.start;
             let inside = p.start >= first && p.start < last;
-            match p.cause {
-                // Blocked in the driver, waiting for the GPU.
-                Cause::Sync => {
-                    if !plan.removes(Cause::Sync) {
-                        let w = h.max(gpu.awaited(p.end));
-                        log.note(h, w, Cause::Sync);
-                        h = w;
-                    }
-                }
-                // Host work before the first GPU work or after the last
-                // (loading a model, saving it) is not what a fix changes;
-                // waiting for the CPUs the loaders held is.
-                // Host work behind a synchronize: as much of it as the
-                // synchronize waited is the synchronize's, the rest the
-                // host's stall (as attributed) — all that taking the
-                // stall out removes.
-                Cause::CpuHost if sync_left > 0 => {
-                    let hidden = sync_left.min(d);
-                    sync_left -= hidden;
-                    let rest = if inside && plan.removes(Cause::CpuHost) {
-                        0
-                    } else {
-                        d - hidden
-                    };
-                    log.note(h, h + hidden, Cause::Sync);
-                    log.note(h + hidden, h + hidden + rest, Cause::CpuHost);
-                    h += hidden + rest;
-                }
-                c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
-                // A wait for a CPU while the synchronize's share of the
-                // host work still runs interrupted work that stays: it
-                // stays too (on a busy machine, most of such work's time).
-                Cause::CpuContention | Cause::InputCpu
-                    if inside
-                        && p.who != Who::Other
-                        && sync_left == 0
-                        && self.interrupts_removed(&mut account, &mut calls, i, plan) => {}
-                c => {
-                    log.note(h, h + d, c);
-                    h += d;
-                }
+            // A wait for a CPU while the synchronize's share of the host
+            // work still runs interrupted work that stays: it stays too (on
+            // a busy machine, most of such work's time).
+            let near = (inside
+                && p.who != Who::Other
+                && matches!(p.cause, Cause::CpuContention | Cause::InputCpu))
+            .then(|| self.near(&mut account, &mut calls, i));
+            for r in &mut rs {
+                r.own(p, d, inside, near);
             }
             i += 1;
         }
         while let Some(it) = mq.get(mi) {
-            gpu.run(h, &it);
+            for r in &mut rs {
+                r.gpu.run(r.h, &it);
+            }
             mi += 1;
         }
         while let Some(it) = oq.get(oi) {
-            gpu.run(h, &it);
+            for r in &mut rs {
+                r.gpu.run(r.h, &it);
+            }
             oi += 1;
         }
-        let end = h.max(gpu.done) + tail;
-        Outcome {
-            waiting_ns: gpu.waiting,
-            ..log.finish(gpu.spans, end)
+        rs.into_iter()
+            .map(|r| {
+                let end = r.h.max(r.gpu.done) + tail;
+                Outcome {
+                    waiting_ns: r.gpu.waiting,
+                    ..r.log.finish(r.gpu.spans, end)
+                }
+            })
+            .collect()
+    }
+}
+
+/// The nearest pieces of the feeder's own work before and after a wait
+/// for a CPU, by cause, where they lie outside calls other than launches
+/// (see [`Run::near`]).
+#[derive(Clone, Copy)]
+struct Near(Option<Cause>, Option<Cause>);
+
+impl Near {
+    /// The wait for a CPU interrupts work `plan` removes — host work, or
+    /// the launch calls' overhead: work that no longer runs is not
+    /// preempted either, whoever held the CPU. (Left in, a disturbed
+    /// recording predicts the disturbance as if it were the rest of the
+    /// run.)
+    fn removed(&self, plan: &Plan) -> bool {
+        let gone = |c: Option<Cause>| c.is_some_and(|c| plan.removes(c));
+        gone(self.0) && gone(self.1)
+    }
+}
+
+/// One plan's replay, stepped with the others'.
+struct Replaying<'m> {
+    plan: Plan,
+    pace: f64,
+    /// The replayed feeder's time.
+    h: u64,
+    gpu: Gpu<'m>,
+    /// The replayed account, summed as it goes.
+    log: Tally,
+    /// How much of the feeder's own work after a synchronize that waited
+    /// is still the synchronize's (what overlap would have hidden; as the
+    /// attribution charges it).
+    sync_left: u64,
+    ended: bool,
+    /// Where the last step began, recorded and replayed.
+    step: (u64, u64),
+}
+
+impl Replaying<'_> {
+    /// The feeder's own piece `p`, `d` long, outside calls; `inside` the
+    /// GPU's first and last work.
+    fn own(&mut self, p: Moment, d: u64, inside: bool, near: Option<Near>) {
+        let plan = self.plan;
+        match p.cause {
+            // Blocked in the driver, waiting for the GPU.
+            Cause::Sync => {
+                if !plan.removes(Cause::Sync) {
+                    let w = self.h.max(self.gpu.awaited(p.end));
+                    self.log.note(self.h, w, Cause::Sync);
+                    self.h = w;
+                }
+            }
+            // Host work before the first GPU work or after the last
+            // (loading a model, saving it) is not what a fix changes;
+            // waiting for the CPUs the loaders held is.
+            // Host work behind a synchronize: as much of it as the
+            // synchronize waited is the synchronize's, the rest the host's
+            // stall (as attributed) — all that taking the stall out
+            // removes.
+            Cause::CpuHost if self.sync_left > 0 => {
+                let hidden = self.sync_left.min(d);
+                self.sync_left -= hidden;
+                let rest = if inside && plan.removes(Cause::CpuHost) {
+                    0
+                } else {
+                    d - hidden
+                };
+                let h = self.h;
+                self.log.note(h, h + hidden, Cause::Sync);
+                self.log.note(h + hidden, h + hidden + rest, Cause::CpuHost);
+                self.h += hidden + rest;
+            }
+            c if (inside || c == Cause::InputCpu) && plan.removes(c) => {}
+            Cause::CpuContention | Cause::InputCpu
+                if self.sync_left == 0 && near.is_some_and(|n| n.removed(&plan)) => {}
+            c => {
+                self.log.note(self.h, self.h + d, c);
+                self.h += d;
+            }
         }
     }
 }
@@ -1450,36 +1578,37 @@ impl<'a> Job<'a> {
 /// the plans are independent, and each replay reads the runs only.
 fn replay_plans(runs: &[Run], lockstep: bool, plans: &[Plan]) -> Vec<Vec<Outcome>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = cores.min(plans.len());
-    if workers <= 1 {
+    if lockstep {
+        // Each plan's replays meet each other: one plan at a time, its
+        // GPUs side by side.
         return plans
             .iter()
             .map(|p| replay_all(runs, lockstep, p))
             .collect();
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut out: Vec<Option<Vec<Outcome>>> = vec![None; plans.len()];
-    std::thread::scope(|s| {
-        let take = || {
-            let mut done = Vec::new();
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(plan) = plans.get(i) else {
-                    return done;
-                };
-                done.push((i, replay_all(runs, lockstep, plan)));
-            }
-        };
-        let handles: Vec<_> = (0..workers).map(|_| s.spawn(take)).collect();
-        for h in handles {
-            for (i, o) in h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)) {
-                out[i] = Some(o);
-            }
+    // Each GPU's run walked once per core, every plan of the core's share
+    // stepped at once.
+    let shares = cores.min(plans.len()).max(1);
+    let per = plans.len().div_ceil(shares);
+    let mut out: Vec<Vec<Outcome>> = vec![Vec::with_capacity(runs.len()); plans.len()];
+    for run in runs {
+        // The run's spools, made once before its walks share them.
+        run.prepared();
+        let walked: Vec<Vec<Outcome>> = std::thread::scope(|s| {
+            let handles: Vec<_> = plans
+                .chunks(per)
+                .map(|share| s.spawn(move || run.replay_at_once(share, Peers::AsRecorded)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        for (o, plan_out) in walked.into_iter().flatten().zip(out.iter_mut()) {
+            plan_out.push(o);
         }
-    });
-    out.into_iter()
-        .map(|o| o.expect("every plan was taken by a worker"))
-        .collect()
+    }
+    out
 }
 
 /// Every GPU's run replayed under `plan`; in `lockstep`, together (see
