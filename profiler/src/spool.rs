@@ -18,9 +18,10 @@ use bytemuck::Pod;
 
 /// Records per block.
 pub const BLOCK: usize = 1 << 14;
-/// Blocks kept in memory uncompressed: up to a few MiB, a spool costs
-/// nothing to read back (most recordings' spools never leave them).
-const RAW_BLOCKS: usize = 64;
+/// Bytes of a spool kept in memory uncompressed, in whole blocks: up to
+/// that, a spool costs nothing to read back (most recordings' spools never
+/// leave them).
+const RAW_BYTES: usize = 8 << 20;
 /// zstd's level: its fastest that still finds the runs the position-wise
 /// layout makes.
 const LEVEL: i32 = 1;
@@ -95,7 +96,9 @@ impl<T: Pod> Spool<T> {
     }
 
     fn seal(&mut self) {
-        if self.raw.len() < RAW_BLOCKS {
+        if (self.raw.len() + 1) * BLOCK * std::mem::size_of::<T>()
+            <= RAW_BYTES.max(BLOCK * std::mem::size_of::<T>())
+        {
             let block = std::mem::take(&mut self.fill).into_boxed_slice();
             self.sealed.push(Sealed::Raw(self.raw.len()));
             self.raw.push(block);
@@ -364,7 +367,8 @@ mod tests {
 
     #[test]
     fn records_read_back_as_written_in_order_and_out_of_it() {
-        let n = BLOCK * (RAW_BLOCKS + 3) + 17;
+        let raw_blocks = RAW_BYTES / (BLOCK * std::mem::size_of::<Rec>());
+        let n = BLOCK * (raw_blocks + 3) + 17;
         let mut s = Spool::default();
         for i in 0..n {
             s.push(rec(i));
@@ -374,7 +378,7 @@ mod tests {
         assert!(s.file.is_some() || !s.packed.is_empty());
         assert!(s.iter().eq((0..n).map(rec)));
         let mut r = s.reader();
-        let last_raw = BLOCK * RAW_BLOCKS - 1;
+        let last_raw = BLOCK * raw_blocks - 1;
         for i in [n - 1, 0, last_raw, last_raw + 1, n - BLOCK - 3, n - 17, 5] {
             assert_eq!(r.get(i), Some(rec(i)), "record {i}");
         }

@@ -126,8 +126,8 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
                 side.totals.devices.get(&d.id),
                 placed,
                 (start, end),
-                all,
-                compute,
+                clip(&all, start, end),
+                total(&clip(&compute, start, end)),
                 alone,
             )
         })
@@ -136,26 +136,23 @@ pub fn gpu_timelines(side: &GpuSide, start: u64, end: u64) -> Vec<GpuTimeline> {
 
 impl GpuTimeline {
     /// GPU `d`'s account over `window`: from its work's totals, how its
-    /// collectives met the other GPUs', and the unions of its work, its
-    /// compute kernels and its communication kernels with no compute
-    /// beside them (unclipped).
+    /// collectives met the other GPUs', its busy spans (clipped to the
+    /// window), its compute kernels' time inside the window, and its
+    /// communication kernels' spans with no compute beside them
+    /// (unclipped).
     pub(crate) fn new(
         d: &Device,
         totals: Option<&DeviceTotals>,
         placed: crate::analyze::align::Placement,
         (start, end): (u64, u64),
-        all: Spans,
-        compute: Spans,
+        busy: Spans,
+        compute_ns: u64,
         alone: Spans,
     ) -> GpuTimeline {
         let empty = DeviceTotals::default();
         let t = totals.unwrap_or(&empty);
         let waiting = union(placed.waiting);
-        let busy = clip(&all, start, end);
-        let (compute_ns, communication) = (
-            total(&clip(&compute, start, end)),
-            total(&clip(&alone, start, end)),
-        );
+        let communication = total(&clip(&alone, start, end));
         GpuTimeline {
             device: d.id,
             name: d.name.clone(),

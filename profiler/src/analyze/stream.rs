@@ -17,7 +17,7 @@ use super::code::CodeOf;
 use super::diagnose::{Diagnosis, Feeder, GpuDiagnosis};
 use super::gpu::GpuTimeline;
 use super::steps;
-use crate::intervals::{minus, union, Spans};
+use crate::intervals::Spans;
 use crate::timeline::gpu::Work;
 use crate::timeline::Timeline;
 
@@ -89,9 +89,9 @@ impl Walk {
         }
     }
 
-    /// The walk's spans once every piece of work has come, and the busy
-    /// spans among them.
-    fn finish(&mut self) -> Spans {
+    /// The walk's spans once every piece of work has come: with the
+    /// window's edges where they are gaps.
+    fn finish(&mut self) {
         let (lo, hi) = self.window;
         if self.prefix.is_none() {
             let prefix = !self.edges.startup;
@@ -100,36 +100,152 @@ impl Walk {
             }
             self.prefix = Some(prefix);
         }
-        let from = usize::from(self.prefix == Some(true));
-        let busy = self.spans[from..].to_vec();
+        let busy = &self.spans[usize::from(self.prefix == Some(true))..];
         if !self.edges.teardown && busy.last().is_none_or(|b| b.1 < hi) {
             self.spans.push((hi, hi));
         }
-        busy
+    }
+
+    /// The busy spans, once the walk is done (one copy of them: a long
+    /// recording has millions).
+    fn into_busy(self) -> Spans {
+        let mut spans = self.spans;
+        if self.prefix == Some(true) {
+            spans.remove(0);
+        }
+        if spans.last().is_some_and(|&(s, e)| s == e) {
+            spans.pop();
+        }
+        spans.shrink_to_fit();
+        spans
     }
 }
 
-/// Disjoint spans built as spans come in start order.
+/// Disjoint spans built as spans come in start order: each, once no
+/// later one can touch it, goes to `done`.
 #[derive(Default)]
 struct Union {
-    done: Spans,
     open: Option<(u64, u64)>,
 }
 
 impl Union {
-    fn add(&mut self, (s, e): (u64, u64)) {
+    fn add(&mut self, (s, e): (u64, u64), mut done: impl FnMut((u64, u64))) {
         if e <= s {
             return;
         }
         match self.open.as_mut() {
             Some(o) if s <= o.1 => o.1 = o.1.max(e),
-            _ => self.done.extend(self.open.replace((s, e))),
+            _ => {
+                if let Some(o) = self.open.replace((s, e)) {
+                    done(o);
+                }
+            }
         }
     }
 
-    fn finish(mut self) -> Spans {
-        self.done.extend(self.open.take());
-        self.done
+    fn finish(&mut self) -> Option<(u64, u64)> {
+        self.open.take()
+    }
+}
+
+/// A GPU's busy time by kind as its kernels come: its compute kernels'
+/// time (clipped to the window), and its communication kernels' spans with
+/// no compute beside them (unclipped), without holding the compute spans
+/// (a long run has millions): each is held only while a communication
+/// span it may overlap is still to be cut.
+struct Kinds {
+    window: (u64, u64),
+    compute: Union,
+    communication: Union,
+    /// Compute time inside the window, of the spans done.
+    compute_ns: u64,
+    /// Spans done and not yet cut against each other.
+    compute_done: std::collections::VecDeque<(u64, u64)>,
+    communication_done: std::collections::VecDeque<(u64, u64)>,
+    /// The latest kernel start: kernels still to come start there or later.
+    frontier: u64,
+    alone: Spans,
+}
+
+impl Kinds {
+    fn new(window: (u64, u64)) -> Kinds {
+        Kinds {
+            window,
+            compute: Union::default(),
+            communication: Union::default(),
+            compute_ns: 0,
+            compute_done: Default::default(),
+            communication_done: Default::default(),
+            frontier: 0,
+            alone: Vec::new(),
+        }
+    }
+
+    fn compute(&mut self, span: (u64, u64)) {
+        self.frontier = self.frontier.max(span.0);
+        let (lo, hi) = self.window;
+        let (done, ns) = (&mut self.compute_done, &mut self.compute_ns);
+        self.compute.add(span, |(s, e)| {
+            *ns += e.min(hi).saturating_sub(s.max(lo));
+            done.push_back((s, e));
+        });
+        self.cut(false);
+    }
+
+    fn communication(&mut self, span: (u64, u64)) {
+        self.frontier = self.frontier.max(span.0);
+        let done = &mut self.communication_done;
+        self.communication.add(span, |c| done.push_back(c));
+        self.cut(false);
+    }
+
+    /// Cuts the communication spans done whose every overlapping compute
+    /// span is done (all are, once `last`), and lets go of the compute
+    /// spans no communication span still to cut can overlap.
+    fn cut(&mut self, last: bool) {
+        while let Some(&(a, b)) = self.communication_done.front() {
+            if !last && self.compute.open.is_some_and(|o| o.0 < b) {
+                break;
+            }
+            self.communication_done.pop_front();
+            let mut at = a;
+            for &(s, e) in self.compute_done.iter().take_while(|c| c.0 < b) {
+                if e <= at {
+                    continue;
+                }
+                if s > at {
+                    self.alone.push((at, s));
+                }
+                at = at.max(e);
+            }
+            if at < b {
+                self.alone.push((at, b));
+            }
+        }
+        let next = [
+            self.communication_done.front().map(|c| c.0),
+            self.communication.open.map(|c| c.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(self.frontier);
+        while self.compute_done.front().is_some_and(|c| c.1 <= next) {
+            self.compute_done.pop_front();
+        }
+    }
+
+    /// (compute ns inside the window, communication spans with no compute
+    /// beside them), once every kernel has come.
+    fn finish(mut self) -> (u64, Spans) {
+        let (lo, hi) = self.window;
+        if let Some((s, e)) = self.compute.finish() {
+            self.compute_ns += e.min(hi).saturating_sub(s.max(lo));
+            self.compute_done.push_back((s, e));
+        }
+        self.communication_done.extend(self.communication.finish());
+        self.cut(true);
+        (self.compute_ns, self.alone)
     }
 }
 
@@ -139,8 +255,7 @@ struct Device {
     /// there (each item's start and who launched it).
     index: usize,
     walk: Walk,
-    compute: Union,
-    communication: Union,
+    kinds: Kinds,
     fallback: Option<Tid>,
     /// The next gap to attribute: between walk.spans[next] and [next + 1].
     next: usize,
@@ -260,8 +375,7 @@ impl Attributor {
                 Device {
                     index,
                     walk: Walk::new(window, edges),
-                    compute: Union::default(),
-                    communication: Union::default(),
+                    kinds: Kinds::new(window),
                     fallback,
                     next: 0,
                     out: Attribution::new(blind.to_vec(), lossy.clone(), false)
@@ -302,8 +416,8 @@ impl Attributor {
         d.walk.add(w.span());
         if let Some(k) = w.kernel() {
             match crate::analyze::gpu::is_communication_kernel(&k.name) {
-                true => d.communication.add(w.span()),
-                false => d.compute.add(w.span()),
+                true => d.kinds.communication(w.span()),
+                false => d.kinds.compute(w.span()),
             }
         }
         if let (Some(_), Some((thread, at))) = (w.kernel(), w.launch) {
@@ -457,7 +571,7 @@ impl Attributor {
             .into_iter()
             .zip(placed)
             .map(|(mut d, placed)| {
-                let busy = d.walk.finish();
+                d.walk.finish();
                 let device = &tl.gpu.devices[d.index];
                 let work = &device.work;
                 let spans = &d.walk.spans;
@@ -480,15 +594,14 @@ impl Attributor {
                     f.add_cpu(&tl.threads, d.account_to, window.1);
                     f
                 });
-                let compute = d.compute.finish();
-                let alone = minus(&union(d.communication.finish()), &compute);
+                let (compute_ns, alone) = d.kinds.finish();
                 let gpu = GpuTimeline::new(
                     device,
                     tl.gpu.totals.devices.get(&device.id),
                     placed,
                     window,
-                    busy,
-                    compute,
+                    d.walk.into_busy(),
+                    compute_ns,
                     alone,
                 );
                 GpuDiagnosis {
@@ -504,5 +617,90 @@ impl Attributor {
             steps: self.steps,
         };
         (diagnosis, self.checks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::intervals::{clip, minus, total, union};
+
+    fn rnd(x: &mut u64, n: u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x % n.max(1)
+    }
+
+    /// Kernels in start order: (start, end, communication).
+    fn kernels(x: &mut u64) -> Vec<(u64, u64, bool)> {
+        let mut at = rnd(x, 50);
+        let mut v: Vec<(u64, u64, bool)> = (0..rnd(x, 40))
+            .map(|_| {
+                at += rnd(x, 30);
+                (at, at + rnd(x, 60), rnd(x, 4) == 0)
+            })
+            .collect();
+        v.sort_by_key(|k| k.0);
+        v
+    }
+
+    #[test]
+    fn busy_spans_built_as_work_comes_are_the_bounded_union() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        for _ in 0..500 {
+            let work = kernels(&mut x);
+            let window = (rnd(&mut x, 200), 200 + rnd(&mut x, 1200));
+            let edges = attribute::Edges {
+                startup: rnd(&mut x, 2) == 0,
+                teardown: rnd(&mut x, 2) == 0,
+            };
+            let mut walk = Walk::new(window, edges);
+            for &(s, e, _) in &work {
+                walk.add((s, e));
+            }
+            walk.finish();
+            let busy = clip(
+                &union(work.iter().map(|&(s, e, _)| (s, e)).collect()),
+                window.0,
+                window.1,
+            );
+            assert_eq!(
+                walk.spans,
+                edges.bound(window, &busy),
+                "{work:?} {window:?}"
+            );
+            assert_eq!(walk.into_busy(), busy);
+        }
+    }
+
+    #[test]
+    fn busy_by_kind_as_kernels_come_is_as_computed_at_once() {
+        let mut x = 0x2545f4914f6cdd1du64;
+        for _ in 0..500 {
+            let work = kernels(&mut x);
+            let window = (rnd(&mut x, 200), 200 + rnd(&mut x, 1200));
+            let mut kinds = Kinds::new(window);
+            for &(s, e, comm) in &work {
+                match comm {
+                    true => kinds.communication((s, e)),
+                    false => kinds.compute((s, e)),
+                }
+            }
+            let spans = |comm: bool| {
+                union(
+                    work.iter()
+                        .filter(|k| k.2 == comm)
+                        .map(|&(s, e, _)| (s, e))
+                        .collect(),
+                )
+            };
+            let compute = spans(false);
+            let expected = (
+                total(&clip(&compute, window.0, window.1)),
+                minus(&spans(true), &compute),
+            );
+            assert_eq!(kinds.finish(), expected, "{work:?} {window:?}");
+        }
     }
 }
