@@ -35,8 +35,9 @@ pub const JOIN_HORIZON_NS: u64 = 10_000_000_000;
 pub(crate) struct WorkRec {
     start: u64,
     end: u64,
-    /// Its launching call's start, when `launched`.
+    /// Its launching call's start and end, when `launched`.
     launch_at: u64,
+    launch_end: u64,
     bytes: u64,
     pid: u32,
     /// Its launching call's thread, when `launched`.
@@ -55,7 +56,7 @@ pub(crate) struct WorkRec {
     _pad: [u8; 3],
 }
 
-const _: () = assert!(std::mem::size_of::<WorkRec>() == 64);
+const _: () = assert!(std::mem::size_of::<WorkRec>() == 72);
 
 const KERNEL: u8 = 0;
 const MEMCPY: u8 = 1;
@@ -110,12 +111,15 @@ impl Lateness {
     }
 }
 
+/// Calls by (pid, correlation): (thread, start, end) each.
+type Issuers = ahash::AHashMap<(u32, u32), Vec<(u32, u64, u64)>>;
+
 /// The first pass's sink for GPU records.
 pub struct GpuIntake {
     out: GpuSpools,
-    /// Calls by (pid, correlation) → (thread, start), for the work they
-    /// launched; forgotten [`JOIN_HORIZON_NS`] after their start.
-    issuers: ahash::AHashMap<(u32, u32), (u32, u64)>,
+    /// Calls by (pid, correlation) → (thread, start, end), for the work
+    /// they launched; forgotten [`JOIN_HORIZON_NS`] after their start.
+    issuers: ahash::AHashMap<(u32, u32), (u32, u64, u64)>,
     issued: VecDeque<(u64, (u32, u32))>,
     /// Work read before the call that launched it, waiting for it.
     orphans: ahash::AHashMap<(u32, u32), Vec<WorkRec>>,
@@ -155,6 +159,11 @@ pub struct GpuSpools {
     /// Of work starts, call starts, sync starts and launches: see
     /// [`Lateness`]; then the longest queue delay.
     late: [u64; 5],
+    /// Read whole: every call by (pid, correlation), in the order read
+    /// (thread, start, end). The work is joined to the last of them inside
+    /// the recording once its window is known, as a session read whole
+    /// is joined after its records outside it are dropped.
+    issuers: Option<Issuers>,
     /// Records taken, of any kind.
     pub count: u64,
 }
@@ -173,7 +182,10 @@ impl GpuIntake {
     /// nothing of the join is forgotten.
     pub fn new(whole: bool) -> GpuIntake {
         GpuIntake {
-            out: GpuSpools::default(),
+            out: GpuSpools {
+                issuers: whole.then(Default::default),
+                ..GpuSpools::default()
+            },
             issuers: Default::default(),
             issued: VecDeque::new(),
             orphans: Default::default(),
@@ -223,13 +235,18 @@ impl GpuIntake {
                     _pad: [0; 6],
                 });
                 let key = (pid, correlation);
-                self.issuers.insert(key, (tid, start));
+                if let Some(all) = self.out.issuers.as_mut() {
+                    all.entry(key).or_default().push((tid, start, end));
+                    return;
+                }
+                self.issuers.insert(key, (tid, start, end));
                 self.issued.push_back((start, key));
                 if let Some(orphans) = self.orphans.remove(&key) {
                     for mut w in orphans {
                         w.launched = 1;
                         w.launch_tid = tid;
                         w.launch_at = start;
+                        w.launch_end = end;
                         self.spool_work(w);
                     }
                 }
@@ -341,14 +358,19 @@ impl GpuIntake {
     /// A piece of work read: joined to its call if that was read, else
     /// held for it.
     fn work(&mut self, mut w: WorkRec) {
+        if self.out.issuers.is_some() {
+            // Joined once the window is known.
+            return self.spool_work(w);
+        }
         self.now = self.now.max(w.start);
         self.forget();
         let key = (w.pid, w.correlation);
         match self.issuers.get(&key) {
-            Some(&(tid, at)) => {
+            Some(&(tid, at, end)) => {
                 w.launched = 1;
                 w.launch_tid = tid;
                 w.launch_at = at;
+                w.launch_end = end;
                 self.spool_work(w);
             }
             None => {
@@ -378,7 +400,11 @@ impl GpuIntake {
             }
             self.issued.pop_front();
             // Unless a later call took the key over.
-            if self.issuers.get(&key).is_some_and(|&(_, at)| at == start) {
+            if self
+                .issuers
+                .get(&key)
+                .is_some_and(|&(_, at, _)| at == start)
+            {
                 self.issuers.remove(&key);
             }
         }
@@ -411,6 +437,11 @@ impl GpuIntake {
             self.out.late[i] = l.most;
         }
         self.out.late[QUEUE_DELAY] = self.queue_delay;
+        if self.out.issuers.is_some() {
+            // Joined later: nothing is known of their launches yet.
+            self.out.late[LATE_LAUNCHES] = u64::MAX;
+            self.out.late[QUEUE_DELAY] = u64::MAX;
+        }
         self.out
     }
 }
@@ -425,6 +456,7 @@ fn work(
         start,
         end,
         launch_at: 0,
+        launch_end: 0,
         bytes: 0,
         pid,
         launch_tid: 0,
@@ -597,6 +629,26 @@ impl GpuSpools {
         side
     }
 
+    /// Who launched a spooled piece of work, and when: a call outside the
+    /// recording launched nothing it holds.
+    fn launch_of(&self, plan: &Plan, w: &WorkRec) -> Option<(Tid, u64)> {
+        let inside = |(tid, at, end): (u32, u64, u64)| {
+            span_within(plan.window, at, end).then_some(((w.pid, tid), at))
+        };
+        match &self.issuers {
+            // The last by thread, then as read, as calls are kept.
+            Some(all) => all
+                .get(&(w.pid, w.correlation))?
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &c)| Some(((c.0, i), inside(c)?)))
+                .max_by_key(|x| x.0)
+                .map(|x| x.1),
+            None if w.launched != 0 => inside((w.launch_tid, w.launch_at, w.launch_end)),
+            None => None,
+        }
+    }
+
     /// How long after its launch a piece of work started, at most.
     pub fn queue_delay(&self) -> u64 {
         self.late[QUEUE_DELAY]
@@ -623,8 +675,8 @@ impl GpuSpools {
         feeder: Tid,
     ) -> impl Iterator<Item = Work> + 's {
         let key = move |w: &WorkRec| {
-            let mine = w.launched != 0 && (w.pid, w.launch_tid) == feeder;
-            (mine && plan.device_of(w) == device).then_some((w.launch_at, w.start))
+            let launch = self.launch_of(plan, w).filter(|l| l.0 == feeder)?;
+            (plan.device_of(w) == device).then_some((launch.1, w.start))
         };
         self.read(
             plan,
@@ -640,7 +692,7 @@ impl GpuSpools {
         feeder: Tid,
     ) -> impl Iterator<Item = Work> + 's {
         let key = move |w: &WorkRec| {
-            let mine = w.launched != 0 && (w.pid, w.launch_tid) == feeder;
+            let mine = self.launch_of(plan, w).is_some_and(|l| l.0 == feeder);
             (!mine && plan.device_of(w) == device).then_some((w.start, 0))
         };
         self.read(plan, Ordered::new(&self.work, self.late[LATE_WORK], key))
@@ -702,7 +754,7 @@ impl GpuSpools {
         Some(Work {
             start: w.start,
             end: w.end,
-            launch: (w.launched != 0).then_some(((w.pid, w.launch_tid), w.launch_at)),
+            launch: self.launch_of(plan, w),
             pid: w.pid,
             device,
             stream: w.stream,
