@@ -1132,10 +1132,9 @@ fn throughput(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
 }
 
 /// The offline cases, in events. Those from `OFFLINE_GUARDED` up run only
-/// when the peak RSS projected from the case before them fits in half of
-/// MemAvailable and the disk has room for the file: 300 M events (hours of
-/// a busy job) take ~2 GiB on disk and, while the report's memory grows
-/// with the recording, ~20 GiB in memory.
+/// when the peak RSS projected from the case before them (as if it grew
+/// with the recording) fits in half of MemAvailable and the disk has room
+/// for the file: 300 M events (hours of a busy job) take ~2 GiB on disk.
 const OFFLINE_EVENTS: [u64; 4] = [1_000_000, 10_000_000, 40_000_000, 300_000_000];
 const OFFLINE_GUARDED: u64 = 40_000_000;
 const OFFLINE_TARGET: &str = "≥ 10 M events/s";
@@ -1345,10 +1344,7 @@ fn memory_flat(peaks: &[(u64, u64)]) -> Row {
     );
     let mut missed = Vec::new();
     if ratio > FLAT_RATIO {
-        missed.push(
-            "the GPU's work and CUDA calls, the main feeder's account and, in each replay, \
-             the replayed end of every item of the GPU's work are held for the whole recording",
-        );
+        missed.push("what the report holds grows with the recording (see the offline cases)");
     }
     match peak(largest) {
         Some(p) => {
@@ -1375,12 +1371,17 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
     let made = synth(b, path, n)?;
     let size = std::fs::metadata(path)?.len();
     let json = path.with_extension("json");
+    let said = path.with_extension("phases");
     let (secs, rss) = measure_into(
         Command::new(b.bin("gapscope"))
             .args(["report", "--format", "json"])
-            .arg(path),
+            .arg(path)
+            .env("GAPSCOPE_PHASES", "1")
+            .stderr(std::fs::File::create(&said)?),
         std::fs::File::create(&json)?.into(),
     )?;
+    let phases = phases(&std::fs::read_to_string(&said).unwrap_or_default());
+    let _ = std::fs::remove_file(&said);
     // The report's own count of CPU events read, against what was written.
     let report: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let read = report["session"]["events"].as_u64();
@@ -1397,16 +1398,16 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
     let mut missed = Vec::new();
     if rate < 10e6 {
         missed.push(
-            "speed: two passes over the file (the first decodes every record to measure \
-             the events' order), per-thread state machines, the attribution and one \
-             what-if replay of the whole run per plan (spread over the cores)",
+            "speed: the events are decoded twice (the first pass measures their order and \
+             reads the symbols the attribution needs), then each event through its thread's \
+             state machine and the attribution; the what-if replays walk the run once per core",
         );
     }
     let row = Row {
         case: case.into(),
         measured: format!(
-            "{secs:.2} s = {:.1} M events/s · peak RSS {} MiB = {mem:.1}× the file ({} MiB, {:.1} B/event) \
-             · {:.2} M CPU events + {:.2} M GPU records",
+            "{secs:.2} s = {:.1} M events/s ({phases}) · peak RSS {} MiB = {mem:.1}× the file ({} MiB, \
+             {:.1} B/event) · {:.2} M CPU events + {:.2} M GPU records",
             rate / 1e6,
             rss >> 20,
             size >> 20,
@@ -1422,6 +1423,20 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
         },
     };
     Ok((row, OfflineRun { events, rss, size }))
+}
+
+/// Where a report's time went, from what it said with `GAPSCOPE_PHASES`
+/// set (`gapscope: phase NAME (WHAT): SECONDS s`): "NAME SECONDS s", joined.
+fn phases(said: &str) -> String {
+    said.lines()
+        .filter_map(|l| l.strip_prefix("gapscope: phase "))
+        .filter_map(|l| {
+            let (name, secs) = l.rsplit_once(": ")?;
+            let name = name.split(" (").next().unwrap_or(name);
+            Some(format!("{name} {secs}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A Python-heavy job: `leaf` 31 Python frames deep, for a fixed amount of

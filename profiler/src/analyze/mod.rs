@@ -283,6 +283,9 @@ fn streamed(
         }
     }
     drop(feed);
+    if let Some(why) = spools.kept_in_memory() {
+        session.notes.push(scratch_note(why));
+    }
     match replay {
         Ok(dropped) => crate::session::note_dropped(&mut session, dropped + gpu_dropped),
         // The file went away between the passes: what was replayed
@@ -295,6 +298,15 @@ fn streamed(
     let a = conclude(session, timeline, events, opts, attributor, spooled);
     phases.done("the rest (the what-if replays, advice)");
     Ok(a)
+}
+
+/// What the report says when its scratch file could not be made or
+/// written: the analysis holds more in memory, nothing is lost.
+fn scratch_note(why: &str) -> String {
+    format!(
+        "the report could not keep its scratch data in a temporary file ({why}; TMPDIR \
+         chooses where): it held it in memory, more of it for a longer recording"
+    )
 }
 
 /// Takes in the GPU's work and calls starting at or before `t`: into the
@@ -422,6 +434,14 @@ fn conclude(
     let api = api::accounting(&timeline.gpu.totals);
     let hta = opts.hta.then(|| hta::per_stream_idle(&timeline.gpu));
     let mut notes = std::mem::take(&mut session.notes);
+    let account_kept = diagnosis
+        .gpus
+        .iter()
+        .filter_map(|g| g.feeder.as_ref()?.account.kept_in_memory())
+        .next();
+    if let Some(why) = account_kept.filter(|_| !notes.iter().any(|n| n.contains("scratch"))) {
+        notes.push(scratch_note(why));
+    }
     notes.extend(stack_depth_note(&timeline, &names));
     notes.extend(python::notes(&session.maps, &names));
     notes.extend(loss::lossy_note(&diagnosis.lossy_windows, timeline.start));

@@ -649,6 +649,16 @@ impl GpuSpools {
         }
     }
 
+    /// Why records that outgrew memory stayed there (no temporary file
+    /// could be made or written), if they did.
+    pub fn kept_in_memory(&self) -> Option<&str> {
+        self.work
+            .kept_in_memory()
+            .or(self.calls.kept_in_memory())
+            .or(self.syncs.kept_in_memory())
+            .or(self.range_spans.kept_in_memory())
+    }
+
     /// How long after its launch a piece of work started, at most.
     pub fn queue_delay(&self) -> u64 {
         self.late[QUEUE_DELAY]
