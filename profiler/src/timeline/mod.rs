@@ -97,7 +97,7 @@ impl IoTally {
 }
 
 /// Samples by (pid, tid, kernel stack), counted as a recording is read.
-pub type SampleStacks = HashMap<(u32, u32, u64), u64>;
+pub type SampleStacks = ahash::AHashMap<(u32, u32, u64), u64>;
 
 /// Every thread's [`IoTally`] from its samples' kernel stacks.
 pub fn io_tally(
