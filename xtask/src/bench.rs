@@ -1426,14 +1426,15 @@ fn offline_case(b: &Bench, path: &Path, case: &str, n: u64) -> Result<(Row, Offl
 }
 
 /// Where a report's time went, from what it said with `GAPSCOPE_PHASES`
-/// set (`gapscope: phase NAME (WHAT): SECONDS s`): "NAME SECONDS s", joined.
+/// set (`gapscope: phase NAME (WHAT): SECONDS s (peak N MiB)`): "NAME
+/// SECONDS s (peak N MiB)", joined.
 fn phases(said: &str) -> String {
     said.lines()
         .filter_map(|l| l.strip_prefix("gapscope: phase "))
         .filter_map(|l| {
-            let (name, secs) = l.rsplit_once(": ")?;
+            let (name, took) = l.split_once("): ")?;
             let name = name.split(" (").next().unwrap_or(name);
-            Some(format!("{name} {secs}"))
+            Some(format!("{name} {took}"))
         })
         .collect::<Vec<_>>()
         .join(", ")

@@ -352,12 +352,20 @@ impl Phases {
         }
     }
 
-    /// The phase `name` ended now.
+    /// The phase `name` ended now: its time, and the peak memory so far.
     fn done(&mut self, name: &str) {
         if let Some(at) = self.at.as_mut() {
+            let peak = std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| {
+                    let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+                    l.split_whitespace().nth(1)?.parse::<u64>().ok()
+                })
+                .unwrap_or(0);
             eprintln!(
-                "gapscope: phase {name}: {:.3} s",
-                at.elapsed().as_secs_f64()
+                "gapscope: phase {name}: {:.3} s (peak {} MiB)",
+                at.elapsed().as_secs_f64(),
+                peak >> 10
             );
             *at = std::time::Instant::now();
         }

@@ -501,12 +501,12 @@ impl GpuSpools {
         let ok = |t: u64| within(window, t);
         let span = |a: u64, b: u64| span_within(window, a, b);
         let mut dropped = 0usize;
-        let used: BTreeSet<(u32, u32)> = self
-            .work
-            .iter()
-            .filter(|w| span(w.start, w.end))
-            .map(|w| (w.pid, w.ordinal))
-            .collect();
+        // Inserted one by one: collecting would hold a pair per piece of
+        // work before it dedups them.
+        let mut used: BTreeSet<(u32, u32)> = BTreeSet::new();
+        for w in self.work.iter().filter(|w| span(w.start, w.end)) {
+            used.insert((w.pid, w.ordinal));
+        }
         let physical = physical_ids(&used, &self.uuids, &session.nvml_devices);
         let plan = Plan { physical, window };
         let mut side = GpuSide::default();
