@@ -112,6 +112,9 @@ pub struct Attribution {
     /// excepted: it follows from the GPU records alone).
     lossy: Vec<(u64, u64)>,
     keep_pieces: bool,
+    /// Sum the pieces by cause and thread (else only keep them: a piece of
+    /// an attribution still to be added to another).
+    sum: bool,
 }
 
 impl Default for Attribution {
@@ -133,6 +136,16 @@ impl Attribution {
             blind,
             lossy,
             keep_pieces,
+            sum: true,
+        }
+    }
+
+    /// The pieces alone, in time order, to be added to another attribution
+    /// (or an account): nothing summed, no blind or lossy windows.
+    pub fn pieces_only() -> Attribution {
+        Attribution {
+            sum: false,
+            ..Attribution::new(Vec::new(), Vec::new(), true)
         }
     }
 
@@ -175,6 +188,10 @@ impl Attribution {
     }
 
     fn record(&mut self, p: Piece) {
+        if !self.sum {
+            self.pieces.push(p);
+            return;
+        }
         let ns = p.end - p.start;
         *self.by_cause.entry(p.cause).or_default() += ns;
         if let Some(t) = p.thread {

@@ -203,7 +203,7 @@ pub fn diagnose(session: &Session, tl: &Timeline, keep_pieces: bool, code: &Code
             };
             let attribution = attribute::attribute(&inputs);
             let feeder = attribute::main_feeder(&device.work).map(|tid| {
-                let mut account = Attribution::new(Vec::new(), Vec::new(), true);
+                let mut account = Attribution::pieces_only();
                 attribute::account(&inputs, tid, tl.start, tl.end, &mut account);
                 let mut f = Feeder::new(tid, tl.start);
                 f.extend(account.pieces);

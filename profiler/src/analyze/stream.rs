@@ -450,9 +450,9 @@ impl Attributor {
                 let unsettled = Cell::new(false);
                 let work = &tl.gpu.devices[d.index].work;
                 let inp = inputs(spans, work, tl, ops, code, window, Some(&unsettled));
-                let mut gap = Attribution::new(Vec::new(), Vec::new(), true);
+                let mut gap = Attribution::pieces_only();
                 attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
-                let mut account = Attribution::new(Vec::new(), Vec::new(), true);
+                let mut account = Attribution::pieces_only();
                 if let Some(f) = d.fallback {
                     attribute::account(&inp, f, d.account_to, b, &mut account);
                 }
@@ -587,7 +587,7 @@ impl Attributor {
                     d.out.add(tail);
                 }
                 let feeder = d.feeder.map(|mut f| {
-                    let mut rest = Attribution::new(Vec::new(), Vec::new(), true);
+                    let mut rest = Attribution::pieces_only();
                     attribute::account(&inp, f.tid, d.account_to, window.1, &mut rest);
                     f.extend(rest.pieces);
                     f.close();

@@ -100,7 +100,7 @@ impl SessionReader {
 
     /// [`SessionReader::refused`] as the error a reader of the whole file
     /// returns.
-    fn refusal(&self) -> Option<SessionError> {
+    pub(super) fn refusal(&self) -> Option<SessionError> {
         self.refused
             .as_ref()
             .map(|why| refused(self.path.clone(), why.clone()))
@@ -580,34 +580,77 @@ impl EventStream {
     /// Hands `each` the events, in time order (stably, as [`read_session`]
     /// orders them) and past the same checks; returns how many records
     /// were dropped as timed outside the recording, the outline's included.
+    /// The file is read, decoded and put in order on a thread of its own,
+    /// a few thousand events ahead.
     pub fn replay(&self, mut each: impl FnMut(Event)) -> Result<usize, SessionError> {
-        let reader = self.stored.records()?;
-        let mut held: std::collections::BinaryHeap<Held> = Default::default();
-        let mut latest = 0u64;
-        let mut dropped = 0usize;
-        let mut seq = 0u64;
-        for record in reader.take(self.records as usize) {
-            let Record::Event(e) = record else {
-                continue;
+        /// Events handed over at once, and batches waiting.
+        const BATCH: usize = 4096;
+        const AHEAD: usize = 4;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Event>>(AHEAD);
+        let (stored, records, lateness, window) = (
+            self.stored.clone(),
+            self.records,
+            self.lateness,
+            self.window,
+        );
+        let order = move || -> Result<usize, SessionError> {
+            let reader = stored.records_here()?;
+            let mut held: std::collections::BinaryHeap<Held> = Default::default();
+            let mut latest = 0u64;
+            let mut dropped = 0usize;
+            let mut seq = 0u64;
+            let mut batch = Vec::with_capacity(BATCH);
+            let hand = |batch: &mut Vec<Event>| {
+                let full = std::mem::replace(batch, Vec::with_capacity(BATCH));
+                // The reader went away: stop reading.
+                tx.send(full).is_ok()
             };
-            let ts = e.ts();
-            latest = latest.max(ts);
-            if !event_within(self.window, &e) {
-                dropped += 1;
-                continue;
+            for record in reader.take(records as usize) {
+                let Record::Event(e) = record else {
+                    continue;
+                };
+                let ts = e.ts();
+                latest = latest.max(ts);
+                if !event_within(window, &e) {
+                    dropped += 1;
+                    continue;
+                }
+                seq += 1;
+                held.push(Held { ts, seq, event: e });
+                // No event still to come can be earlier than this: the
+                // first pass measured how late any of them came.
+                let ready = latest.saturating_sub(lateness);
+                while held.peek().is_some_and(|h| h.ts < ready) {
+                    batch.push(held.pop().expect("peeked").event);
+                    if batch.len() == BATCH && !hand(&mut batch) {
+                        return Ok(dropped);
+                    }
+                }
             }
-            seq += 1;
-            held.push(Held { ts, seq, event: e });
-            // No event still to come can be earlier than this: the first
-            // pass measured how late any of them came.
-            let ready = latest.saturating_sub(self.lateness);
-            while held.peek().is_some_and(|h| h.ts < ready) {
-                each(held.pop().expect("peeked").event);
+            while let Some(h) = held.pop() {
+                batch.push(h.event);
             }
-        }
-        while let Some(h) = held.pop() {
-            each(h.event);
-        }
+            hand(&mut batch);
+            Ok(dropped)
+        };
+        let worker = std::thread::Builder::new()
+            .name("gapscope-order".into())
+            .spawn(order);
+        let dropped = match worker {
+            Ok(worker) => {
+                for batch in rx {
+                    batch.into_iter().for_each(&mut each);
+                }
+                // It does not panic by design; if it did, what came stands.
+                worker.join().unwrap_or(Ok(0))?
+            }
+            Err(e) => {
+                return Err(SessionError::Io {
+                    path: self.stored.path(),
+                    source: e,
+                })
+            }
+        };
         Ok(self.dropped + dropped)
     }
 }

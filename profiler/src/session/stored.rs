@@ -28,6 +28,17 @@ impl Stored {
         }
     }
 
+    /// Its records from the start, read on the caller's thread (one that
+    /// is itself a reader's, as the events' ordering is).
+    pub fn records_here(&self) -> Result<Records, SessionError> {
+        Ok(match self {
+            Stored::File(p) => {
+                Records::Here(Box::new(SessionReader::open(&super::resolve_path(p))?))
+            }
+            Stored::Windows(w) => Records::Windows(Box::new(Merging::open(w)?)),
+        })
+    }
+
     /// Its records from the start, read ahead on a thread of their own.
     pub fn records(&self) -> Result<Records, SessionError> {
         Ok(match self {
@@ -48,6 +59,7 @@ impl From<&Path> for Stored {
 /// The records of a [`Stored`] session, in the order written.
 pub enum Records {
     File(Box<Background>),
+    Here(Box<SessionReader>),
     Windows(Box<Merging>),
 }
 
@@ -56,6 +68,7 @@ impl Records {
     pub fn bytes_read(&self) -> u64 {
         match self {
             Records::File(r) => r.bytes_read(),
+            Records::Here(r) => r.bytes_read(),
             Records::Windows(m) => m.bytes_read(),
         }
     }
@@ -64,6 +77,7 @@ impl Records {
     pub fn truncated(&self) -> Option<&str> {
         match self {
             Records::File(r) => r.truncated(),
+            Records::Here(r) => r.truncated(),
             Records::Windows(m) => m.truncated(),
         }
     }
@@ -72,6 +86,7 @@ impl Records {
     pub fn take_refusal(&mut self) -> Option<SessionError> {
         match self {
             Records::File(r) => r.refusal(),
+            Records::Here(r) => r.refusal(),
             Records::Windows(m) => m.take_refusal(),
         }
     }
@@ -83,6 +98,7 @@ impl Iterator for Records {
     fn next(&mut self) -> Option<Record> {
         match self {
             Records::File(r) => r.next(),
+            Records::Here(r) => r.next(),
             Records::Windows(m) => m.next(),
         }
     }

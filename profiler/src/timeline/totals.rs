@@ -57,7 +57,7 @@ pub struct DeviceTotals {
     /// Processes that put work on it, in order of first sight.
     pub pids: Vec<u32>,
     /// Work items by the thread whose call launched them.
-    pub launchers: HashMap<Tid, u64>,
+    pub launchers: ahash::AHashMap<Tid, u64>,
     pub kernels: OpStats,
     /// Copies by (copy kind, host memory kind: 0 for none), as
     /// `gapscope_wire::record` numbers them.
@@ -151,7 +151,7 @@ impl DeviceTotals {
 pub struct CallTotals {
     pub count: u64,
     /// By function: (count, total ns, longest ns).
-    pub by_name: HashMap<CallName, (u64, u64, u64)>,
+    pub by_name: ahash::AHashMap<CallName, (u64, u64, u64)>,
 }
 
 /// A recording's GPU work and CUDA calls, summed.
