@@ -21,7 +21,7 @@ use super::symbolize;
 use super::{launch, procfs};
 use crate::session::SourceKind;
 use crate::session::{
-    Drops, Event, MapRange, ProcMaps, Record, SessionError, SessionWriter, Stack,
+    Drops, Event, Footer, MapRange, ProcMaps, Record, SessionError, SessionWriter, Stack,
 };
 
 /// Re-read a process's maps at most this often when a stack falls outside
@@ -83,11 +83,19 @@ struct ProcState {
     python: Option<Option<super::python::Found>>,
 }
 
+/// A finished session: its file, its directory (held open) and the folder
+/// of windows when the recording was cut into them.
+pub struct Closed {
+    pub session: std::path::PathBuf,
+    pub dir: Arc<crate::output::OutDir>,
+    pub windows: Option<Arc<crate::output::OutDir>>,
+}
+
 pub struct Sink {
-    pub writer: SessionWriter,
-    pub target_pid: u32,
+    writer: SessionWriter,
+    target_pid: u32,
     /// Where the recording window starts: the start of the header pushed.
-    pub window_start: u64,
+    window_start: u64,
     /// User and kernel stacks seen and not yet symbolized.
     stacks: HashMap<u64, Stack>,
     /// Processes seen, until their last stacks are symbolized after exit.
@@ -95,24 +103,22 @@ pub struct Sink {
     /// Symbolizes batches of stacks off the event loop.
     symbolizer: Option<symbolize::Worker>,
     /// Processes of the tree that have not exited.
-    pub live: HashSet<u32>,
-    pub events: u64,
-    pub malformed: u64,
+    live: HashSet<u32>,
+    events: u64,
+    malformed: u64,
     /// The target's exit code as the kernel reported it (shell style).
-    pub target_exit: Option<i32>,
+    target_exit: Option<i32>,
     /// When the kernel saw the target's last thread leave.
-    pub target_exited_ns: Option<u64>,
+    target_exited_ns: Option<u64>,
     /// First write error; recording stops when set.
-    pub error: Option<SessionError>,
+    error: Option<SessionError>,
     /// Live processes whose libcuda calls the uprobes have seen.
     uprobed: HashSet<u32>,
-    /// gapscope's own CPU time between attaching and stopping.
-    pub cpu_while_recording: u64,
     /// The header written last (a new window's is made from it).
-    pub header: Option<crate::session::SessionHeader>,
+    header: Option<crate::session::SessionHeader>,
     /// Where the windows go and what each begins with again, when the
     /// recording is cut into windows.
-    pub cutting: Option<super::windows::Cutting>,
+    cutting: Option<super::windows::Cutting>,
     /// The kernel's drop counters, cumulative, as last read; and as read
     /// when this window began (a window's Drops record counts its own).
     drops_seen: Vec<u64>,
@@ -128,13 +134,13 @@ pub struct Sink {
     /// A process of the tree with other credentials (a setuid program a
     /// child ran) is recorded without its address space: no maps, stacks,
     /// files or perf map of it reach the session.
-    pub guard: Option<u32>,
+    guard: Option<u32>,
     /// Processes recorded without their address space (see `guard`).
-    pub withheld: HashSet<u32>,
+    withheld: HashSet<u32>,
     /// When symbolizing at the end gives up (a second signal).
-    pub give_up: Option<Arc<std::sync::atomic::AtomicBool>>,
+    give_up: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Look for CPython in the processes and walk their frames.
-    pub python_frames: bool,
+    python_frames: bool,
     /// CPython processes found and not yet told to the kernel side.
     python_new: Vec<(u32, abi::PyProc)>,
     /// Pythons just exec'd whose libpython is not mapped yet, until when
@@ -160,7 +166,6 @@ impl Sink {
             target_exited_ns: None,
             error: None,
             uprobed: HashSet::new(),
-            cpu_while_recording: 0,
             header: None,
             cutting: None,
             drops_seen: Vec::new(),
@@ -178,6 +183,108 @@ impl Sink {
             batches_submitted: 0,
             batches_done: 0,
         }
+    }
+
+    /// Records a process of other credentials than `uid`'s without its
+    /// address space (the sudo rule, see [`Sink::judge`]).
+    pub fn guard(&mut self, uid: Option<u32>) {
+        self.guard = uid;
+    }
+
+    /// Whether to look for CPython in the processes and walk their frames.
+    pub fn python_frames(&mut self, on: bool) {
+        self.python_frames = on;
+    }
+
+    /// Cuts the recording into windows in `folder`.
+    pub fn cut_into(&mut self, folder: Option<Arc<crate::output::OutDir>>) {
+        self.cutting = folder.map(super::windows::Cutting::new);
+    }
+
+    /// Symbolizing at the end gives up once `flag` is set (a second signal).
+    pub fn give_up_on(&mut self, flag: Arc<std::sync::atomic::AtomicBool>) {
+        self.give_up = Some(flag);
+    }
+
+    pub fn target_pid(&self) -> u32 {
+        self.target_pid
+    }
+
+    /// Where the window being written starts: its header's start.
+    pub fn window_start(&self) -> u64 {
+        self.window_start
+    }
+
+    /// The processes of the tree that have not exited.
+    pub fn live(&self) -> &HashSet<u32> {
+        &self.live
+    }
+
+    /// Adds a process found alive (attach's seeds); false if known.
+    pub fn add_live(&mut self, pid: u32) -> bool {
+        self.live.insert(pid)
+    }
+
+    /// Whether `pid` is recorded without its address space.
+    pub fn withheld(&self, pid: u32) -> bool {
+        self.withheld.contains(&pid)
+    }
+
+    /// The kernel's events written to the window being written.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// The target's exit code and when it exited, as the kernel said.
+    pub fn target_exit(&self) -> (Option<i32>, Option<u64>) {
+        (self.target_exit, self.target_exited_ns)
+    }
+
+    /// The header written last (a new window's is made from it).
+    pub fn header(&self) -> Option<&crate::session::SessionHeader> {
+        self.header.as_ref()
+    }
+
+    pub fn cutting_mut(&mut self) -> Option<&mut super::windows::Cutting> {
+        self.cutting.as_mut()
+    }
+
+    /// Whether writing has failed (recording then stops).
+    pub fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Puts what was written on disk; the first error is kept and stops
+    /// the recording.
+    pub fn flush(&mut self) {
+        if let Err(e) = self.writer.flush() {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// Writes what was pushed now, failing on the first error (the seeds
+    /// must be on disk before the loop runs).
+    pub fn flush_now(&mut self) -> Result<(), SessionError> {
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => self.writer.flush(),
+        }
+    }
+
+    /// Ends the session with `footer`: its file, its directory, and the
+    /// folder of windows if cut into them.
+    pub fn close(mut self, footer: Footer) -> Result<Closed, SessionError> {
+        self.push(Record::End(footer));
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let closed = Closed {
+            session: self.writer.path().to_path_buf(),
+            dir: self.writer.dir().clone(),
+            windows: self.cutting.map(|c| c.folder),
+        };
+        self.writer.finish()?;
+        Ok(closed)
     }
 
     /// Lets go of the files no process or batch holds any more.
@@ -775,7 +882,7 @@ mod tests {
     fn sink_in(dir: &std::path::Path) -> Sink {
         let writer = SessionWriter::create(&dir.join(crate::session::FILE_NAME)).unwrap();
         let mut sink = Sink::new(writer, FAKE);
-        sink.push(Record::Header(super::super::header(
+        sink.push(Record::Header(super::super::seed::header(
             Mode::Attach,
             FAKE,
             Vec::new(),
