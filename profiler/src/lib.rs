@@ -123,7 +123,7 @@ mod layers {
                 }
             }
         }
-        assert!(files.iter().any(|f| f.ends_with("diff/mod.rs")));
+        assert!(files.iter().any(|f| f.ends_with("export/diff.rs")));
         for path in files {
             let text = std::fs::read_to_string(&path).unwrap();
             // Tests may build a session to analyse.

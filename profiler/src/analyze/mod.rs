@@ -11,16 +11,20 @@ pub mod attribute;
 pub mod cause;
 pub mod checks;
 pub mod code;
+pub mod compare;
 pub mod diagnose;
+pub mod figures;
 pub mod gpu;
 pub mod hta;
 pub mod lockstep;
 pub mod loss;
 pub mod nvml;
 mod python;
+pub mod ranks;
 pub mod recommend;
 pub mod replay;
 pub mod requests;
+pub mod stacks;
 pub mod stages;
 pub mod stats;
 pub mod steps;
@@ -116,6 +120,13 @@ impl Names {
     pub fn addrs(&self, hash: u64) -> Option<&[u64]> {
         self.stacks.get(&hash).map(|s| s.addrs.as_slice())
     }
+}
+
+/// One analysed input of several (a comparison's side, ranks), with the
+/// name it goes by.
+pub struct Labelled {
+    pub label: String,
+    pub analysis: Analysis,
 }
 
 /// A session analysed once, for the report and every export.

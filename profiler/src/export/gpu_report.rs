@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::analyze::attribute::Cause;
-use crate::analyze::{gpu, Analysis};
+use crate::analyze::{figures, gpu, Analysis};
 
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct GapReport {
@@ -84,23 +84,6 @@ pub struct GpuReport {
     pub requests: Option<RequestsReport>,
 }
 
-/// A server's requests, each from its arrival (the wakeup that ended the
-/// server's wait for it) to the server waiting for the next.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct RequestsReport {
-    pub count: u64,
-    /// From the first request's arrival to the last one's answer.
-    pub span_ns: u64,
-    pub rate_per_s: f64,
-    pub latency_p50_ns: u64,
-    pub latency_p99_ns: u64,
-    pub latency_max_ns: u64,
-    /// The GPU's busy time over the span, per request.
-    pub gpu_busy_per_request_ns: u64,
-    /// The GPU's energy over the span, per request, where NVML said.
-    pub energy_per_request_j: Option<f64>,
-}
-
 /// A GPU over the run's steps: from the first step's beginning to the last
 /// one's end. busy + idle + unseen = span.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -111,20 +94,8 @@ pub struct InSteps {
     pub idle_by_cause_ns: IdleByCause,
 }
 
-/// Busy time by what ran: compute kernels; communication kernels (NCCL)
-/// no compute overlapped, waiting on other ranks included; copies and
-/// memsets that neither overlapped. Those three sum to busy_ns exactly.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
-pub struct BusyByKindReport {
-    pub compute: u64,
-    pub communication: u64,
-    pub memory: u64,
-    /// Of communication: collectives waiting for the last GPU of the
-    /// recording to start its own (not in the sum).
-    pub communication_waiting: u64,
-}
-
 pub use crate::analyze::checks::ClockCheck;
+pub use crate::analyze::figures::{BusyByKind as BusyByKindReport, Requests as RequestsReport};
 
 pub use crate::analyze::api::{ApiThread, SyncReport};
 
@@ -136,18 +107,13 @@ pub struct GpuSection {
 }
 
 pub fn build(a: &Analysis) -> GpuSection {
-    let (start, end) = (a.timeline.start, a.timeline.end);
-    let allocated = end - start;
     let gpus = a
         .diagnosis
         .gpus
         .iter()
         .map(|d| {
             let g = &d.gpu;
-            let by = |c: Cause| d.attribution.get(c);
-            let busy = g.busy_ns();
-            let unseen = d.attribution.unseen;
-            let idle = allocated - busy - unseen;
+            let f = figures::gpu(a, d);
             let b = g.gap_buckets();
             let gap = |i: usize| GapReport {
                 count: b[i].count,
@@ -159,24 +125,19 @@ pub fn build(a: &Analysis) -> GpuSection {
                 name: g.name.clone(),
                 uuid: g.uuid.clone(),
                 source: g.source,
-                allocated_ns: allocated,
+                allocated_ns: f.allocated_ns,
                 nvml_util_pct: nvml.util_pct,
-                busy_ns: busy,
-                busy_by_kind_ns: BusyByKindReport {
-                    compute: g.busy_by_kind.compute,
-                    communication: g.busy_by_kind.communication,
-                    memory: g.busy_by_kind.memory,
-                    communication_waiting: g.busy_by_kind.communication_waiting,
-                },
-                idle_ns: idle,
-                unseen_ns: unseen,
+                busy_ns: f.busy_ns,
+                busy_by_kind_ns: f.busy_by_kind_ns,
+                idle_ns: f.idle_ns,
+                unseen_ns: f.unseen_ns,
                 span_ns: g.span_ns(),
                 gaps: Gaps {
                     gt_10us: gap(0),
                     gt_100us: gap(1),
                     gt_1ms: gap(2),
                 },
-                idle_by_cause_ns: IdleByCause::from_fn(by),
+                idle_by_cause_ns: f.idle_by_cause_ns,
                 kernels: g.kernels.into(),
                 copies: g
                     .copies
@@ -199,16 +160,7 @@ pub fn build(a: &Analysis) -> GpuSection {
                         idle_by_cause_ns: idle,
                     }
                 }),
-                requests: a.requests.get(&g.device).map(|r| RequestsReport {
-                    count: r.count,
-                    span_ns: r.end - r.start,
-                    rate_per_s: r.rate_per_s(),
-                    latency_p50_ns: r.p50_ns,
-                    latency_p99_ns: r.p99_ns,
-                    latency_max_ns: r.max_ns,
-                    gpu_busy_per_request_ns: r.gpu_busy_ns / r.count.max(1),
-                    energy_per_request_j: r.energy_j.map(|e| e / r.count.max(1) as f64),
-                }),
+                requests: f.requests,
             }
         })
         .collect();

@@ -143,7 +143,7 @@ pub fn write_bundle(
     if exports {
         for kind in [FlameKind::Cpu, FlameKind::OffCpu, FlameKind::Idle] {
             outputs.push((
-                format!("{}.svg", kind.file_stem()),
+                format!("{}.svg", flame::file_stem(kind)),
                 Options::new(Format::Flamegraph(kind)),
             ));
         }
@@ -174,11 +174,7 @@ pub fn write_bundle(
     }))
 }
 
-/// One analysed input of a multi-input report, with the name it goes by.
-pub struct Labelled {
-    pub label: String,
-    pub analysis: Analysis,
-}
+pub use crate::analyze::Labelled;
 
 /// Reports for one or more analyses; with several (one per rank), a
 /// cross-rank table follows. Where the analyses carry HTA's per-stream
@@ -220,7 +216,7 @@ pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -
             "ranks": views.iter().zip(inputs).map(|(v, l)| {
                 serde_json::json!({"label": l.label, "report": json::value(v)})
             }).collect::<Vec<_>>(),
-            "cross_rank": ranks::rows(inputs, &views),
+            "cross_rank": crate::analyze::ranks::rows(inputs),
         });
         serde_json::to_writer_pretty(&mut out, &v)?;
         return writeln!(out);
@@ -229,5 +225,5 @@ pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -
         writeln!(out, "\n=== {} ===", l.label)?;
         write(v, &Options::new(format), &mut out)?;
     }
-    ranks::write_table(inputs, &views, &mut out)
+    ranks::write_table(inputs, &mut out)
 }

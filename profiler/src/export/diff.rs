@@ -1,12 +1,15 @@
-//! A diff as text, markdown, JSON, HTML, or its differential idle-gap
-//! flamegraph (inferno's differential mode: red grew, blue shrank).
+//! A comparison (`gapscope diff`, built in `analyze::compare`) as text,
+//! markdown, JSON, HTML, or its differential idle-gap flamegraph (inferno's
+//! differential mode: red grew, blue shrank).
 
-use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use base64::Engine;
 
-use super::{Basis, Compared, Diff, GpuFigures, Outcome, Share, Verdict};
+pub use crate::analyze::compare::{
+    build, Compared, Diff, DiffOptions, Side, DEFAULT_MIN_CHANGE_PCT, SCHEMA,
+};
+use crate::analyze::compare::{pct, signed_pct, signed_points, GpuFigures, SideInfo};
 use crate::export::summary::{self, html_escape as esc, Block, Style, Table};
 use crate::export::units;
 
@@ -47,8 +50,8 @@ pub fn write(c: &Compared, format: DiffFormat, out: &mut dyn Write) -> io::Resul
             out.write_all(&flamegraph(c, shape)?)
         }
         DiffFormat::Folded => {
-            for (stack, b, n) in merged(&c.base_stacks, &c.new_stacks) {
-                writeln!(out, "{stack} {b} {n}")?;
+            for (stack, b, n) in c.stacks() {
+                writeln!(out, "{} {b} {n}", stack.folded())?;
             }
             Ok(())
         }
@@ -62,97 +65,7 @@ fn write_blocks(blocks: &[Block], style: Style, out: &mut dyn Write) -> io::Resu
     Ok(())
 }
 
-fn p_text(p: f64) -> String {
-    if p < 0.001 {
-        "p < 0.001".into()
-    } else {
-        format!("p = {p:.3}")
-    }
-}
-
-fn signed_pct(x: f64) -> String {
-    format!("{}{:.1}%", if x >= 0.0 { "+" } else { "−" }, x.abs())
-}
-
-fn signed_points(x: f64) -> String {
-    format!("{}{:.1} points", if x >= 0.0 { "+" } else { "−" }, x.abs())
-}
-
-/// The verdict in one paragraph. `min`: the smallest change called one.
-pub(super) fn verdict_text(v: &Verdict, share: &Share, min: f64) -> String {
-    let head = match v.outcome {
-        Outcome::Improved => "Improved",
-        Outcome::Regressed => "Regressed",
-        Outcome::Unchanged => "Unchanged",
-    };
-    // The change, its 99% margin, and what it was judged on.
-    let spread = |change: String, unit: &str, what: &str| {
-        format!(
-            "{change} ±{:.1}{unit} at 99%; {} vs {} {what}, {}",
-            v.margin99.unwrap_or(0.0),
-            v.samples[0],
-            v.samples[1],
-            p_text(v.p_value.unwrap_or(1.0))
-        )
-    };
-    let mut s = match v.basis {
-        Basis::Steps => format!(
-            "{head}: step time {} → {} ({})",
-            units::duration(v.base.round() as u64),
-            units::duration(v.new.round() as u64),
-            spread(signed_pct(v.change), "%", "steps")
-        ),
-        Basis::Buckets => format!(
-            "{head}: the GPUs idled {:.1}% → {:.1}% of their busy span ({})",
-            v.base,
-            v.new,
-            spread(signed_points(v.change), "", "stretches")
-        ),
-        Basis::Totals => format!(
-            "{head}: GPU idle {:.1}% → {:.1}% of allocated time ({}; too short to judge the spread)",
-            v.base,
-            v.new,
-            signed_points(v.change)
-        ),
-    };
-    if v.outcome == Outcome::Unchanged && v.basis != Basis::Totals {
-        let p = v.p_value.unwrap_or(1.0);
-        s += &if p >= super::P_CHANGED {
-            ": within the run's own spread".to_string()
-        } else {
-            format!(
-                ": smaller than the {min:.0}{} called a change",
-                if v.basis == Basis::Steps {
-                    "%"
-                } else {
-                    " points"
-                }
-            )
-        };
-    }
-    s += ".";
-    if v.basis != Basis::Totals {
-        s += &format!(
-            " GPU idle {:.1}% → {:.1}% of allocated time ({})",
-            share.base_pct,
-            share.new_pct,
-            signed_points(share.change_points)
-        );
-        s += if v.largest_change.is_some() { ";" } else { "." };
-    }
-    if let Some(c) = v.largest_change {
-        s += &format!(
-            " the largest change: {} {} ({:.1}% → {:.1}%).",
-            c.cause.name(),
-            signed_points(c.share.change_points),
-            c.share.base_pct,
-            c.share.new_pct
-        );
-    }
-    s
-}
-
-fn side_line(name: &str, d: &super::SideInfo) -> String {
+fn side_line(name: &str, d: &SideInfo) -> String {
     let cmd = if d.command.is_empty() {
         String::new()
     } else {
@@ -197,9 +110,7 @@ fn figures_rows(b: Option<&GpuFigures>, n: Option<&GpuFigures>) -> Vec<Vec<Strin
                     let points = match (b, n) {
                         (Some(b), Some(n)) if *label != "allocated" => format!(
                             " ({})",
-                            signed_points(
-                                super::pct(y, n.allocated_ns) - super::pct(x, b.allocated_ns)
-                            )
+                            signed_points(pct(y, n.allocated_ns) - pct(x, b.allocated_ns))
                         ),
                         _ => String::new(),
                     };
@@ -478,25 +389,6 @@ fn short_stack(frames: &[String]) -> String {
     }
 }
 
-/// Every stack with its BASE and NEW weights.
-fn merged<'a>(
-    base: &'a BTreeMap<String, u64>,
-    new: &'a BTreeMap<String, u64>,
-) -> Vec<(&'a str, u64, u64)> {
-    base.keys()
-        .chain(new.keys())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .map(|s| {
-            (
-                s.as_str(),
-                base.get(s).copied().unwrap_or(0),
-                new.get(s).copied().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 /// Which side's idle time gives the frames their widths.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Shape {
@@ -506,7 +398,11 @@ enum Shape {
 }
 
 fn flamegraph(c: &Compared, shape: Shape) -> io::Result<Vec<u8>> {
-    let lines = merged(&c.base_stacks, &c.new_stacks);
+    let lines: Vec<(String, u64, u64)> = c
+        .stacks()
+        .into_iter()
+        .map(|(s, b, n)| (s.folded(), b, n))
+        .collect();
     let mut svg = Vec::new();
     if lines.is_empty() {
         writeln!(

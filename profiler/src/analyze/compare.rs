@@ -1,24 +1,21 @@
-//! Two runs of a job compared (`gapscope diff BASE NEW`): per GPU the
+//! Two runs of a job compared (`gapscope diff BASE NEW`), from their
+//! analyses: per GPU the
 //! allocated, busy and idle time and the idle by cause side by side, the
 //! training steps matched where they are marked, the idle-gap stacks that
 //! grew or shrank, and a verdict — improved, regressed or unchanged —
 //! judged against the run's own step-to-step (or second-to-second) spread
 //! so that noise does not read as a change.
 
-mod render;
-
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::flame::{self, FlameKind};
-use super::gpu_report::{BusyByKindReport, GpuReport};
-use super::{Labelled, View};
-use crate::analyze::cause::{Cause, IdleByCause};
-use crate::analyze::stats::{self, Summary};
+use super::cause::{Cause, IdleByCause};
+use super::figures::{self, BusyByKind, Requests};
+use super::stacks::{self, Stack, StackKind};
+use super::stats::{self, Summary};
+use super::Labelled;
 use crate::session::SourceKind;
-
-pub use render::{write, DiffFormat};
 
 pub const SCHEMA: &str = "gapscope.diff/1";
 
@@ -57,8 +54,28 @@ impl Default for DiffOptions {
 /// A diff with the idle-gap stacks of each side, for its flamegraph.
 pub struct Compared {
     pub diff: Diff,
-    base_stacks: BTreeMap<String, u64>,
-    new_stacks: BTreeMap<String, u64>,
+    pub base_stacks: BTreeMap<Stack, u64>,
+    pub new_stacks: BTreeMap<Stack, u64>,
+}
+
+impl Compared {
+    /// Every idle-gap stack of either side, in order, with its ns in BASE
+    /// and in NEW.
+    pub fn stacks(&self) -> Vec<(&Stack, u64, u64)> {
+        self.base_stacks
+            .keys()
+            .chain(self.new_stacks.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|s| {
+                (
+                    s,
+                    self.base_stacks.get(s).copied().unwrap_or(0),
+                    self.new_stacks.get(s).copied().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
 }
 
 /// One side: what was given on the command line, and its analyses.
@@ -191,13 +208,13 @@ pub struct Gate {
 pub struct GpuFigures {
     pub allocated_ns: u64,
     pub busy_ns: u64,
-    pub busy_by_kind_ns: BusyByKindReport,
+    pub busy_by_kind_ns: BusyByKind,
     pub idle_ns: u64,
     #[serde(serialize_with = "r3")]
     pub idle_pct: f64,
     pub idle_by_cause_ns: IdleByCause,
     /// The requests its server answered, where it serves (see the report's).
-    pub requests: Option<crate::export::gpu_report::RequestsReport>,
+    pub requests: Option<Requests>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -314,7 +331,8 @@ fn r3_opt<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error
     }
 }
 
-fn pct(part: u64, whole: u64) -> f64 {
+/// `part` in percent of `whole` (0 of nothing).
+pub fn pct(part: u64, whole: u64) -> f64 {
     if whole == 0 {
         0.0
     } else {
@@ -322,38 +340,57 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// One side's reports, its figures summed.
 /// Steps of one input: what marked them, and each one's time by number.
 type Steps = (String, Vec<(u64, u64)>);
 
+/// A GPU of one side: the input it is in, and its figures.
+struct SideGpu<'a> {
+    input: usize,
+    id: u32,
+    name: &'a str,
+    source: SourceKind,
+    figures: figures::Gpu,
+}
+
+/// One side's analyses, its GPUs' figures taken once.
 struct Built<'a> {
     side: &'a Side<'a>,
-    views: Vec<View<'a>>,
+    gpus: Vec<SideGpu<'a>>,
 }
 
 impl<'a> Built<'a> {
     fn new(side: &'a Side<'a>) -> Built<'a> {
-        Built {
-            side,
-            views: side.inputs.iter().map(|l| View::new(&l.analysis)).collect(),
-        }
-    }
-
-    fn gpus(&self) -> impl Iterator<Item = (usize, &GpuReport)> {
-        self.views
+        let gpus = side
+            .inputs
             .iter()
             .enumerate()
-            .flat_map(|(i, v)| v.report.gpus.iter().map(move |g| (i, g)))
+            .flat_map(|(i, l)| {
+                l.analysis.diagnosis.gpus.iter().map(move |d| SideGpu {
+                    input: i,
+                    id: d.gpu.device,
+                    name: &d.gpu.name,
+                    source: d.gpu.source,
+                    figures: figures::gpu(&l.analysis, d),
+                })
+            })
+            .collect();
+        Built { side, gpus }
     }
 
     fn totals(&self) -> (u64, u64, u64) {
-        self.gpus().fold((0, 0, 0), |(a, b, i), (_, g)| {
-            (a + g.allocated_ns, b + g.busy_ns, i + g.idle_ns)
+        self.gpus.iter().fold((0, 0, 0), |(a, b, i), g| {
+            let f = &g.figures;
+            (a + f.allocated_ns, b + f.busy_ns, i + f.idle_ns)
         })
     }
 
     fn idle_by_cause(&self) -> IdleByCause {
-        IdleByCause::from_fn(|c| self.gpus().map(|(_, g)| g.idle_by_cause_ns.get(c)).sum())
+        IdleByCause::from_fn(|c| {
+            self.gpus
+                .iter()
+                .map(|g| g.figures.idle_by_cause_ns.get(c))
+                .sum()
+        })
     }
 
     fn info(&self) -> SideInfo {
@@ -362,9 +399,10 @@ impl<'a> Built<'a> {
             path: self.side.name.clone(),
             inputs: self.side.inputs.iter().map(|l| l.label.clone()).collect(),
             command: self
-                .views
+                .side
+                .inputs
                 .first()
-                .map(|v| v.report.target.command.clone())
+                .map(|l| l.analysis.facts.header.command.clone())
                 .unwrap_or_default(),
             allocated_ns,
             busy_ns,
@@ -421,9 +459,10 @@ impl<'a> Built<'a> {
     }
 
     fn recommendations(&self) -> Vec<RecommendationBrief> {
-        self.views
+        self.side
+            .inputs
             .iter()
-            .flat_map(|v| &v.report.recommendations)
+            .flat_map(|l| &l.analysis.advice.recommendations)
             .take(TOP_RECOMMENDATIONS)
             .map(|r| RecommendationBrief {
                 cause: r.cause.name().to_string(),
@@ -433,11 +472,11 @@ impl<'a> Built<'a> {
             .collect()
     }
 
-    /// Idle-gap stacks over all inputs: stack → ns.
-    fn idle_stacks(&self) -> BTreeMap<String, u64> {
+    /// Idle-gap stacks over all inputs, each with its ns.
+    fn idle_stacks(&self) -> BTreeMap<Stack, u64> {
         let mut out = BTreeMap::new();
         for l in self.side.inputs {
-            for (s, w) in flame::folded(&l.analysis, FlameKind::Idle) {
+            for (s, w) in stacks::stacks(&l.analysis, StackKind::Idle) {
                 *out.entry(s).or_default() += w;
             }
         }
@@ -445,19 +484,19 @@ impl<'a> Built<'a> {
     }
 
     fn simulated(&self) -> bool {
-        self.gpus().any(|(_, g)| g.source == SourceKind::Simulated)
+        self.gpus.iter().any(|g| g.source == SourceKind::Simulated)
     }
 }
 
-fn figures(g: &GpuReport) -> GpuFigures {
+fn gpu_figures(f: &figures::Gpu) -> GpuFigures {
     GpuFigures {
-        allocated_ns: g.allocated_ns,
-        busy_ns: g.busy_ns,
-        busy_by_kind_ns: g.busy_by_kind_ns,
-        idle_ns: g.idle_ns,
-        idle_pct: pct(g.idle_ns, g.allocated_ns),
-        idle_by_cause_ns: g.idle_by_cause_ns.clone(),
-        requests: g.requests.clone(),
+        allocated_ns: f.allocated_ns,
+        busy_ns: f.busy_ns,
+        busy_by_kind_ns: f.busy_by_kind_ns,
+        idle_ns: f.idle_ns,
+        idle_pct: pct(f.idle_ns, f.allocated_ns),
+        idle_by_cause_ns: f.idle_by_cause_ns.clone(),
+        requests: f.requests.clone(),
     }
 }
 
@@ -527,21 +566,21 @@ fn gpu_diffs(base: &Built, new: &Built) -> Vec<GpuDiff> {
     };
     let mut out: Vec<GpuDiff> = Vec::new();
     let mut matched = std::collections::HashSet::new();
-    for (i, g) in base.gpus() {
-        let (j, rank) = partner[i];
-        let other = new.gpus().find(|&(jj, h)| Some(jj) == j && h.id == g.id);
-        if let Some((jj, h)) = other {
-            matched.insert((jj, h.id));
+    for g in &base.gpus {
+        let (j, rank) = partner[g.input];
+        let other = new.gpus.iter().find(|h| Some(h.input) == j && h.id == g.id);
+        if let Some(h) = other {
+            matched.insert((h.input, h.id));
         }
-        let other = other.map(|x| x.1);
+        let other = other.map(|h| &h.figures);
         out.push(GpuDiff {
-            key: key(base, i, rank, g.id),
-            name: g.name.clone(),
-            base: Some(figures(g)),
-            new: other.map(figures),
+            key: key(base, g.input, rank, g.id),
+            name: g.name.to_string(),
+            base: Some(gpu_figures(&g.figures)),
+            new: other.map(gpu_figures),
             causes: cause_changes(
-                &g.idle_by_cause_ns,
-                g.allocated_ns,
+                &g.figures.idle_by_cause_ns,
+                g.figures.allocated_ns,
                 &other
                     .map(|h| h.idle_by_cause_ns.clone())
                     .unwrap_or_default(),
@@ -549,26 +588,26 @@ fn gpu_diffs(base: &Built, new: &Built) -> Vec<GpuDiff> {
             ),
         });
     }
-    for (j, h) in new.gpus() {
-        if matched.contains(&(j, h.id)) {
+    for h in &new.gpus {
+        if matched.contains(&(h.input, h.id)) {
             continue;
         }
-        let rank = new.side.inputs[j]
+        let rank = new.side.inputs[h.input]
             .analysis
             .facts
             .rank
             .map(|k| k.rank)
             .filter(|_| partner.iter().any(|p| p.1.is_some()));
         out.push(GpuDiff {
-            key: key(new, j, rank, h.id),
-            name: h.name.clone(),
+            key: key(new, h.input, rank, h.id),
+            name: h.name.to_string(),
             base: None,
-            new: Some(figures(h)),
+            new: Some(gpu_figures(&h.figures)),
             causes: cause_changes(
                 &IdleByCause::default(),
                 0,
-                &h.idle_by_cause_ns,
-                h.allocated_ns,
+                &h.figures.idle_by_cause_ns,
+                h.figures.allocated_ns,
             ),
         });
     }
@@ -698,7 +737,7 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
             (v, Some(rates), MIN_IDLE_POINTS)
         }
     };
-    verdict.text = render::verdict_text(&verdict, &idle_share, min);
+    verdict.text = verdict_text(&verdict, &idle_share, min);
 
     let gate = opts.gate_points.map(|points| Gate {
         points,
@@ -712,7 +751,7 @@ pub fn build(base: &Side, new: &Side, opts: &DiffOptions) -> Compared {
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .map(|s| StackChange {
-            frames: s.split(';').map(str::to_string).collect(),
+            frames: s.0.clone(),
             base_ns: bs.get(s).copied().unwrap_or(0),
             new_ns: ns.get(s).copied().unwrap_or(0),
         })
@@ -846,4 +885,94 @@ fn totals_verdict(share: &Share, largest_change: Option<CauseChange>) -> Verdict
         largest_change,
         text: String::new(),
     }
+}
+
+pub fn p_text(p: f64) -> String {
+    if p < 0.001 {
+        "p < 0.001".into()
+    } else {
+        format!("p = {p:.3}")
+    }
+}
+
+pub fn signed_pct(x: f64) -> String {
+    format!("{}{:.1}%", if x >= 0.0 { "+" } else { "−" }, x.abs())
+}
+
+pub fn signed_points(x: f64) -> String {
+    format!("{}{:.1} points", if x >= 0.0 { "+" } else { "−" }, x.abs())
+}
+
+/// The verdict in one paragraph. `min`: the smallest change called one.
+fn verdict_text(v: &Verdict, share: &Share, min: f64) -> String {
+    let head = match v.outcome {
+        Outcome::Improved => "Improved",
+        Outcome::Regressed => "Regressed",
+        Outcome::Unchanged => "Unchanged",
+    };
+    // The change, its 99% margin, and what it was judged on.
+    let spread = |change: String, unit: &str, what: &str| {
+        format!(
+            "{change} ±{:.1}{unit} at 99%; {} vs {} {what}, {}",
+            v.margin99.unwrap_or(0.0),
+            v.samples[0],
+            v.samples[1],
+            p_text(v.p_value.unwrap_or(1.0))
+        )
+    };
+    let mut s = match v.basis {
+        Basis::Steps => format!(
+            "{head}: step time {} → {} ({})",
+            crate::units::duration(v.base.round() as u64),
+            crate::units::duration(v.new.round() as u64),
+            spread(signed_pct(v.change), "%", "steps")
+        ),
+        Basis::Buckets => format!(
+            "{head}: the GPUs idled {:.1}% → {:.1}% of their busy span ({})",
+            v.base,
+            v.new,
+            spread(signed_points(v.change), "", "stretches")
+        ),
+        Basis::Totals => format!(
+            "{head}: GPU idle {:.1}% → {:.1}% of allocated time ({}; too short to judge the spread)",
+            v.base,
+            v.new,
+            signed_points(v.change)
+        ),
+    };
+    if v.outcome == Outcome::Unchanged && v.basis != Basis::Totals {
+        let p = v.p_value.unwrap_or(1.0);
+        s += &if p >= P_CHANGED {
+            ": within the run's own spread".to_string()
+        } else {
+            format!(
+                ": smaller than the {min:.0}{} called a change",
+                if v.basis == Basis::Steps {
+                    "%"
+                } else {
+                    " points"
+                }
+            )
+        };
+    }
+    s += ".";
+    if v.basis != Basis::Totals {
+        s += &format!(
+            " GPU idle {:.1}% → {:.1}% of allocated time ({})",
+            share.base_pct,
+            share.new_pct,
+            signed_points(share.change_points)
+        );
+        s += if v.largest_change.is_some() { ";" } else { "." };
+    }
+    if let Some(c) = v.largest_change {
+        s += &format!(
+            " the largest change: {} {} ({:.1}% → {:.1}%).",
+            c.cause.name(),
+            signed_points(c.share.change_points),
+            c.share.base_pct,
+            c.share.new_pct
+        );
+    }
+    s
 }
