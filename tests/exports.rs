@@ -54,11 +54,16 @@ fn exporters_match_their_golden_files() {
 #[test]
 fn streamed_and_whole_analyses_agree() {
     use gapscope::analyze::{analyze, AnalyzeOptions};
-    use gapscope::export::{write, Format, Options, View};
+    use gapscope::export::{write, Format, Options, Subject, View};
     let path = golden_session();
     let json = |a: &gapscope::analyze::Analysis| {
         let mut out = Vec::new();
-        write(&View::new(a), &Options::new(Format::Json), &mut out).unwrap();
+        write(
+            Subject::Run(&View::new(a)),
+            &Options::new(Format::Json),
+            &mut out,
+        )
+        .unwrap();
         String::from_utf8(out).unwrap()
     };
     let whole = analyze(

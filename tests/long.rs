@@ -7,12 +7,17 @@
 use std::process::Command;
 
 use gapscope::analyze::{analyze, AnalyzeOptions};
-use gapscope::export::{write, Format, Options, View};
+use gapscope::export::{write, Format, Options, Subject, View};
 use gapscope_tests::*;
 
 fn json(a: &gapscope::analyze::Analysis) -> serde_json::Value {
     let mut out = Vec::new();
-    write(&View::new(a), &Options::new(Format::Json), &mut out).unwrap();
+    write(
+        Subject::Run(&View::new(a)),
+        &Options::new(Format::Json),
+        &mut out,
+    )
+    .unwrap();
     serde_json::from_slice(&out).unwrap()
 }
 

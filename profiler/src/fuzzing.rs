@@ -21,11 +21,15 @@ fn scratch(ext: &str) -> PathBuf {
 /// Everything a user can ask of a session, into the void; returns the
 /// JSON report.
 fn analyse_all(s: impl Into<crate::session::Source>) -> Vec<u8> {
-    use crate::export::{write, Format, Options, View};
+    use crate::export::{write, Format, Options, Subject, View};
     let a = analysis(s, true);
     let v = View::new(&a);
     for format in Format::ALL {
-        let _ = write(&v, &Options::new(format), &mut std::io::sink());
+        let _ = write(
+            Subject::Run(&v),
+            &Options::new(format),
+            &mut std::io::sink(),
+        );
     }
     json(&v)
 }
@@ -43,9 +47,9 @@ fn analysis(s: impl Into<crate::session::Source>, pictures: bool) -> crate::anal
 }
 
 fn json(v: &crate::export::View) -> Vec<u8> {
-    use crate::export::{write, Format, Options};
+    use crate::export::{write, Format, Options, Subject};
     let mut json = Vec::new();
-    let _ = write(v, &Options::new(Format::Json), &mut json);
+    let _ = write(Subject::Run(v), &Options::new(Format::Json), &mut json);
     json
 }
 

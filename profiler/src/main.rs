@@ -10,8 +10,8 @@ use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use gapscope::analyze::{analyze, AnalyzeOptions};
 use gapscope::collect::{self, bpf::TracerConfig, RecordError, RecordOptions, Recording, Target};
-use gapscope::export::diff::{DiffFormat, DiffOptions, Side};
-use gapscope::export::{self, FlameKind, Format, Labelled, Options, View};
+use gapscope::export::diff::{DiffOptions, Side};
+use gapscope::export::{self, FlameKind, Format, Labelled, Options, Subject, View};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -310,15 +310,15 @@ enum DiffFormatArg {
     Folded,
 }
 
-impl From<DiffFormatArg> for DiffFormat {
-    fn from(f: DiffFormatArg) -> DiffFormat {
+impl From<DiffFormatArg> for Format {
+    fn from(f: DiffFormatArg) -> Format {
         match f {
-            DiffFormatArg::Text => DiffFormat::Text,
-            DiffFormatArg::Json => DiffFormat::Json,
-            DiffFormatArg::Md => DiffFormat::Markdown,
-            DiffFormatArg::Html => DiffFormat::Html,
-            DiffFormatArg::Flamegraph => DiffFormat::Flamegraph,
-            DiffFormatArg::Folded => DiffFormat::Folded,
+            DiffFormatArg::Text => Format::Text,
+            DiffFormatArg::Json => Format::Json,
+            DiffFormatArg::Md => Format::Markdown,
+            DiffFormatArg::Html => Format::Html,
+            DiffFormatArg::Flamegraph => Format::Flamegraph(FlameKind::Idle),
+            DiffFormatArg::Folded => Format::Folded(FlameKind::Idle),
         }
     }
 }
@@ -457,7 +457,8 @@ fn after_recording(rec: &Recording, quiet: bool, exports: bool) -> Result<(), St
         export::write_bundle(out, &v, exports).map_err(|e| format!("writing reports: {e}"))?;
     if !quiet {
         let mut err = std::io::stderr().lock();
-        export::write(&v, &Options::new(Format::Text), &mut err).map_err(|e| e.to_string())?;
+        export::write(Subject::Run(&v), &Options::new(Format::Text), &mut err)
+            .map_err(|e| e.to_string())?;
         let what = if exports {
             "session, reports (report.html), flamegraphs and timeline (trace.json)"
         } else {
@@ -552,7 +553,7 @@ fn analyzed(
 fn diff(
     base: &std::path::Path,
     new: &std::path::Path,
-    format: DiffFormat,
+    format: Format,
     gate: Option<f64>,
     min_change: f64,
     output: Option<&std::path::Path>,
@@ -601,7 +602,7 @@ fn diff(
         },
     );
     let code = write_out(output, |w| {
-        gapscope::export::diff::write(&compared, format, w)
+        export::write(Subject::Comparison(&compared), &Options::new(format), w)
     });
     match compared.diff.gate {
         Some(g) if !g.passed && code == ExitCode::SUCCESS => {
@@ -727,7 +728,7 @@ fn main() -> ExitCode {
             };
             match analyzed(&paths, &opts) {
                 Ok(inputs) => write_out(output.as_deref(), |w| {
-                    export::write_reports(&inputs, format, w)
+                    export::write(Subject::Ranks(&inputs), &Options::new(format), w)
                 }),
                 Err(e) => fail(e),
             }
@@ -828,7 +829,7 @@ fn main() -> ExitCode {
                     };
                     let v = View::new(&a);
                     write_out(output.as_deref(), |w| {
-                        export::write(&v, &Options { format, window }, w)
+                        export::write(Subject::Run(&v), &Options { format, window }, w)
                     })
                 }
                 Ok(loaded) => fail(format!(

@@ -12,36 +12,27 @@ pub use crate::analyze::compare::{
 use crate::analyze::compare::{pct, signed_pct, signed_points, GpuFigures, SideInfo};
 use crate::export::summary::{self, html_escape as esc, Block, Style, Table};
 use crate::export::units;
+use crate::export::{FlameKind, Format, Options};
 
 /// Idle stacks the text shows of each list (the JSON has more).
 const STACKS_SHOWN: usize = 5;
 
-/// What `gapscope diff` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DiffFormat {
-    Text,
-    Json,
-    Markdown,
-    Html,
-    /// The differential idle-gap flamegraph, SVG.
-    Flamegraph,
-    /// Its stacks folded: `stack BASE_ns NEW_ns` per line.
-    Folded,
-}
-
-pub fn write(c: &Compared, format: DiffFormat, out: &mut dyn Write) -> io::Result<()> {
-    match format {
-        DiffFormat::Text => write_blocks(&blocks(&c.diff), Style::Text, out),
-        DiffFormat::Markdown => {
+/// A comparison as `opts` asks: text, markdown, JSON, HTML, or its
+/// idle-gap stacks drawn (differential flamegraph) or folded
+/// (`stack BASE_ns NEW_ns`); other formats are refused.
+pub fn write(c: &Compared, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    match opts.format {
+        Format::Text => write_blocks(&blocks(&c.diff), Style::Text, out),
+        Format::Markdown => {
             writeln!(out, "## gapscope diff")?;
             write_blocks(&blocks(&c.diff), Style::Markdown, out)
         }
-        DiffFormat::Json => {
+        Format::Json => {
             serde_json::to_writer_pretty(&mut *out, &c.diff)?;
             writeln!(out)
         }
-        DiffFormat::Html => write_html(c, out),
-        DiffFormat::Flamegraph => {
+        Format::Html => write_html(c, out),
+        Format::Flamegraph(FlameKind::Idle) => {
             let shape = if c.new_stacks.values().any(|&w| w > 0) {
                 Shape::New
             } else {
@@ -49,12 +40,18 @@ pub fn write(c: &Compared, format: DiffFormat, out: &mut dyn Write) -> io::Resul
             };
             out.write_all(&flamegraph(c, shape)?)
         }
-        DiffFormat::Folded => {
+        Format::Folded(FlameKind::Idle) => {
             for (stack, b, n) in c.stacks() {
                 writeln!(out, "{} {b} {n}", stack.folded())?;
             }
             Ok(())
         }
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a comparison is written as text, md, json, html, or its idle-gap flamegraph (drawn or folded), not {other:?}"
+            ),
+        )),
     }
 }
 

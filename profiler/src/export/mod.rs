@@ -1,7 +1,8 @@
-//! Renderers: each turns an [`Analysis`] into one output and reads nothing
-//! else. Every one has the same signature, `write(&View, &Options, out)`;
-//! a new format is a module here, a [`Format`] variant and an arm in
-//! [`write`].
+//! Renderers: each turns an analysis into one output and reads nothing
+//! else. Every output is written by [`write`]`(Subject, &Options, out)`,
+//! the subject a run, a comparison or ranks; a run's renderers have the
+//! signature `write(&View, &Options, out)`, so a new format is a module
+//! here, a [`Format`] variant and an arm in `write_run`.
 
 pub mod diff;
 pub mod flame;
@@ -97,8 +98,27 @@ impl<'a> View<'a> {
     }
 }
 
-/// Renders `v` as `opts` asks.
-pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+/// What an output is about: one run, two runs compared (`gapscope diff`,
+/// see `analyze::compare`), or several ranks of a job side by side (one
+/// input alone is written as its run).
+#[derive(Clone, Copy)]
+pub enum Subject<'a> {
+    Run(&'a View<'a>),
+    Comparison(&'a diff::Compared),
+    Ranks(&'a [Labelled]),
+}
+
+/// Renders `subject` as `opts` asks: every output is written through here.
+/// A format the subject has no form in is refused (`InvalidInput`).
+pub fn write(subject: Subject, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    match subject {
+        Subject::Run(v) => write_run(v, opts, out),
+        Subject::Comparison(c) => diff::write(c, opts, out),
+        Subject::Ranks(inputs) => write_ranks(inputs, opts.format, out),
+    }
+}
+
+fn write_run(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
     match opts.format {
         Format::Text | Format::Markdown => summary::write(v, opts, out),
         Format::Json => json::write(v, opts, out),
@@ -157,7 +177,7 @@ pub fn write_bundle(
         ));
     }
     for (name, opts) in &outputs {
-        dir.write_file(name, |mut w| write(v, opts, &mut w))?;
+        dir.write_file(name, |mut w| write_run(v, opts, &mut w))?;
     }
     if !exports {
         return Ok(None);
@@ -179,7 +199,7 @@ pub use crate::analyze::Labelled;
 /// Reports for one or more analyses; with several (one per rank), a
 /// cross-rank table follows. Where the analyses carry HTA's per-stream
 /// idle breakdown, it is shown too.
-pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -> io::Result<()> {
+fn write_ranks(inputs: &[Labelled], format: Format, out: &mut dyn Write) -> io::Result<()> {
     let hta = inputs.iter().any(|l| l.analysis.hta.is_some());
     match format {
         Format::Text | Format::Markdown | Format::Json => {}
@@ -208,7 +228,7 @@ pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -
     }
     let views: Vec<View> = inputs.iter().map(|l| View::new(&l.analysis)).collect();
     if views.len() == 1 {
-        return write(&views[0], &Options::new(format), &mut out);
+        return write_run(&views[0], &Options::new(format), out);
     }
     if format == Format::Json {
         let v = serde_json::json!({
@@ -218,12 +238,12 @@ pub fn write_reports(inputs: &[Labelled], format: Format, mut out: impl Write) -
             }).collect::<Vec<_>>(),
             "cross_rank": crate::analyze::ranks::rows(inputs),
         });
-        serde_json::to_writer_pretty(&mut out, &v)?;
+        serde_json::to_writer_pretty(&mut *out, &v)?;
         return writeln!(out);
     }
     for (v, l) in views.iter().zip(inputs) {
         writeln!(out, "\n=== {} ===", l.label)?;
-        write(v, &Options::new(format), &mut out)?;
+        write_run(v, &Options::new(format), out)?;
     }
-    ranks::write_table(inputs, &mut out)
+    ranks::write_table(inputs, out)
 }

@@ -13,7 +13,7 @@ use crate::analyze::ranks::{meet_in_collectives, rows, RankRow};
 /// (docs/ranks.schema.json).
 pub const SCHEMA: &str = "gapscope.ranks/1";
 
-pub fn write_table(inputs: &[Labelled], out: &mut impl Write) -> io::Result<()> {
+pub fn write_table(inputs: &[Labelled], out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "\nAcross ranks")?;
     let rows = rows(inputs);
     let collectives = meet_in_collectives(&rows);
