@@ -120,7 +120,27 @@ impl Names {
     pub fn addrs(&self, hash: u64) -> Option<&[u64]> {
         self.stacks.get(&hash).map(|s| s.addrs.as_slice())
     }
+
+    /// A stack's frames as every output names them, innermost first:
+    /// `name` of each symbol, else the raw addresses the recording kept,
+    /// else [`LOST_STACK`] — the one fallback for a stack that cannot be
+    /// read. Nothing for no stack (hash 0).
+    pub fn frame_names(&self, hash: u64, name: impl Fn(&Frame) -> String) -> Vec<String> {
+        if hash == 0 {
+            return Vec::new();
+        }
+        if let Some(frames) = self.frames(hash) {
+            return frames.iter().map(name).collect();
+        }
+        match self.addrs(hash) {
+            Some(addrs) => addrs.iter().map(|a| format!("{a:#x}")).collect(),
+            None => vec![LOST_STACK.into()],
+        }
+    }
 }
+
+/// What stands for a stack the recording lost (dropped, or never sent).
+pub const LOST_STACK: &str = "[stack lost]";
 
 /// One analysed input of several (a comparison's side, ranks), with the
 /// name it goes by.

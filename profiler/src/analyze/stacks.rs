@@ -69,35 +69,15 @@ impl Frames<'_> {
     fn chain(&self, ustack: u64, kstack: u64) -> Vec<String> {
         let mut out = Vec::new();
         for (hash, suffix) in [(ustack, ""), (kstack, "_[k]")] {
-            if hash == 0 {
-                continue;
-            }
-            match self.names.frames(hash) {
-                Some(frames) => out.extend(
-                    frames
-                        .iter()
-                        .rev()
-                        .map(|f| format!("{}{suffix}", clean(&f.function))),
-                ),
-                None => out.push("[unknown]".into()),
-            }
+            let names = self.names.frame_names(hash, |f| clean(&f.function));
+            out.extend(names.into_iter().rev().map(|n| format!("{n}{suffix}")));
         }
         out
     }
 }
 
 fn comm(tl: &Timeline, pid: u32, tid: u32) -> String {
-    let name = tl
-        .threads
-        .get(&(pid, tid))
-        .map(|t| t.comm.clone())
-        .or_else(|| tl.processes.get(&pid).map(|p| p.comm.clone()))
-        .unwrap_or_default();
-    clean(&if name.is_empty() {
-        format!("{pid}/{tid}")
-    } else {
-        name
-    })
+    clean(&tl.thread_name(pid, tid))
 }
 
 /// Every stack of `kind` in the analysis with its weight (samples, or ns),

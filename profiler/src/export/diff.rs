@@ -10,7 +10,7 @@ pub use crate::analyze::compare::{
     build, Compared, Diff, DiffOptions, Side, DEFAULT_MIN_CHANGE_PCT, SCHEMA,
 };
 use crate::analyze::compare::{pct, signed_pct, signed_points, GpuFigures, SideInfo};
-use crate::export::summary::{self, html_escape as esc, Block, Style, Table};
+use crate::export::document::{self, html_escape as esc, Block, Style, Table, STYLESHEET};
 use crate::export::units;
 use crate::export::{FlameKind, Format, Options};
 
@@ -57,7 +57,7 @@ pub fn write(c: &Compared, opts: &Options, out: &mut dyn Write) -> io::Result<()
 
 fn write_blocks(blocks: &[Block], style: Style, out: &mut dyn Write) -> io::Result<()> {
     for b in blocks {
-        summary::write_block(b, style, &mut *out)?;
+        document::write_block(b, style, &mut *out)?;
     }
     Ok(())
 }
@@ -66,7 +66,7 @@ fn side_line(name: &str, d: &SideInfo) -> String {
     let cmd = if d.command.is_empty() {
         String::new()
     } else {
-        format!(" — {}", summary::command_line(&d.command))
+        format!(" — {}", document::command_line(&d.command))
     };
     format!("{name}: {}{cmd}", d.path)
 }
@@ -435,22 +435,6 @@ fn flamegraph(c: &Compared, shape: Shape) -> io::Result<Vec<u8>> {
     Ok(svg)
 }
 
-const STYLE: &str = r#"
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;margin:0;background:#f6f7f9}
-main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
-h1{font-size:22px;margin:0 0 4px}h3{font-size:15px;margin:18px 0 6px}
-.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:14px 18px;margin:14px 0}
-.verdict{font-size:16px;font-weight:600;border-radius:6px;padding:10px 14px}
-.improved{background:#dff3e4;border:1px solid #8fd19e}.regressed{background:#fde2e1;border:1px solid #e6a19d}.unchanged{background:#eceff3;border:1px solid #c9ced6}
-.sim{background:#fff3cd;border:1px solid #e0c36a;border-radius:6px;padding:8px 12px;font-weight:600}
-.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
-table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
-.num{text-align:right;font-variant-numeric:tabular-nums}
-.bars div.row{display:flex;align-items:center;margin:4px 0}.bars .who{width:60px;font-weight:600}
-.bars svg{flex:1;height:24px;border-radius:4px}
-iframe.flame{width:100%;border:1px solid #ddd;border-radius:6px;background:#fff}
-"#;
-
 /// A bar of one run's allocated time: busy, then idle by cause.
 fn share_bar(
     out: &mut dyn Write,
@@ -503,7 +487,7 @@ fn write_html(c: &Compared, out: &mut dyn Write) -> io::Result<()> {
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <title>gapscope diff — {}</title>
-<style>{STYLE}</style></head>
+<style>{STYLESHEET}</style></head>
 <body><main>
 <h1>gapscope diff</h1>"#,
         esc(d.verdict.outcome.name())
@@ -517,7 +501,7 @@ fn write_html(c: &Compared, out: &mut dyn Write) -> io::Result<()> {
     if d.simulated {
         writeln!(
             out,
-            r#"<p class="sim" id="simulated">SIMULATED GPU: gapscope's test and demo workload on one side or both. The host side is real; the GPU and its timings are simulated.</p>"#
+            r#"<div class="banner sim" id="simulated">SIMULATED GPU: gapscope's test and demo workload on one side or both. The host side is real; the GPU and its timings are simulated.</div>"#
         )?;
     }
     writeln!(

@@ -8,13 +8,13 @@ use std::io::{self, Write};
 
 use base64::Engine;
 
+use super::document::{self, html_escape as esc, Style, STYLESHEET};
 use super::report::Report;
-use super::summary::{self, html_escape as esc, Style};
+use super::summary;
 use super::units;
 use super::{Options, View};
 use crate::analyze::attribute::Cause;
 use crate::analyze::diagnose::Diagnosis;
-use crate::session::{Mode, SourceKind};
 
 /// Columns of the busy/idle strip.
 const STRIP_BINS: usize = 400;
@@ -219,35 +219,6 @@ pub(super) fn svg_height(svg: &[u8]) -> Option<u32> {
     h[..h.find('"')?].parse().ok()
 }
 
-const STYLE: &str = r#"
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;margin:0;background:#f6f7f9}
-main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 10px}h3{font-size:15px;margin:18px 0 6px}
-.sub{color:#555}.mono,.cmd{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
-.cmd{background:#fff;border:1px solid #ddd;border-radius:6px;padding:6px 10px;margin:8px 0;word-break:break-all}
-.banner{border-radius:6px;padding:10px 14px;margin:12px 0;font-weight:600}
-.sim{background:#fff3cd;border:1px solid #e0c36a}.warn{background:#fde2e1;border:1px solid #e6a19d}
-.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:14px 18px;margin:14px 0}
-.card h2{margin-top:0}
-.kpis{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0 14px}
-.kpi{flex:1 1 150px;background:#f6f7f9;border-radius:6px;padding:8px 12px}
-.kpi .label{color:#666;font-size:12px;text-transform:uppercase;letter-spacing:.04em}.kpi .value{font-size:20px;font-weight:600}
-svg.bar{width:100%;height:28px;display:block;border-radius:4px}
-svg.strip{width:100%;height:48px;display:block;background:#eee}
-.axis{display:flex;justify-content:space-between;color:#666;font-size:11px}
-table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
-.num{text-align:right;font-variant-numeric:tabular-nums}
-.sw{display:inline-block;width:12px;height:12px;border-radius:2px;vertical-align:middle}
-.verdict{font-size:16px;font-weight:600}
-ol.recs>li{margin:10px 0}.chip{display:inline-block;color:#fff;border-radius:10px;padding:0 8px;font-size:12px;margin-right:6px}
-.speedup{font-weight:700}
-.whatif{margin:6px 0;max-width:640px}.whatif .bar{color:#fff;font-size:12px;padding:1px 6px;margin:2px 0;border-radius:3px;white-space:nowrap;box-sizing:border-box}.whatif .was{background:#7f7f7f}
-iframe.flame{width:100%;border:1px solid #ddd;border-radius:6px;background:#fff}
-details{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px 18px;margin-top:24px}
-summary{cursor:pointer;font-weight:600}
-footer{color:#777;font-size:12px;margin-top:30px}
-"#;
-
 /// The report as one HTML page, the idle-gap flamegraph embedded.
 pub fn write(v: &View, _: &Options, out: &mut dyn Write) -> io::Result<()> {
     let mut svg = Vec::new();
@@ -276,11 +247,7 @@ fn write_html(
     mut out: impl Write,
 ) -> io::Result<()> {
     let o = &mut out;
-    let cmd = if r.target.command.is_empty() {
-        "?".to_string()
-    } else {
-        r.target.command.join(" ")
-    };
+    let heading = document::heading(r);
     let s = &r.session;
     writeln!(
         o,
@@ -289,55 +256,12 @@ fn write_html(
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <meta name="generator" content="gapscope {}">
 <title>gapscope — {}</title>
-<style>{STYLE}</style></head>
-<body><main>
-<h1>gapscope report</h1>"#,
+<style>{STYLESHEET}</style></head>
+<body><main>"#,
         esc(&s.gapscope_version),
-        esc(&cmd)
+        esc(&heading.command)
     )?;
-    writeln!(o, r#"<div class="cmd">{}</div>"#, esc(&cmd))?;
-    let when = if s.mode.is_trace() {
-        format!(
-            "PyTorch profiler trace · {} starting {}",
-            units::duration(s.duration_ns),
-            units::utc(s.start_unix_ns)
-        )
-    } else {
-        format!(
-            "{} {} · {} · pid {} · {} · {} (Linux {}, {} CPUs) · {} events",
-            match s.mode {
-                Mode::Run => "ran",
-                // One window of the agent's continuous recording.
-                Mode::Window => "watched",
-                _ => "attached",
-            },
-            units::utc(s.start_unix_ns),
-            units::duration(s.duration_ns),
-            r.target.pid,
-            match r.target.exit_code {
-                Some(c) => format!("exit {c}"),
-                None => "still running".into(),
-            },
-            s.hostname,
-            s.kernel,
-            s.nr_cpus,
-            units::count(s.events)
-        )
-    };
-    writeln!(o, r#"<div class="sub">{}</div>"#, esc(&when))?;
-    if r.gpus.iter().any(|g| g.source == SourceKind::Simulated) {
-        writeln!(
-            o,
-            r#"<div class="banner sim" id="simulated">SIMULATED GPU: this recording comes from gapscope's test and demo workload. The host side (threads, files, syscalls) is real; the GPU and its timings are simulated.</div>"#
-        )?;
-    }
-    if let Some(why) = &s.truncated {
-        writeln!(
-            o,
-            r#"<div class="banner warn">Truncated session: {}. Everything up to that point is shown.</div>"#,
-            esc(why)
-        )?;
-    }
+    heading.write_html("gapscope report", o)?;
 
     // GPUs: the header numbers, the breakdown, the strip.
     if r.gpus.is_empty() {

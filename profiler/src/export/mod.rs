@@ -5,6 +5,7 @@
 //! here, a [`Format`] variant and an arm in `write_run`.
 
 pub mod diff;
+mod document;
 pub mod flame;
 mod gpu_report;
 pub mod html;

@@ -341,16 +341,7 @@ struct Stacks<'a> {
 
 impl Stacks<'_> {
     fn frames(&self, hash: u64) -> Vec<String> {
-        if hash == 0 {
-            return Vec::new();
-        }
-        if let Some(frames) = self.names.frames(hash) {
-            return frames.iter().map(frame_name).collect();
-        }
-        match self.names.addrs(hash) {
-            Some(addrs) => addrs.iter().map(|a| format!("{a:#x}")).collect(),
-            None => vec!["[stack lost]".into()],
-        }
+        self.names.frame_names(hash, frame_name)
     }
 }
 

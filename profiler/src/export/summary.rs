@@ -4,75 +4,19 @@
 
 use std::io::{self, Write};
 
+use super::document::{self, Block, Style, Table};
 use super::report::{IdleCost, Report, StackReport, ThreadReport};
 use super::units;
 use super::{Format, Options, View};
-use crate::session::{Mode, SourceKind};
+use crate::session::SourceKind;
 use crate::timeline::OffKind;
 
 /// Most threads listed in the per-thread table; the JSON has all.
 const MAX_THREAD_ROWS: usize = 40;
 /// Frames shown per stack.
 const MAX_FRAMES: usize = 8;
-/// Longest command line shown in the heading.
-const MAX_COMMAND: usize = 100;
 /// Threads listed in the bytes and syscall sections.
 const MAX_DETAIL_THREADS: usize = 10;
-
-/// The command as one line: shell-quoted where needed, newlines folded, cut.
-pub(super) fn command_line(argv: &[String]) -> String {
-    if argv.is_empty() {
-        return "?".into();
-    }
-    let quoted: Vec<String> = argv
-        .iter()
-        .map(|a| {
-            let plain = !a.is_empty()
-                && a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-            if plain {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', "'\\''"))
-            }
-        })
-        .collect();
-    let line: String = quoted
-        .join(" ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    if line.chars().count() > MAX_COMMAND {
-        let cut: String = line.chars().take(MAX_COMMAND - 1).collect();
-        format!("{cut}…")
-    } else {
-        line
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Style {
-    Text,
-    Markdown,
-    /// HTML elements, for the body of the HTML report.
-    Html,
-}
-
-pub(super) struct Table {
-    pub header: Vec<&'static str>,
-    /// Right-aligned columns (numbers).
-    pub right: Vec<bool>,
-    pub rows: Vec<Vec<String>>,
-    /// A line under the table.
-    pub note: Option<String>,
-}
-
-pub(super) enum Block {
-    Heading(String),
-    Line(String),
-    Table(Table),
-    Bullets(Vec<String>),
-}
 
 /// The text or markdown report, with HTA's table where it was asked for.
 pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
@@ -89,64 +33,13 @@ pub fn write(v: &View, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
 
 pub fn write_summary(report: &Report, style: Style, mut out: impl Write) -> io::Result<()> {
     for block in blocks(report) {
-        write_block(&block, style, &mut out)?;
+        document::write_block(&block, style, &mut out)?;
     }
     Ok(())
 }
 
-pub(super) fn write_block(block: &Block, style: Style, mut out: impl Write) -> io::Result<()> {
-    match style {
-        Style::Text => write_text(block, &mut out),
-        Style::Markdown => write_markdown(block, &mut out),
-        Style::Html => write_html(block, &mut out),
-    }
-}
-
 fn blocks(r: &Report) -> Vec<Block> {
-    let mut b = Vec::new();
-    let cmd = command_line(&r.target.command);
-    let exit = match r.target.exit_code {
-        Some(c) => format!("exit {c}"),
-        None => "still running".into(),
-    };
-    let s = &r.session;
-    if s.mode.is_trace() {
-        b.push(Block::Heading(format!(
-            "gapscope · {cmd} · PyTorch profiler trace"
-        )));
-        b.push(Block::Line(format!(
-            "trace of {} starting {} (clock as in the trace)",
-            units::duration(s.duration_ns),
-            units::utc(s.start_unix_ns)
-        )));
-    } else {
-        b.push(Block::Heading(format!(
-            "gapscope · {cmd} · pid {} · {exit}",
-            r.target.pid
-        )));
-        b.push(Block::Line(format!(
-            "{} {} · {} · {} on {} (Linux {}, {} CPUs) · {} events · {} Hz sampling",
-            match s.mode {
-                Mode::Run => "ran",
-                // One window of the agent's continuous recording.
-                Mode::Window => "watched",
-                _ => "attached",
-            },
-            units::utc(s.start_unix_ns),
-            units::duration(s.duration_ns),
-            s.stop_reason.unwrap_or("recording cut short"),
-            s.hostname,
-            s.kernel,
-            s.nr_cpus,
-            units::count(s.events),
-            s.sample_hz
-        )));
-    }
-    if let Some(why) = &s.truncated {
-        b.push(Block::Line(format!(
-            "TRUNCATED session: {why}; everything up to that point is shown"
-        )));
-    }
+    let mut b = document::heading(r).blocks();
     b.push(Block::Line(drops_line(r)));
     for blind in &r.drops.gpu_blind {
         b.push(Block::Line(format!(
@@ -792,159 +685,9 @@ fn short_frame(f: &str) -> String {
     }
 }
 
-fn write_text(block: &Block, out: &mut impl Write) -> io::Result<()> {
-    match block {
-        Block::Heading(h) => writeln!(out, "\n{h}"),
-        Block::Line(l) => writeln!(out, "{l}"),
-        Block::Bullets(items) => {
-            for i in items {
-                writeln!(out, "  {i}")?;
-            }
-            Ok(())
-        }
-        Block::Table(t) => {
-            let widths: Vec<usize> = (0..t.header.len())
-                .map(|c| {
-                    t.rows
-                        .iter()
-                        .map(|r| r[c].chars().count())
-                        .chain([t.header[c].len()])
-                        .max()
-                        .unwrap_or(0)
-                })
-                .collect();
-            let line = |cells: Vec<&str>| {
-                let mut s = String::from(" ");
-                for (c, cell) in cells.iter().enumerate() {
-                    let pad = widths[c].saturating_sub(cell.chars().count());
-                    s.push(' ');
-                    if t.right[c] {
-                        s += &" ".repeat(pad);
-                        s += cell;
-                    } else {
-                        s += cell;
-                        s += &" ".repeat(pad);
-                    }
-                }
-                s.trim_end().to_string()
-            };
-            writeln!(out, "{}", line(t.header.clone()))?;
-            for r in &t.rows {
-                writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
-            }
-            if let Some(note) = &t.note {
-                writeln!(out, "  {note}")?;
-            }
-            Ok(())
-        }
-    }
-}
-
-fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|")
-}
-
-fn write_markdown(block: &Block, out: &mut impl Write) -> io::Result<()> {
-    match block {
-        Block::Heading(h) => writeln!(out, "\n### {}\n", md_escape(h)),
-        Block::Line(l) => writeln!(out, "{}  ", md_escape(l)),
-        Block::Bullets(items) => {
-            for i in items {
-                writeln!(out, "- `{}`", i.replace('`', "'"))?;
-            }
-            Ok(())
-        }
-        Block::Table(t) => {
-            writeln!(out, "| {} |", t.header.join(" | "))?;
-            let align: Vec<&str> = t
-                .right
-                .iter()
-                .map(|&r| if r { "---:" } else { "---" })
-                .collect();
-            writeln!(out, "|{}|", align.join("|"))?;
-            for r in &t.rows {
-                let cells: Vec<String> = r.iter().map(|c| md_escape(c)).collect();
-                writeln!(out, "| {} |", cells.join(" | "))?;
-            }
-            if let Some(note) = &t.note {
-                writeln!(out, "\n{}", md_escape(note))?;
-            }
-            Ok(())
-        }
-    }
-}
-
-pub(super) fn html_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o += "&amp;",
-            '<' => o += "&lt;",
-            '>' => o += "&gt;",
-            '"' => o += "&quot;",
-            '\'' => o += "&#39;",
-            c => o.push(c),
-        }
-    }
-    o
-}
-
-fn write_html(block: &Block, out: &mut impl Write) -> io::Result<()> {
-    let e = html_escape;
-    match block {
-        Block::Heading(h) => writeln!(out, "<h3>{}</h3>", e(h)),
-        Block::Line(l) => writeln!(out, "<p>{}</p>", e(l)),
-        Block::Bullets(items) => {
-            writeln!(out, "<ul class=\"mono\">")?;
-            for i in items {
-                writeln!(out, "<li>{}</li>", e(i))?;
-            }
-            writeln!(out, "</ul>")
-        }
-        Block::Table(t) => {
-            let cell = |tag: &str, c: usize, text: &str| {
-                let class = if t.right[c] { " class=\"num\"" } else { "" };
-                format!("<{tag}{class}>{}</{tag}>", e(text))
-            };
-            write!(out, "<table><thead><tr>")?;
-            for (c, h) in t.header.iter().enumerate() {
-                write!(out, "{}", cell("th", c, h))?;
-            }
-            writeln!(out, "</tr></thead><tbody>")?;
-            for r in &t.rows {
-                write!(out, "<tr>")?;
-                for (c, text) in r.iter().enumerate() {
-                    write!(out, "{}", cell("td", c, text))?;
-                }
-                writeln!(out, "</tr>")?;
-            }
-            writeln!(out, "</tbody></table>")?;
-            if let Some(note) = &t.note {
-                writeln!(out, "<p class=\"note\">{}</p>", e(note))?;
-            }
-            Ok(())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn command_lines_are_one_quoted_line() {
-        let argv: Vec<String> = ["python3", "-c", "import x\nx.run()", "--lr=0.1"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(
-            command_line(&argv),
-            "python3 -c 'import x x.run()' --lr=0.1"
-        );
-        let long = vec!["a".repeat(300)];
-        assert_eq!(command_line(&long).chars().count(), MAX_COMMAND);
-        assert_eq!(command_line(&[]), "?");
-    }
 
     #[test]
     fn stacks_that_read_the_same_are_one_line() {

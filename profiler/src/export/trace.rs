@@ -108,31 +108,6 @@ impl<W: Write> Writer<'_, W> {
         ))
     }
 
-    fn comm(&self, pid: u32, tid: u32) -> String {
-        self.tl
-            .threads
-            .get(&(pid, tid))
-            .map(|t| t.comm.clone())
-            .filter(|c| !c.is_empty())
-            .or_else(|| self.process_comm(pid))
-            .unwrap_or_else(|| "thread".into())
-    }
-
-    fn process_comm(&self, pid: u32) -> Option<String> {
-        self.tl
-            .processes
-            .get(&pid)
-            .map(|p| p.comm.clone())
-            .or_else(|| {
-                self.tl
-                    .retired_processes
-                    .iter()
-                    .find(|p| p.pid == pid)
-                    .map(|p| p.comm.clone())
-            })
-            .filter(|c| !c.is_empty())
-    }
-
     /// The pid a host process or a GPU is drawn as: its own number (GPUs
     /// past every host pid) while that is below its limit, else a synthetic
     /// one, the same for all of its tracks.
@@ -172,7 +147,7 @@ impl<W: Write> Writer<'_, W> {
                 } else {
                     self.synthetic()
                 };
-                let pname = match self.process_comm(pid) {
+                let pname = match self.tl.process_name(pid) {
                     Some(c) => format!("{c} (pid {pid})"),
                     None => format!("pid {pid}"),
                 };
@@ -180,7 +155,7 @@ impl<W: Write> Writer<'_, W> {
                     self.drawn_pid(PidOf::Host(pid)),
                     id,
                     pname,
-                    format!("{} {tid}{suffix}", self.comm(pid, tid)),
+                    format!("{} {tid}{suffix}", self.tl.thread_name(pid, tid)),
                 )
             }
             Track::Stream(dev, stream) => {

@@ -186,6 +186,28 @@ impl Timeline {
         self.io_tally.get(&t).copied().unwrap_or_default()
     }
 
+    /// A process's command name: the live one's, else the first that
+    /// exited with that pid; None where the recording never saw one.
+    pub fn process_name(&self, pid: u32) -> Option<&str> {
+        self.processes
+            .get(&pid)
+            .or_else(|| self.retired_processes.iter().find(|p| p.pid == pid))
+            .map(|p| p.comm.as_str())
+            .filter(|c| !c.is_empty())
+    }
+
+    /// What a thread is called in every output: its own name, else its
+    /// process's (live or exited), else `pid/tid` — the one fallback for a
+    /// thread whose name the recording never saw.
+    pub fn thread_name(&self, pid: u32, tid: u32) -> String {
+        self.threads
+            .get(&(pid, tid))
+            .map(|t| t.comm.as_str())
+            .filter(|c| !c.is_empty())
+            .or_else(|| self.process_name(pid))
+            .map_or_else(|| format!("{pid}/{tid}"), str::to_string)
+    }
+
     /// Every process of the recording, reused pids included.
     pub fn all_processes(&self) -> Vec<&ProcessTimeline> {
         let mut v: Vec<&ProcessTimeline> = self
