@@ -137,4 +137,143 @@ mod layers {
             assert!(!named, "{} names Session", path.display());
         }
     }
+
+    /// The modules of a stage that one of its modules names: `super::x`
+    /// (or `super::{x, …}`) from its own depth, or `crate::<stage>::x`.
+    fn siblings_named(stage: &str, file: &Path, siblings: &[String]) -> Vec<String> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src")
+            .join(stage);
+        let depth = file.strip_prefix(&src).unwrap().components().count();
+        let is_mod = file.file_name().is_some_and(|n| n == "mod.rs");
+        let up = match (depth, is_mod) {
+            (1, _) | (2, true) => "super::".to_string(),
+            (2, false) | (3, true) => "super::super::".to_string(),
+            _ => String::new(),
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        let text = text.split("#[cfg(test)]").next().unwrap();
+        let mut named = Vec::new();
+        let mut prefixes = vec![format!("crate::{stage}::")];
+        if !up.is_empty() {
+            prefixes.push(up);
+        }
+        for prefix in &prefixes {
+            for (i, _) in text.match_indices(prefix.as_str()) {
+                // `super::super::x` seen from the shorter prefix is not ours.
+                if text[..i].ends_with("super::") {
+                    continue;
+                }
+                let rest = &text[i + prefix.len()..];
+                let heads: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+                    // The group's items at its top level.
+                    let mut depth = 0;
+                    let end = group
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            depth += (c == '{') as i32 - (c == '}') as i32;
+                            depth < 0
+                        })
+                        .map_or(group.len(), |(j, _)| j);
+                    let mut items = Vec::new();
+                    let mut depth = 0;
+                    let mut start = 0;
+                    for (j, c) in group[..end].char_indices() {
+                        match c {
+                            '{' => depth += 1,
+                            '}' => depth -= 1,
+                            ',' if depth == 0 => {
+                                items.push(&group[start..j]);
+                                start = j + 1;
+                            }
+                            _ => {}
+                        }
+                    }
+                    items.push(&group[start..end]);
+                    items
+                } else {
+                    vec![rest]
+                };
+                for h in heads {
+                    let name: String = h
+                        .trim_start()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if siblings.contains(&name) {
+                        named.push(name);
+                    }
+                }
+            }
+        }
+        named
+    }
+
+    /// Within each stage, no module names another that names it back, by
+    /// any path: a stage's modules are layered too.
+    #[test]
+    fn no_module_of_a_stage_imports_in_a_circle() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut circles = Vec::new();
+        for stage in [
+            "session", "collect", "kineto", "timeline", "analyze", "export", "agent",
+        ] {
+            let dir = root.join(stage);
+            let mut modules: Vec<(String, Vec<std::path::PathBuf>)> = Vec::new();
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                let p = e.path();
+                let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+                if p.is_dir() {
+                    let mut files = Vec::new();
+                    let mut stack = vec![p.clone()];
+                    while let Some(d) = stack.pop() {
+                        for e in std::fs::read_dir(&d).unwrap().flatten() {
+                            if e.path().is_dir() {
+                                stack.push(e.path());
+                            } else if e.path().extension().is_some_and(|x| x == "rs") {
+                                files.push(e.path());
+                            }
+                        }
+                    }
+                    modules.push((name, files));
+                } else if p.extension().is_some_and(|x| x == "rs") && name != "mod" {
+                    modules.push((name, vec![p]));
+                }
+            }
+            let names: Vec<String> = modules.iter().map(|m| m.0.clone()).collect();
+            let edges: std::collections::HashMap<&str, std::collections::BTreeSet<String>> =
+                modules
+                    .iter()
+                    .map(|(m, files)| {
+                        let named = files
+                            .iter()
+                            .flat_map(|f| siblings_named(stage, f, &names))
+                            .filter(|n| n != m)
+                            .collect();
+                        (m.as_str(), named)
+                    })
+                    .collect();
+            // A module reaches itself again: a circle.
+            for start in &names {
+                let mut seen = std::collections::HashSet::new();
+                let mut todo: Vec<Vec<String>> = vec![vec![start.clone()]];
+                while let Some(path) = todo.pop() {
+                    for next in &edges[path.last().unwrap().as_str()] {
+                        if next == start {
+                            circles.push(format!("{stage}: {} -> {start}", path.join(" -> ")));
+                        } else if seen.insert(next.clone()) {
+                            let mut p = path.clone();
+                            p.push(next.clone());
+                            todo.push(p);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            circles.is_empty(),
+            "imports in a circle:\n{}",
+            circles.join("\n")
+        );
+    }
 }

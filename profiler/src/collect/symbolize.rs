@@ -47,13 +47,7 @@ pub struct ProcFiles {
     py: Arc<HashMap<u64, PyCode>>,
 }
 
-/// A code object of a CPython process.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PyCode {
-    pub name: String,
-    pub file: String,
-    pub firstlineno: i32,
-}
+pub use super::bpf::decode::PyCode;
 
 /// Files held open by inode, shared between the processes that map them
 /// (a job's workers map the same libraries).

@@ -8,17 +8,18 @@
 
 mod merge;
 mod model;
+mod read;
 mod reader;
 mod stored;
 mod writer;
 
 pub use merge::{merge, recordings, windows_in, Merged, Merging};
 pub use model::*;
-pub use reader::{
+pub use read::{
     check, read_outline, read_session, span_within, within, EventStream, Outline, Session,
-    SessionReader,
 };
-pub(crate) use reader::{note_dropped, sanitize};
+pub(crate) use read::{note_dropped, sanitize};
+pub use reader::SessionReader;
 pub use stored::{Records, Stored};
 pub use writer::{wrap_records, SessionWriter};
 
@@ -178,7 +179,7 @@ pub(crate) mod tests {
                 .collect();
             let mut expected: Vec<(u64, u32)> = events.iter().map(key).collect();
             expected.sort_by_key(|&(ts, _)| ts);
-            reader::into_time_order(&mut events);
+            read::into_time_order(&mut events);
             let got: Vec<(u64, u32)> = events.iter().map(key).collect();
             assert_eq!(got, expected, "reversed: {reversed}");
         }

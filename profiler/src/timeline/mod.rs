@@ -4,10 +4,10 @@
 
 pub mod classify;
 pub mod gpu;
-pub mod spooled;
+/// The GPU side's totals and spools, parts of it (`gpu/`).
+pub use gpu::{spooled, totals};
 mod syscall_names;
 pub mod thread;
-pub mod totals;
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -6,7 +6,15 @@ use crate::session::{Event, FdKind, IoCounters, Peer, Record, Stack, SwitchOut, 
 /// A code object the kernel side described (`GS_EV_PYCODE`): its process,
 /// its address, and what it is. None for another kind of record, or one
 /// too short.
-pub fn decode_pycode(bytes: &[u8]) -> Option<(u32, u64, crate::collect::symbolize::PyCode)> {
+/// A code object of a CPython process, as its record describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PyCode {
+    pub name: String,
+    pub file: String,
+    pub firstlineno: i32,
+}
+
+pub fn decode_pycode(bytes: &[u8]) -> Option<(u32, u64, PyCode)> {
     let c: abi::PyCode = abi::read(bytes)?;
     if c.h.kind != kind::PYCODE {
         return None;
@@ -31,7 +39,7 @@ pub fn decode_pycode(bytes: &[u8]) -> Option<(u32, u64, crate::collect::symboliz
     Some((
         c.h.pid,
         c.code,
-        crate::collect::symbolize::PyCode {
+        PyCode {
             name: text(&c.name, c.name_len, c.name_kind),
             file: text(&c.file, c.file_len, c.file_kind),
             firstlineno: c.firstlineno,

@@ -4,7 +4,7 @@
 
 pub mod abi;
 pub mod cuda;
-mod decode;
+pub mod decode;
 mod tracked;
 
 pub use decode::{decode, decode_pycode};

@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use gapscope_wire::{ApiDomain, GpuRecord};
 
-use super::gpu::{
+use super::totals::GpuTotals;
+use super::{
     api_role, physical_ids, ApiRole, Call, CallName, Device, GpuSide, Kernel, Range, SyncWait, Tid,
     What, Work,
 };
-use super::totals::GpuTotals;
 use crate::session::{span_within, within, Session};
 use crate::spool::{self, Spool};
 
@@ -336,7 +336,7 @@ impl GpuIntake {
                     kind: 0,
                     _pad: [0; 7],
                 });
-                if self.all_ranges || super::gpu::step_number(&name).is_some() {
+                if self.all_ranges || super::step_number(&name).is_some() {
                     self.out.ranges.entry((pid, tid)).or_default().push(Range {
                         start,
                         end,

@@ -4,6 +4,8 @@
 //! synchronization waits. The analysis and every renderer read these; none
 //! goes back to the raw records.
 
+pub mod spooled;
+pub mod totals;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gapscope_wire::ApiDomain;
@@ -166,7 +168,7 @@ impl Work {
 /// who launched it): the attribution's fallback for gaps whose closing work
 /// has no known issuer, and the thread a what-if replays.
 pub fn main_feeder(work: &[Work]) -> Option<Tid> {
-    let mut d = super::totals::DeviceTotals::default();
+    let mut d = totals::DeviceTotals::default();
     for w in work {
         d.add_launch(w);
     }
@@ -235,7 +237,7 @@ pub struct GpuSide {
     /// Profiler ops of imported traces, per thread, sorted by start.
     pub host_ops: BTreeMap<Tid, Vec<HostOp>>,
     /// Its work and calls summed, once the timeline has ended.
-    pub totals: super::totals::GpuTotals,
+    pub totals: totals::GpuTotals,
     /// It holds only the work and calls around the events being replayed
     /// (a long recording's, read as its events are: `spooled::GpuFeed`);
     /// `totals` are the whole recording's.
@@ -304,7 +306,7 @@ impl GpuSide {
     /// replayed.) The session's records have been checked against its
     /// window already.
     pub fn build(session: &mut Session) -> GpuSide {
-        let mut intake = super::spooled::GpuIntake::new(true);
+        let mut intake = spooled::GpuIntake::new(true);
         for (pid, r) in std::mem::take(&mut session.gpu) {
             intake.add(pid, r);
         }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::gpu::{api_role, ApiRole, Call, CallName, GpuSide, SyncWait, Tid, What, Work};
+use super::{api_role, ApiRole, Call, CallName, GpuSide, SyncWait, Tid, What, Work};
 use gapscope_wire::record::{copy_kind, memory_kind};
 
 /// Count, time and bytes of one kind of GPU work.
