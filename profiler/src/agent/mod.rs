@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use crate::analyze::{analyze, AnalyzeOptions};
 use crate::collect::bpf::TracerConfig;
+use crate::collect::node::Node;
 use crate::collect::windows::Windows;
-use crate::collect::{self, procfs, RecordError, RecordOptions, Recording, Target};
+use crate::collect::{self, procfs, RecordError, RecordOptions, Recording};
 use crate::export::View;
 use metrics::Metrics;
 
@@ -57,6 +58,8 @@ pub enum AgentError {
     Io { what: String, err: std::io::Error },
     #[error(transparent)]
     Preflight(#[from] collect::preflight::PreflightError),
+    #[error("starting the node's recording: {0}")]
+    Recording(#[from] RecordError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
@@ -72,12 +75,22 @@ struct Job {
     labels: labels::Labels,
 }
 
-/// A job being recorded: its recording's thread and the windows it hands
-/// over.
+/// A job being recorded: the windows its recording hands over (the
+/// channel ends with its last).
 struct Followed {
     job: Job,
     windows: Receiver<Result<Recording, RecordError>>,
-    thread: std::thread::JoinHandle<()>,
+}
+
+/// What the agent records: no samples or off-CPU stacks, no syscall hooks
+/// (its cost on a busy node stays that of the scheduler tracepoints).
+fn tracer_config() -> TracerConfig {
+    TracerConfig {
+        sample_hz: 0,
+        offcpu_stacks: false,
+        syscall_hooks: false,
+        ..TracerConfig::default()
+    }
 }
 
 /// How often the node is looked at for new jobs.
@@ -107,6 +120,8 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
         .map_err(io("installing signal handlers"))?;
     // Set when the agent stops: every recording closes its window short.
     let stop_recording = Arc::new(AtomicBool::new(false));
+    // One set of programs for every job on the node.
+    let node = Node::start(&tracer_config())?;
     let mut followed: HashMap<u32, Followed> = HashMap::new();
     // Jobs whose recording could not start, and when: tried again a window
     // later, not every second.
@@ -126,14 +141,12 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
             refused.retain(|_, at| at.elapsed() < opts.window);
             for pid in job_pids(opts) {
                 if !followed.contains_key(&pid) && !refused.contains_key(&pid) {
-                    followed.insert(pid, follow(opts, job_of(pid), &stop_recording));
+                    followed.insert(pid, follow(&node, opts, job_of(pid), &stop_recording));
                 }
             }
         }
         let mut ended = Vec::new();
         for (&pid, f) in &followed {
-            // Finished before looking: its last window is in the channel.
-            let finished = f.thread.is_finished();
             loop {
                 match f.windows.try_recv() {
                     Ok(w) => {
@@ -142,8 +155,8 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
                         }
                         analysed += 1;
                     }
-                    Err(TryRecvError::Empty) if !finished => break,
-                    Err(_) => {
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
                         ended.push(pid);
                         break;
                     }
@@ -151,9 +164,7 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
             }
         }
         for pid in ended {
-            if let Some(f) = followed.remove(&pid) {
-                let _ = f.thread.join();
-            }
+            followed.remove(&pid);
         }
         if pruned.elapsed() >= DISCOVER_EVERY {
             pruned = Instant::now();
@@ -167,8 +178,8 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
     // Every recording closes its window now; what they hand over still
     // counts.
     stop_recording.store(true, Ordering::SeqCst);
+    node.stop();
     for (_, f) in followed {
-        let _ = f.thread.join();
         while let Ok(w) = f.windows.try_recv() {
             take_window(&f.job, w, &metrics);
         }
@@ -176,18 +187,13 @@ pub fn run(opts: &AgentOptions) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Starts recording `job` in windows, on a thread of its own, until it
-/// exits or `stop` is set.
-fn follow(opts: &AgentOptions, job: Job, stop: &Arc<AtomicBool>) -> Followed {
+/// Starts recording `job` in windows, with the node's other jobs, until
+/// it exits or `stop` is set.
+fn follow(node: &Node, opts: &AgentOptions, job: Job, stop: &Arc<AtomicBool>) -> Followed {
     let (done, windows) = std::sync::mpsc::channel();
     let rec = RecordOptions {
         out_dir: Some(opts.dir.join(file_name(&job.key))),
-        tracer: TracerConfig {
-            sample_hz: 0,
-            offcpu_stacks: false,
-            syscall_hooks: false,
-            ..TracerConfig::default()
-        },
+        tracer: tracer_config(),
         duration: None,
         status_line: false,
         env: Vec::new(),
@@ -204,19 +210,11 @@ fn follow(opts: &AgentOptions, job: Job, stop: &Arc<AtomicBool>) -> Followed {
         }),
         python_frames: false,
     };
-    let pid = job.pid;
-    let thread = std::thread::Builder::new()
-        .name(format!("gapscope-{pid}"))
-        .spawn(move || {
-            // The last window (or why the recording could not start).
-            let _ = done.send(collect::record(Target::Pid(pid), &rec));
-        })
-        .expect("starting a thread");
-    Followed {
-        job,
-        windows,
-        thread,
+    if let Err(e) = node.follow(job.pid, rec) {
+        // Why the recording could not start, and the channel's end.
+        let _ = done.send(Err(e));
     }
+    Followed { job, windows }
 }
 
 /// Analyses one window of `job` and adds it to the counters; false when

@@ -188,7 +188,11 @@ pub(super) async fn run(
                 if let Some(c) = closing.take() {
                     c.close(&w.done);
                 }
-                match cut(tracer, &mut sink, window_cpu_from) {
+                match cut(
+                    tracer,
+                    &mut sink,
+                    own_cost().cpu_ns.saturating_sub(window_cpu_from),
+                ) {
                     Ok(c) => closing = Some(c),
                     Err(e) => {
                         let _ = w.done.send(Err(e));
@@ -286,7 +290,7 @@ const PYTHON_POLL: Duration = Duration::from_millis(2);
 
 /// Tells the kernel side where the frames of the CPython processes the sink
 /// found since the last call are.
-fn install_python(tracer: &mut impl Probes, sink: &mut Sink) {
+pub(super) fn install_python(tracer: &mut impl Probes, sink: &mut Sink) {
     for (pid, py) in sink.take_python() {
         if let Err(e) = tracer.set_python(pid, &py) {
             sink.push(Record::Note(format!(
@@ -298,7 +302,7 @@ fn install_python(tracer: &mut impl Probes, sink: &mut Sink) {
 
 /// A GPU-side record to the window it belongs in: while the window cut last
 /// still takes late records, by its time ([`windows::split_at`]).
-fn route(sink: &mut Sink, closing: Option<&mut windows::Closing>, record: Record) {
+pub(super) fn route(sink: &mut Sink, closing: Option<&mut windows::Closing>, record: Record) {
     let Some(c) = closing else {
         return sink.push(record);
     };
@@ -316,17 +320,17 @@ fn route(sink: &mut Sink, closing: Option<&mut windows::Closing>, record: Record
 /// and drops written) and a new one opened in `dir`, beginning as a
 /// session of its own would. Returns the old one, still open to late GPU
 /// records.
-fn cut(
+pub(super) fn cut(
     tracer: &mut impl Probes,
     sink: &mut Sink,
-    cpu_from: u64,
+    cpu_ns: u64,
 ) -> Result<windows::Closing, RecordError> {
     // The next window starts where this one ends: none of the job's time
     // falls between two windows (the new one's seeds are read a fraction
     // of a millisecond later).
     let (end_ns, end_unix_ns) = clock::pair();
     read_machine(tracer, sink);
-    let drops = seal(tracer, sink, own_cost().cpu_ns.saturating_sub(cpu_from));
+    let drops = seal(tracer, sink, cpu_ns);
     let live = sorted(sink.live());
     // Stacks the kernel side has sent are in the old window only: it sends
     // them again when seen again.
@@ -372,7 +376,7 @@ fn cut(
 /// counters, the stacks still waiting symbolized, the living threads' I/O
 /// counters (those that exited were read by the kernel as they left), and
 /// gapscope's own cost, `cpu_ns` of CPU. Returns the drops.
-fn seal(tracer: &mut impl Probes, sink: &mut Sink, cpu_ns: u64) -> Drops {
+pub(super) fn seal(tracer: &mut impl Probes, sink: &mut Sink, cpu_ns: u64) -> Drops {
     tracer.drain(&mut |b| sink.handle(b));
     let drops = tracer
         .drops()
@@ -404,7 +408,7 @@ fn sorted(pids: &HashSet<u32>) -> Vec<u32> {
 /// how many CPUs the job could have had beyond what it used, and from whom
 /// more threads of it would win some (the replay's bounds on more loader
 /// workers).
-fn read_machine(tracer: &impl Probes, sink: &mut Sink) {
+pub(super) fn read_machine(tracer: &impl Probes, sink: &mut Sink) {
     let ts = clock::monotonic_ns();
     if let Some(idle_ns) = procfs::machine_idle_ns() {
         sink.push(Record::CpuIdle(crate::session::CpuIdle { ts, idle_ns }));
@@ -427,7 +431,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 /// Drains what is left, symbolizes the stacks still waiting and closes the
 /// session; `cpu_ns` is gapscope's own CPU over the window.
-fn finish(
+pub(super) fn finish(
     tracer: &mut impl Probes,
     mut sink: Sink,
     cpu_ns: u64,

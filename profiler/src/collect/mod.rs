@@ -15,6 +15,7 @@ mod event_loop;
 pub mod gpu;
 pub mod inject;
 pub mod launch;
+pub mod node;
 pub mod nvml;
 pub mod pidns;
 pub mod preflight;

@@ -78,6 +78,27 @@ pub(super) fn start(
     opts: &RecordOptions,
     symbolizer: symbolize::Worker,
 ) -> Result<Started, RecordError> {
+    begin(tracer, checked, opts, symbolizer, true)
+}
+
+/// Adds the running tree `checked` names to the recording of programs
+/// attached already (a node's, which records several jobs).
+pub(super) fn join(
+    tracer: &mut Tracer,
+    checked: Checked,
+    opts: &RecordOptions,
+    symbolizer: symbolize::Worker,
+) -> Result<Started, RecordError> {
+    begin(tracer, checked, opts, symbolizer, false)
+}
+
+fn begin(
+    tracer: &mut Tracer,
+    checked: Checked,
+    opts: &RecordOptions,
+    symbolizer: symbolize::Worker,
+    attach: bool,
+) -> Result<Started, RecordError> {
     let Checked {
         target,
         mut pinned,
@@ -163,55 +184,19 @@ pub(super) fn start(
         Target::Pid(pid) => {
             let pidfd = pinned.take().expect("pinned by check");
             let (writer, folder) = open_session(opts, pid)?;
-            tracer.attach()?;
-            // Still the process checked, now that the programs are loaded.
-            if !sys::alive(&pidfd) {
-                return Err(RecordError::NoSuchProcess(pid));
+            if attach {
+                tracer.attach()?;
             }
-            let mut sink = Sink::new(writer, pid);
-            sink.symbolize_with(symbolizer.take());
-            sink.guard(guard);
-            sink.python_frames(opts.python_frames);
-            sink.cut_into(folder);
-            let command = procfs::process_info(pid)
-                .map(|p| p.argv)
-                .unwrap_or_default();
-            let mode = if opts.windows.is_some() {
-                Mode::Window
-            } else {
-                Mode::Attach
-            };
-            sink.push(Record::Header(header(
-                mode,
+            let sink = seed_tree(
+                tracer,
                 pid,
-                command,
-                opts.tracer.sample_hz,
-            )));
-            // Seed the filter, then look again: a process forked by an
-            // untracked parent between the scan and the insert would be missed
-            // by the kernel, which only follows tracked parents.
-            for _ in 0..2 {
-                for p in procfs::descendants(pid) {
-                    if sink.add_live(p) {
-                        tracer.track(p)?;
-                        let whole = sink.judge(p);
-                        seed_process(&mut sink, p, whole);
-                    }
-                }
-            }
-            if opts.gpu && opts.inject {
-                let limits = inject::Limits {
-                    // The agent follows every user's jobs; it never enters
-                    // one running with more rights than its user.
-                    privileged: opts.any_user && opts.windows.is_none(),
-                    cupti: opts
-                        .cupti
-                        .as_ref()
-                        .map(|p| p.to_string_lossy().into_owned()),
-                    ..inject::Limits::default()
-                };
-                inject_shims(&mut sink, &mut notes, &limits);
-            }
+                &pidfd,
+                (writer, folder),
+                opts,
+                guard,
+                symbolizer.take(),
+                &mut notes,
+            )?;
             (sink, pidfd, None)
         }
     };
@@ -240,6 +225,71 @@ pub(super) fn start(
         child,
         gpu,
     })
+}
+
+/// The session of a running tree, the programs attached: checked once
+/// more (still the process pinned), its header, every process of the tree
+/// tracked and seeded, and the shim injected where asked.
+#[allow(clippy::too_many_arguments)]
+fn seed_tree(
+    tracer: &mut Tracer,
+    pid: u32,
+    pidfd: &OwnedFd,
+    (writer, folder): (SessionWriter, Option<Arc<OutDir>>),
+    opts: &RecordOptions,
+    guard: Option<u32>,
+    symbolizer: Option<symbolize::Worker>,
+    notes: &mut Vec<String>,
+) -> Result<Sink, RecordError> {
+    // Still the process checked, now that the programs are loaded.
+    if !sys::alive(pidfd) {
+        return Err(RecordError::NoSuchProcess(pid));
+    }
+    let mut sink = Sink::new(writer, pid);
+    sink.symbolize_with(symbolizer);
+    sink.guard(guard);
+    sink.python_frames(opts.python_frames);
+    sink.cut_into(folder);
+    let command = procfs::process_info(pid)
+        .map(|p| p.argv)
+        .unwrap_or_default();
+    let mode = if opts.windows.is_some() {
+        Mode::Window
+    } else {
+        Mode::Attach
+    };
+    sink.push(Record::Header(header(
+        mode,
+        pid,
+        command,
+        opts.tracer.sample_hz,
+    )));
+    // Seed the filter, then look again: a process forked by an
+    // untracked parent between the scan and the insert would be missed
+    // by the kernel, which only follows tracked parents.
+    for _ in 0..2 {
+        for p in procfs::descendants(pid) {
+            if sink.add_live(p) {
+                tracer.track(p)?;
+                let whole = sink.judge(p);
+                seed_process(&mut sink, p, whole);
+            }
+        }
+    }
+    if opts.gpu && opts.inject {
+        let limits = inject::Limits {
+            // The agent follows every user's jobs; it never enters
+            // one running with more rights than its user.
+            privileged: opts.any_user && opts.windows.is_none(),
+            cupti: opts
+                .cupti
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
+            ..inject::Limits::default()
+        };
+        inject_shims(&mut sink, notes, &limits);
+    }
+    Ok(sink)
 }
 
 /// Sets the libcuda uprobes on each of `libs` (the file to attach to, and

@@ -99,6 +99,9 @@ pub struct Tracer {
     ring: RingBuf<MapData>,
     sample_hz: u64,
     syscall_hooks: bool,
+    /// libcuda files watched already, by (device, inode), with how many
+    /// of their functions: a node's jobs often map the same one.
+    libcuda: std::collections::HashMap<(u64, u64), usize>,
 }
 
 impl Tracer {
@@ -152,6 +155,7 @@ impl Tracer {
             ring,
             sample_hz: config.sample_hz,
             syscall_hooks: config.syscall_hooks,
+            libcuda: std::collections::HashMap::new(),
         })
     }
 
@@ -209,6 +213,11 @@ impl Tracer {
     /// `lib`; returns how many were attached (symbols a version lacks are
     /// skipped). Calls are reported for tracked processes only.
     pub fn attach_libcuda(&mut self, lib: &std::path::Path) -> Result<usize, BpfError> {
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::metadata(lib).ok().map(|m| (m.dev(), m.ino()));
+        if let Some(n) = file.and_then(|f| self.libcuda.get(&f)) {
+            return Ok(*n);
+        }
         let mut attached = 0;
         for (i, f) in cuda::FUNCTIONS.iter().enumerate() {
             let mut ok = true;
@@ -224,6 +233,9 @@ impl Tracer {
                 }
             }
             attached += ok as usize;
+        }
+        if let Some(f) = file {
+            self.libcuda.insert(f, attached);
         }
         Ok(attached)
     }
