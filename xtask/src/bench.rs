@@ -959,6 +959,20 @@ fn bystander(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     bystander_switches(b, rows)
 }
 
+/// The switch-heavy relay (three processes handing 4 KiB chunks over
+/// pipes) on CPU `cpu`: its wall time, ns.
+fn relay(b: &Bench, chunks: u32, cpu: usize) -> Result<f64> {
+    let mut c = Command::new(b.bin("gs-bench"));
+    c.args(["relay", "--chunks", &chunks.to_string(), "--read-kib", "4"])
+        .args(["--decode-passes", "2", "--cpu"])
+        .arg(cpu.to_string())
+        .arg("--dir")
+        .arg(&b.dir)
+        .arg("--time-file")
+        .arg(b.dir.join("time"));
+    Ok(timed(b, c)?.0)
+}
+
 /// Rounds of the switch-heavy bystander at least (its wall time strays
 /// more than the syscall loops').
 const SWITCH_BYSTANDER_ROUNDS: usize = 9;
@@ -971,17 +985,7 @@ fn bystander_switches(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     let rounds = b.rounds.max(SWITCH_BYSTANDER_ROUNDS);
     let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
     eprintln!("xtask: bench: bystander, switch-heavy ({rounds} rounds, on CPU {cpu})");
-    let relay = || -> Result<f64> {
-        let mut c = Command::new(b.bin("gs-bench"));
-        c.args(["relay", "--chunks", "50000", "--read-kib", "4"])
-            .args(["--decode-passes", "2", "--cpu"])
-            .arg(cpu.to_string())
-            .arg("--dir")
-            .arg(&b.dir)
-            .arg("--time-file")
-            .arg(b.dir.join("time"));
-        Ok(timed(b, c)?.0)
-    };
+    let relay = || relay(b, 50_000, cpu);
     let (mut bare, mut recorded, mut again) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         bare.push(relay()?);
@@ -1875,17 +1879,7 @@ const AGENT_JOBS: [usize; 3] = [1, 4, 8];
 /// again and again beside it, against the neighbour bare in the same run.
 fn agent_jobs(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
-    let relay = || -> Result<f64> {
-        let mut c = Command::new(b.bin("gs-bench"));
-        c.args(["relay", "--chunks", "30000", "--read-kib", "4"])
-            .args(["--decode-passes", "2", "--cpu"])
-            .arg(cpu.to_string())
-            .arg("--dir")
-            .arg(&b.dir)
-            .arg("--time-file")
-            .arg(b.dir.join("time"));
-        Ok(timed(b, c)?.0)
-    };
+    let relay = || relay(b, 30_000, cpu);
     let mut measured = Vec::new();
     for n in AGENT_JOBS {
         eprintln!("xtask: bench: agent following {n} jobs");
