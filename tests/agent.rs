@@ -2,7 +2,8 @@
 //! simtrain job started on its own — its simulated GPU dormant, as a shim
 //! would be — is found, recorded window after window, and the idle time by
 //! cause Prometheus scraped matches the job's own ground truth; the Grafana
-//! dashboard shipped in deploy/ runs its queries against it.
+//! dashboard shipped in deploy/ runs its queries against it. And two jobs
+//! followed by the node's one recording each keep to their own windows.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -412,4 +413,93 @@ fn percent(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// The threads a window's report lists: (pid, command name).
+fn window_threads(session: &Path) -> Vec<(u64, String)> {
+    let r = report_json(session);
+    r["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["pid"].as_u64().unwrap(),
+                t["comm"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Two jobs followed by one recording (one set of programs for the node):
+/// each job's windows hold its own tree's processes and never the other's.
+/// Job A's shell runs `head` and `sleep`, job B's only `sleep`; so a `head`
+/// in B's windows, or a pid in both, is a record given to the wrong job.
+#[test]
+fn one_recording_keeps_each_jobs_processes_in_its_own_windows() {
+    let test = "one_recording_keeps_each_jobs_processes_in_its_own_windows";
+    if !bpf_ready(test) {
+        return;
+    }
+    let _lock = recording_lock();
+    let dir = scratch("agent-two-jobs");
+    let job = |script: &str| {
+        Reaped(
+            Command::new("sh")
+                .args(["-c", script])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let a = job("while :; do head -c 200000 /dev/zero > /dev/null; sleep 0.05; done");
+    let b = job("while :; do sleep 0.05; done");
+    let windows = dir.path().join("windows");
+    let agent = Command::new(gapscope())
+        .args(["agent", "--window", "1", "--stop-after", "6", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg("--dir")
+        .arg(&windows)
+        .args([
+            "--pid",
+            &a.0.id().to_string(),
+            "--pid",
+            &b.0.id().to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(agent.success());
+    let of = |pid: u32| -> Vec<(u64, String)> {
+        let folder = std::fs::read_dir(&windows)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(&format!("-{pid}")))
+            .unwrap_or_else(|| panic!("no windows of job {pid}"));
+        let mut sessions: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().join("session.gsz"))
+            .filter(|s| s.is_file())
+            .collect();
+        sessions.sort();
+        assert!(
+            sessions.len() >= 2,
+            "{} windows of job {pid}",
+            sessions.len()
+        );
+        sessions.iter().flat_map(|s| window_threads(s)).collect()
+    };
+    let (ta, tb) = (of(a.0.id()), of(b.0.id()));
+    assert!(ta.iter().any(|t| t.1 == "head"), "job A ran head: {ta:?}");
+    assert!(tb.iter().any(|t| t.1 == "sleep"), "job B ran sleep: {tb:?}");
+    assert!(
+        !tb.iter().any(|t| t.1 == "head"),
+        "job A's head in job B's windows: {tb:?}"
+    );
+    let pids_a: std::collections::HashSet<u64> = ta.iter().map(|t| t.0).collect();
+    let both: Vec<_> = tb.iter().filter(|t| pids_a.contains(&t.0)).collect();
+    assert!(both.is_empty(), "processes in both jobs' windows: {both:?}");
 }
