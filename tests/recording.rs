@@ -639,12 +639,26 @@ fn neighbours_cpu_goes_to_the_jobs_scheduling_group_or_elsewhere() {
     let dir = scratch("neighbours");
     let mut loops = [busy_loop(false), busy_loop(true)];
     let pids = loops.each_ref().map(|c| c.id());
-    let from = (Instant::now(), pids.map(schedstat_ns));
+    // Each loop's CPU time, read every 10 ms on the recording's clock: the
+    // reference is what each ran between the recording's first and last
+    // readings, not over a longer stretch (a loop gets less of the CPUs
+    // while the job and the recorder run than before and after).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                samples.push((gapscope::clock::monotonic_ns(), pids.map(schedstat_ns)));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            samples.push((gapscope::clock::monotonic_ns(), pids.map(schedstat_ns)));
+            samples
+        })
+    };
     let (run, _) = run_workload(dir.path(), &["-q"], &["spin", "--ms", "1500"]);
-    let rates = pids.map(|p| {
-        (schedstat_ns(p) - from.1[pids.iter().position(|&q| q == p).unwrap()]) as f64
-            / from.0.elapsed().as_nanos() as f64
-    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let samples = sampler.join().unwrap();
     let groups = pids.map(sched_group);
     let job = sched_group(std::process::id());
     for c in &mut loops {
@@ -657,6 +671,17 @@ fn neighbours_cpu_goes_to_the_jobs_scheduling_group_or_elsewhere() {
     assert!(span > 1e9, "{} readings over {span} ns", s.neighbours.len());
     let same = (last.same_group_ns - first.same_group_ns) as f64 / span;
     let elsewhere = (last.elsewhere_ns - first.elsewhere_ns) as f64 / span;
+    // Loop `i`'s CPU time at `t`, between the samples around it.
+    let at = |t: u64, i: usize| -> f64 {
+        let k = samples
+            .partition_point(|s| s.0 <= t)
+            .clamp(1, samples.len() - 1);
+        let ((t0, c0), (t1, c1)) = (&samples[k - 1], &samples[k]);
+        let f = (t.clamp(*t0, *t1) - t0) as f64 / (t1 - t0).max(1) as f64;
+        c0[i] as f64 + f * (c1[i] - c0[i]) as f64
+    };
+    assert!(samples[0].0 <= first.ts && samples.last().unwrap().0 >= last.ts);
+    let rates: [f64; 2] = std::array::from_fn(|i| (at(last.ts, i) - at(first.ts, i)) / span);
     eprintln!(
         "loops {rates:.2?} CPUs in {groups:?} (the job's: {job}); recorded: {same:.2} CPUs in the job's group, {elsewhere:.2} elsewhere"
     );
