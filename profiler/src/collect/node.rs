@@ -255,6 +255,7 @@ async fn run(tracer: &mut Tracer, followed: Receiver<Follow>, stop: &AtomicBool)
                 let cut = lp::cut(
                     &mut Shared {
                         tracer: &mut *tracer,
+                        mine: job.sink.live().clone(),
                         others: &mut jobs,
                     },
                     &mut job.sink,
@@ -358,7 +359,11 @@ fn end(tracer: &mut Tracer, others: &mut [Job], mut job: Job) {
         return;
     };
     let last = lp::finish(
-        &mut Shared { tracer, others },
+        &mut Shared {
+            tracer,
+            mine: job.sink.live().clone(),
+            others,
+        },
         job.sink,
         e.cpu_ns,
         e.end_ns,
@@ -447,10 +452,56 @@ fn route(jobs: &mut [impl Tree], bytes: &[u8], rest: &mut dyn FnMut(&[u8])) {
 }
 
 /// The kernel side as one job sees it while its window is cut or closed:
-/// the records of the node's other jobs go to them as they pass.
+/// the records of the node's other jobs go to them as they pass, and of
+/// the rest only what is in its own tree (`mine`, its processes as it
+/// began, and the children they fork meanwhile) reaches it — not what a
+/// job that has ended left running.
 struct Shared<'a> {
     tracer: &'a mut Tracer,
+    mine: HashSet<u32>,
     others: &'a mut [Job],
+}
+
+/// Passes on to `f` the part of kernel record `bytes` that is in the tree
+/// `mine` (a fork of one of its processes adds the child).
+fn claim(mine: &mut HashSet<u32>, bytes: &[u8], f: &mut dyn FnMut(&[u8])) {
+    let Some(h) = abi::read::<abi::Header>(bytes) else {
+        return;
+    };
+    match h.kind {
+        abi::kind::FORK => {
+            if abi::read::<abi::Fork>(bytes).is_some_and(|e| mine.contains(&e.parent_pid)) {
+                mine.insert(h.pid);
+                f(bytes);
+            }
+        }
+        abi::kind::SWITCH => {
+            let Some(e) = abi::read::<abi::Switch>(bytes) else {
+                return;
+            };
+            let ours = |pid: u32, flag: u8| e.flags & flag != 0 && mine.contains(&pid);
+            let mut keep = 0;
+            if ours(e.prev_pid, abi::SW_PREV_TRACKED) {
+                keep |= abi::SW_PREV_TRACKED;
+            }
+            if ours(e.next_pid, abi::SW_NEXT_TRACKED) {
+                keep |= abi::SW_NEXT_TRACKED;
+            }
+            let tracked = e.flags & (abi::SW_PREV_TRACKED | abi::SW_NEXT_TRACKED);
+            if keep == tracked && keep != 0 {
+                f(bytes);
+            } else if keep != 0 {
+                let mut half = e;
+                half.flags &= !(tracked & !keep);
+                f(bytemuck::bytes_of(&half));
+            }
+        }
+        _ => {
+            if mine.contains(&h.pid) {
+                f(bytes);
+            }
+        }
+    }
 }
 
 impl Probes for Shared<'_> {
@@ -458,8 +509,10 @@ impl Probes for Shared<'_> {
         Probes::ring_fd(&*self.tracer)
     }
     fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> usize {
-        let others = &mut *self.others;
-        Probes::drain(self.tracer, &mut |b| route(others, b, f))
+        let (others, mine) = (&mut *self.others, &mut self.mine);
+        Probes::drain(self.tracer, &mut |b| {
+            route(others, b, &mut |x| claim(mine, x, &mut *f))
+        })
     }
     fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError> {
         Probes::drops(&*self.tracer)
@@ -580,5 +633,29 @@ mod tests {
         );
         assert_eq!(rest.len(), 1);
         assert_eq!(sides(&rest[0]), (Some(30), None));
+    }
+
+    /// While a job's window is sealed, of what no other job takes only its
+    /// own part reaches it: not a process of a job that has ended.
+    #[test]
+    fn a_job_being_sealed_takes_only_its_own_tree() {
+        let mut mine: HashSet<u32> = [10].into();
+        let mut got = Vec::new();
+        let mut take = |b: Vec<u8>| claim(&mut mine, &b, &mut |x| got.push(x.to_vec()));
+        let mut fork = abi::Fork::zeroed();
+        fork.h = header(abi::kind::FORK, 12, std::mem::size_of::<abi::Fork>());
+        fork.parent_pid = 10;
+        take(bytemuck::bytes_of(&fork).to_vec());
+        // Its new child's switch to a tracked thread of no job: its side.
+        take(switch(Some(12), Some(40)));
+        // Another's process, and the ended job's switches among themselves.
+        let mut exit = abi::Exit::zeroed();
+        exit.h = header(abi::kind::EXIT, 40, std::mem::size_of::<abi::Exit>());
+        take(bytemuck::bytes_of(&exit).to_vec());
+        take(switch(Some(40), Some(41)));
+        take(switch(Some(10), Some(12)));
+        assert_eq!(got.len(), 3);
+        assert_eq!(sides(&got[1]), (Some(12), None));
+        assert_eq!(sides(&got[2]), (Some(10), Some(12)));
     }
 }
