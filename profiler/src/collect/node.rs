@@ -462,46 +462,30 @@ struct Shared<'a> {
     others: &'a mut [Job],
 }
 
-/// Passes on to `f` the part of kernel record `bytes` that is in the tree
-/// `mine` (a fork of one of its processes adds the child).
-fn claim(mine: &mut HashSet<u32>, bytes: &[u8], f: &mut dyn FnMut(&[u8])) {
-    let Some(h) = abi::read::<abi::Header>(bytes) else {
-        return;
-    };
-    match h.kind {
-        abi::kind::FORK => {
-            if abi::read::<abi::Fork>(bytes).is_some_and(|e| mine.contains(&e.parent_pid)) {
-                mine.insert(h.pid);
-                f(bytes);
-            }
-        }
-        abi::kind::SWITCH => {
-            let Some(e) = abi::read::<abi::Switch>(bytes) else {
-                return;
-            };
-            let ours = |pid: u32, flag: u8| e.flags & flag != 0 && mine.contains(&pid);
-            let mut keep = 0;
-            if ours(e.prev_pid, abi::SW_PREV_TRACKED) {
-                keep |= abi::SW_PREV_TRACKED;
-            }
-            if ours(e.next_pid, abi::SW_NEXT_TRACKED) {
-                keep |= abi::SW_NEXT_TRACKED;
-            }
-            let tracked = e.flags & (abi::SW_PREV_TRACKED | abi::SW_NEXT_TRACKED);
-            if keep == tracked && keep != 0 {
-                f(bytes);
-            } else if keep != 0 {
-                let mut half = e;
-                half.flags &= !(tracked & !keep);
-                f(bytemuck::bytes_of(&half));
-            }
-        }
-        _ => {
-            if mine.contains(&h.pid) {
-                f(bytes);
-            }
-        }
+/// A job's tree while its window is sealed: its processes, and the
+/// children they fork meanwhile; what reaches it goes to `f`.
+struct Mine<'a, 'f> {
+    pids: &'a mut HashSet<u32>,
+    f: &'f mut dyn FnMut(&[u8]),
+}
+
+impl Tree for Mine<'_, '_> {
+    fn holds(&self, pid: u32) -> bool {
+        self.pids.contains(&pid)
     }
+    fn take(&mut self, bytes: &[u8]) {
+        if let Some(h) = abi::read::<abi::Header>(bytes).filter(|h| h.kind == abi::kind::FORK) {
+            self.pids.insert(h.pid);
+        }
+        (self.f)(bytes)
+    }
+}
+
+/// Passes on to `f` the part of kernel record `bytes` that is in the tree
+/// `mine` (a fork of one of its processes adds the child), routed as the
+/// node routes any record.
+fn claim(mine: &mut HashSet<u32>, bytes: &[u8], f: &mut dyn FnMut(&[u8])) {
+    route(&mut [Mine { pids: mine, f }], bytes, &mut |_| {});
 }
 
 impl Probes for Shared<'_> {
