@@ -1,8 +1,17 @@
 //! `cargo xtask stress [N] [TEST...]`: the tests that hold gapscope to a ground truth
 //! run beside N busy-looping processes (default 2) and an I/O-heavy
-//! neighbour (a file written with fsync and read back, over and over), as
-//! a node that runs training jobs is busy: the suite's rule that every test
-//! passes on a loaded 2-core machine, checked. Each test binary's verdict
+//! neighbour (a file written and read back with direct I/O, over and over),
+//! as a node that runs training jobs is busy: the suite's rule that every
+//! test passes on a loaded 2-core machine, checked.
+//!
+//! The neighbour's disk load is steady, not in bursts: the tests compare a
+//! recording with another run of the job, and a neighbour that wrote 128 MiB
+//! into the page cache and then flushed it at once (fsync) gave the two runs
+//! different disks — a loader's 1 MiB direct reads took 20 ms each through
+//! a 7-s recording that met several flushes, under 12 ms in its 0.7-s fixed
+//! run that met none, and the prediction missed by 48-70% for it. Direct
+//! I/O keeps one request of the neighbour's in the disk's queue all the
+//! time. Each test binary's verdict
 //! is reported with the lines it printed comparing itself with its truth
 //! (the numbers that move under load). TEST names some of the binaries
 //! (`agent recording`) where a change touched only their part. Not part of
@@ -38,8 +47,8 @@ impl Neighbours {
         let scratch = root().join("target/stress-io");
         std::fs::create_dir_all(&scratch)?;
         let io = format!(
-            "while :; do dd if=/dev/zero of={f} bs=1M count=128 conv=fsync 2>/dev/null; \
-             dd if={f} of=/dev/null bs=1M 2>/dev/null; done",
+            "while :; do dd if=/dev/zero of={f} bs=1M count=128 oflag=direct 2>/dev/null; \
+             dd if={f} of=/dev/null bs=1M iflag=direct 2>/dev/null; done",
             f = scratch.join("neighbour.bin").display()
         );
         let mut scripts = vec!["while :; do :; done".to_string(); busy];

@@ -1261,11 +1261,10 @@ impl Run<'_> {
 struct Near(Option<Cause>, Option<Cause>, u32);
 
 impl Near {
-    /// The wait for a CPU interrupts work `plan` removes — host work, or
-    /// the launch calls' overhead: work that no longer runs is not
-    /// preempted either, whoever held the CPU. (Left in, a disturbed
-    /// recording predicts the disturbance as if it were the rest of the
-    /// run.)
+    /// The wait for a CPU its loaders held interrupts work `plan` removes
+    /// — host work, or the launch calls' overhead: work that no longer runs
+    /// is not preempted either. (Waits for a CPU others held go with the
+    /// work in proportion: [`Replaying::settle_waits`].)
     ///
     /// And a wait for a CPU right after the feeder was woken is the
     /// wake-up's latency: where `plan` removes the whole wait it ends, the
