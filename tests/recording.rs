@@ -574,26 +574,6 @@ fn schedstat_ns(pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no schedstat for {pid}"))
 }
 
-/// A busy loop, in this process's session or (`own_session`) in one of its
-/// own, which the kernel puts in its own autogroup.
-fn busy_loop(own_session: bool) -> std::process::Child {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", "while :; do :; done"]).stdin(Stdio::null());
-    if own_session {
-        // SAFETY: setsid is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    cmd.spawn().expect("sh")
-}
-
 /// The scheduling group the kernel puts `pid` in, as /proc tells it: its
 /// cpu cgroup and, where autogroups apply (on, and the task in the root
 /// cpu cgroup), its autogroup.

@@ -773,3 +773,42 @@ pub fn record_python_workload(
     let truth = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
     (r.report(), truth)
 }
+
+/// A busy loop, in this process's session or (`own_session`) in one of its
+/// own, which the kernel puts in its own autogroup.
+pub fn busy_loop(own_session: bool) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", "while :; do :; done"])
+        .stdin(std::process::Stdio::null());
+    if own_session {
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().expect("sh")
+}
+
+/// Busy loops in this process's session, killed when dropped.
+pub struct BusyLoops(pub Vec<std::process::Child>);
+
+impl BusyLoops {
+    pub fn start(n: usize) -> BusyLoops {
+        BusyLoops((0..n).map(|_| busy_loop(false)).collect())
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

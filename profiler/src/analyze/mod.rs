@@ -484,7 +484,7 @@ fn conclude(
     notes.extend(stack_depth_note(&timeline, &names));
     notes.extend(python::notes(&session.maps, &names));
     notes.extend(loss::lossy_note(&diagnosis.lossy_windows, timeline.start));
-    notes.extend(advice.note.clone());
+    notes.extend(advice.notes.iter().cloned());
     let facts = Facts {
         header: session
             .header

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
+use crate::analyze::account::Who;
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::cause::IdleByCause;
 use crate::analyze::code::{Region, Rules};
@@ -300,9 +301,14 @@ impl Serialize for Topic {
 pub struct Advice {
     pub recommendations: Vec<Recommendation>,
     pub verdict: Option<String>,
-    /// Said when the replay could not reproduce the recording closely.
-    pub note: Option<String>,
+    /// What makes the what-ifs less sure: the replay could not reproduce
+    /// the recording closely, or the feeder shared busy CPUs.
+    pub notes: Vec<String>,
 }
+
+/// A feeder that waited for CPUs others held this share of the time it
+/// wanted one ran on a busy machine.
+const CONTENDED: f64 = 0.25;
 
 /// The unchanged replay this far from the record makes its predictions
 /// worth a word of caution.
@@ -338,7 +344,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         return Advice {
             recommendations: Vec::new(),
             verdict: None,
-            note: None,
+            notes: Vec::new(),
         };
     }
     // Causes summed over GPUs; the threads behind each.
@@ -504,20 +510,83 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         ),
     };
     let fidelity = job.fidelity();
-    let note = (!job.is_empty() && (fidelity - 1.0).abs() > REPLAY_FIDELITY).then(|| {
-        format!(
-            "what-if replays: the run replayed unchanged takes {:.0}% of its recorded wall time; what the replay does not model is assumed to stay as it was, and the predictions are less sure",
-            fidelity * 100.0
-        )
-    });
+    let mut notes: Vec<String> = (!job.is_empty() && (fidelity - 1.0).abs() > REPLAY_FIDELITY)
+        .then(|| {
+            format!(
+                "what-if replays: the run replayed unchanged takes {:.0}% of its recorded wall time; what the replay does not model is assumed to stay as it was, and the predictions are less sure",
+                fidelity * 100.0
+            )
+        })
+        .into_iter()
+        .collect();
+    notes.extend(contended_note(tl, d, &recs));
     Advice {
-        note,
+        notes,
         recommendations: recs,
         verdict: Some(match unknown {
             Some(first) => format!("{first} Of what is known: {verdict}"),
             None => verdict,
         }),
     }
+}
+
+/// Said where a feeder waited long for CPUs others held and a fix would
+/// stop it sleeping (a synchronize, a wait for input or for a copy taken
+/// out): the replay keeps the share of the CPUs it had, but how a busy
+/// machine's scheduler shares its CPUs depends on how often a thread
+/// sleeps. Beside two busy loops on two CPUs a trainer that slept in a
+/// synchronize each step got 0.47-0.49 of a CPU in every recording; the
+/// same trainer without the synchronize got 0.50 to 0.78 of one from run
+/// to run, 1.40 to 2.39 s where the replay said 2.2-2.3 s.
+fn contended_note(tl: &Timeline, d: &Diagnosis, recs: &[Recommendation]) -> Option<String> {
+    let sleeps = |c: Cause| {
+        !matches!(
+            c,
+            Cause::CpuHost
+                | Cause::CpuLaunch
+                | Cause::CpuContention
+                | Cause::Startup
+                | Cause::Teardown
+        )
+    };
+    let fixes: Vec<&str> = recs
+        .iter()
+        .filter_map(|r| match r.cause {
+            Topic::Idle(c) if sleeps(c) && r.what_if.is_some() => Some(c.name()),
+            _ => None,
+        })
+        .collect();
+    if fixes.is_empty() {
+        return None;
+    }
+    let (tid, share) = d
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let f = g.feeder.as_ref()?;
+            let waited: u64 = f
+                .account
+                .iter()
+                .filter(|m| m.who == Who::Feeder && m.cause == Cause::CpuContention)
+                .map(|m| m.end - m.start)
+                .sum();
+            let wanted = waited + f.cpu_within(tl.start, tl.end);
+            Some((f.tid, waited, wanted))
+        })
+        .max_by(|a, b| {
+            (a.1 as f64 / a.2.max(1) as f64).total_cmp(&(b.1 as f64 / b.2.max(1) as f64))
+        })
+        .map(|(tid, waited, wanted)| (tid, (waited, wanted)))?;
+    let (waited, wanted) = share;
+    (waited as f64 >= CONTENDED * wanted as f64 && wanted > 0).then(|| {
+        format!(
+            "what-if replays on a busy machine: the feeder (thread {}/{}) waited for CPUs other processes held {} of the time it wanted one; the predictions keep that share, but without its waits ({}) it would sleep less, and a busy machine's scheduler can give it a different share — the fixed run may differ from the prediction by more than the replay's own error; measure it on a quieter machine",
+            tid.0,
+            tid.1,
+            units::percent(waited, wanted),
+            fixes.join(", ")
+        )
+    })
 }
 
 /// Why a rank the others waited for came late: its GPU's largest own
