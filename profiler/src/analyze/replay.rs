@@ -468,15 +468,27 @@ impl<'a> Issued<'a> {
         }
     }
 
-    /// Spools the feeder's items and the others', each in issue order.
-    fn spool(&self, out: &mut Prepared) {
+    /// Spools the feeder's items (`mine`) or the others', in issue order.
+    fn spool(&self, mine: bool) -> Spool<ItemRec> {
+        let mut out = Spool::default();
         match &self.from {
-            IssuedFrom::Memory { work, mine, others } => {
-                for &k in mine {
-                    out.mine.push(self.item(&work[k], true).into());
+            IssuedFrom::Memory {
+                work,
+                mine: m,
+                others,
+            } => {
+                for &k in if mine { m } else { others } {
+                    out.push(self.item(&work[k], mine).into());
                 }
-                for &k in others {
-                    out.others.push(self.item(&work[k], false).into());
+            }
+            &IssuedFrom::Spooled {
+                spools,
+                plan,
+                device,
+                feeder,
+            } if mine => {
+                for w in spools.launched_by(plan, device, feeder) {
+                    out.push(self.item(&w, true).into());
                 }
             }
             &IssuedFrom::Spooled {
@@ -485,14 +497,12 @@ impl<'a> Issued<'a> {
                 device,
                 feeder,
             } => {
-                for w in spools.launched_by(plan, device, feeder) {
-                    out.mine.push(self.item(&w, true).into());
-                }
                 for w in spools.launched_by_others(plan, device, feeder) {
-                    out.others.push(self.item(&w, false).into());
+                    out.push(self.item(&w, false).into());
                 }
             }
         }
+        out
     }
 
     fn item(&self, w: &Work, mine: bool) -> Item {
@@ -559,17 +569,19 @@ impl<'a> From<&'a [Call]> for Calls<'a> {
 }
 
 impl Calls<'_> {
-    fn spool(&self, out: &mut Prepared) {
+    fn spool(&self) -> Spool<CallRec> {
+        let mut out = Spool::default();
         match self {
-            Calls::Memory(c) => c.iter().for_each(|c| out.calls.push(c.into())),
+            Calls::Memory(c) => c.iter().for_each(|c| out.push(c.into())),
             &Calls::Spooled {
                 spools,
                 plan,
                 feeder,
             } => spools
                 .calls_of(plan, feeder)
-                .for_each(|c| out.calls.push((&c).into())),
+                .for_each(|c| out.push((&c).into())),
         }
+        out
     }
 }
 
@@ -797,10 +809,22 @@ impl Run<'_> {
     /// The run's work and calls as its replays read them.
     fn prepared(&self) -> &Prepared {
         self.prepared.get_or_init(|| {
-            let mut p = Prepared::default();
-            self.work.spool(&mut p);
-            self.calls.spool(&mut p);
-            p
+            // Three reads of the GPU's spools, each into a spool of its
+            // own: side by side (on a long run, a third of the what-ifs'
+            // time was these done one after another).
+            let join = |h: std::thread::ScopedJoinHandle<'_, Spool<_>>| {
+                h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+            };
+            std::thread::scope(|s| {
+                let mine = s.spawn(|| self.work.spool(true));
+                let others = s.spawn(|| self.work.spool(false));
+                let calls = self.calls.spool();
+                Prepared {
+                    mine: join(mine),
+                    others: join(others),
+                    calls,
+                }
+            })
         })
     }
 
