@@ -10,7 +10,7 @@ pub use crate::analyze::compare::{
     build, Compared, Diff, DiffOptions, Side, DEFAULT_MIN_CHANGE_PCT, SCHEMA,
 };
 use crate::analyze::compare::{pct, signed_pct, signed_points, GpuFigures, SideInfo};
-use crate::export::document::{self, html_escape as esc, Block, Style, Table, STYLESHEET};
+use crate::export::document::{self, html_escape as esc, Block, Style, Table};
 use crate::export::units;
 use crate::export::{FlameKind, Format, Options};
 
@@ -481,17 +481,12 @@ fn share_bar(
 
 fn write_html(c: &Compared, out: &mut dyn Write) -> io::Result<()> {
     let d = &c.diff;
-    writeln!(
+    document::write_page_start(
+        &format!("gapscope diff — {}", d.verdict.outcome.name()),
+        None,
         out,
-        r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width,initial-scale=1">
-<title>gapscope diff — {}</title>
-<style>{STYLESHEET}</style></head>
-<body><main>
-<h1>gapscope diff</h1>"#,
-        esc(d.verdict.outcome.name())
     )?;
+    writeln!(out, "<h1>gapscope diff</h1>")?;
     writeln!(
         out,
         r#"<div class="mono">{}<br>{}</div>"#,

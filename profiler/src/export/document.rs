@@ -15,6 +15,36 @@ const MAX_COMMAND: usize = 100;
 /// The stylesheet of every HTML page (the report, a comparison).
 pub(super) const STYLESHEET: &str = include_str!("report.css");
 
+/// An HTML page's start, through `<body><main>`: its `title` (escaped
+/// here), the one stylesheet, and the gapscope version that recorded what
+/// it shows where that is known (a report's; a diff has two).
+pub(super) fn write_page_start<W: Write + ?Sized>(
+    title: &str,
+    generator: Option<&str>,
+    out: &mut W,
+) -> io::Result<()> {
+    writeln!(
+        out,
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width,initial-scale=1">"#
+    )?;
+    if let Some(version) = generator {
+        writeln!(
+            out,
+            r#"<meta name="generator" content="gapscope {}">"#,
+            html_escape(version)
+        )?;
+    }
+    writeln!(
+        out,
+        r#"<title>{}</title>
+<style>{STYLESHEET}</style></head>
+<body><main>"#,
+        html_escape(title)
+    )
+}
+
 /// The command as one line: shell-quoted where needed, newlines folded, cut.
 pub(super) fn command_line(argv: &[String]) -> String {
     if argv.is_empty() {

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 
 use base64::Engine;
 
-use super::document::{self, html_escape as esc, Style, STYLESHEET};
+use super::document::{self, html_escape as esc, Style};
 use super::report::Report;
 use super::summary;
 use super::units;
@@ -249,17 +249,10 @@ fn write_html(
     let o = &mut out;
     let heading = document::heading(r);
     let s = &r.session;
-    writeln!(
+    document::write_page_start(
+        &format!("gapscope — {}", heading.command),
+        Some(&s.gapscope_version),
         o,
-        r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width,initial-scale=1">
-<meta name="generator" content="gapscope {}">
-<title>gapscope — {}</title>
-<style>{STYLESHEET}</style></head>
-<body><main>"#,
-        esc(&s.gapscope_version),
-        esc(&heading.command)
     )?;
     heading.write_html("gapscope report", o)?;
 
