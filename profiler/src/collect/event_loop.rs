@@ -160,19 +160,11 @@ pub(super) async fn run(
                 tracer.drain(&mut |b| sink.handle(b));
                 if last_flush.elapsed() >= Duration::from_secs(1) {
                     last_flush = Instant::now();
-                    if let Ok(mut t) = tree.write() {
-                        t.clone_from(sink.live());
-                    }
+                    upkeep(tracer, &mut sink, &tree);
                     if child.is_none() && sampler.is_some() {
                         // Processes that started with the shim after we attached.
                         streams.connect(sink.live().iter().copied());
                     }
-                    if let Ok(d) = tracer.drops() {
-                        sink.drops_record(&d);
-                    }
-                    read_machine(tracer, &mut sink);
-                    sink.maintain();
-                    sink.flush();
                 }
                 if status.enabled() {
                     let drops = tracer.drops().map(|d| d.iter().sum()).unwrap_or(0);
@@ -408,6 +400,26 @@ fn sorted(pids: &HashSet<u32>) -> Vec<u32> {
 /// how many CPUs the job could have had beyond what it used, and from whom
 /// more threads of it would win some (the replay's bounds on more loader
 /// workers).
+/// What a recording does once a second beside draining the kernel's
+/// records: its process tree published (the GPU side follows it), the drop
+/// counters and the machine's readings written, and the sink maintained
+/// and flushed. One job's (`run`, `attach`) and each of a node's alike.
+pub(super) fn upkeep(
+    tracer: &impl Probes,
+    sink: &mut Sink,
+    tree: &std::sync::RwLock<std::collections::HashSet<u32>>,
+) {
+    if let Ok(mut t) = tree.write() {
+        t.clone_from(sink.live());
+    }
+    if let Ok(d) = tracer.drops() {
+        sink.drops_record(&d);
+    }
+    read_machine(tracer, sink);
+    sink.maintain();
+    sink.flush();
+}
+
 pub(super) fn read_machine(tracer: &impl Probes, sink: &mut Sink) {
     let ts = clock::monotonic_ns();
     if let Some(idle_ns) = procfs::machine_idle_ns() {

@@ -201,18 +201,10 @@ async fn run(tracer: &mut Tracer, followed: Receiver<Follow>, stop: &AtomicBool)
                 continue;
             }
             if second {
-                if let Ok(mut t) = job.tree.write() {
-                    t.clone_from(job.sink.live());
-                }
+                lp::upkeep(tracer, &mut job.sink, &job.tree);
                 if let Some(s) = job.streams.as_mut() {
                     s.connect(job.sink.live().iter().copied());
                 }
-                if let Ok(d) = tracer.drops() {
-                    job.sink.drops_record(&d);
-                }
-                lp::read_machine(tracer, &mut job.sink);
-                job.sink.maintain();
-                job.sink.flush();
             }
             lp::install_python(tracer, &mut job.sink);
             let (_, exited_ns) = job.sink.target_exit();
