@@ -14,8 +14,8 @@
 //! CPU time over the CPUs, by /proc/stat); on a quiet machine the range is
 //! a few points wide. And each recording says what more workers would give:
 //! the one-worker recording's answer for a second worker is held to the
-//! two-worker run within 10% (quiet -1..-4%; beside two busy loops and an
-//! I/O neighbour, -2% and +9%).
+//! faster of two two-worker runs within 10% (quiet -1..-4%; beside two busy
+//! loops and an I/O neighbour, -2% and +9%).
 //!
 //! torch comes from `cargo xtask setup` (a venv in target/torch-venv);
 //! without it these tests skip, unless GAPSCOPE_REQUIRE_TORCH=1.
@@ -263,11 +263,17 @@ fn dataloader_workers_are_the_input_pipeline() {
     // And the one-worker recording's answer for a second worker is the
     // two-worker run's GPU span, measured (both spans first work to last:
     // start-up — importing torch, the workers' first batches — moves with
-    // the machine by more than the loop does).
-    let (predicted, measured) = (
-        predicted_span(&one.1, 1),
-        u64_of(&two.1["gpus"][0], "span_ns"),
-    );
+    // the machine by more than the loop does). Of two two-worker runs, the
+    // faster: whatever else the machine runs only slows one (under the
+    // whole suite a two-worker run took 2.41 s where quiet ones took
+    // 2.09-2.18 s, its neighbours' CPU 0.14 on average).
+    let (again, _) = record(&py, &data, 2, &[]);
+    let measured = [&two.1, &again]
+        .map(|r| u64_of(&r["gpus"][0], "span_ns"))
+        .into_iter()
+        .min()
+        .unwrap();
+    let predicted = predicted_span(&one.1, 1);
     let off = predicted as f64 / measured as f64 - 1.0;
     eprintln!(
         "one worker + 1: predicted {:.0} ms, two workers measured {:.0} ms ({:+.1}%)",
