@@ -559,7 +559,7 @@ fn contended_note(tl: &Timeline, d: &Diagnosis, recs: &[Recommendation]) -> Opti
     if fixes.is_empty() {
         return None;
     }
-    let (tid, share) = d
+    let (tid, waited, wanted) = d
         .gpus
         .iter()
         .filter_map(|g| {
@@ -575,9 +575,7 @@ fn contended_note(tl: &Timeline, d: &Diagnosis, recs: &[Recommendation]) -> Opti
         })
         .max_by(|a, b| {
             (a.1 as f64 / a.2.max(1) as f64).total_cmp(&(b.1 as f64 / b.2.max(1) as f64))
-        })
-        .map(|(tid, waited, wanted)| (tid, (waited, wanted)))?;
-    let (waited, wanted) = share;
+        })?;
     (waited as f64 >= CONTENDED * wanted as f64 && wanted > 0).then(|| {
         format!(
             "what-if replays on a busy machine: the feeder (thread {}/{}) waited for CPUs other processes held {} of the time it wanted one; the predictions keep that share, but without its waits ({}) it would sleep less, and a busy machine's scheduler can give it a different share — the fixed run may differ from the prediction by more than the replay's own error; measure it on a quieter machine",

@@ -1238,13 +1238,19 @@ impl Run<'_> {
             // The feeder's own time outside those calls.
             let d = p.end - p.start;
             let inside = p.start >= first && p.start < last;
-            // A wait for a CPU while the synchronize's share of the host
-            // work still runs interrupted work that stays: it stays too (on
-            // a busy machine, most of such work's time).
-            let near = (inside
-                && p.who != Who::Other
-                && matches!(p.cause, Cause::CpuContention | Cause::InputCpu))
-            .then(|| self.near(&mut account, &mut calls, i));
+            // A wait for a CPU its loaders held: the work around it and the
+            // wait it ends, if any ([`Near`]); one others held: only the
+            // wait it ends (the burst it falls in decides the rest).
+            let near = match p.cause {
+                _ if !inside || p.who == Who::Other => None,
+                Cause::InputCpu => Some(self.near(&mut account, &mut calls, i)),
+                Cause::CpuContention => Some(Near(
+                    None,
+                    None,
+                    self.woken_from(&mut account, &mut calls, i),
+                )),
+                _ => None,
+            };
             for r in &mut rs {
                 r.own(p, d, inside, near);
             }

@@ -396,10 +396,6 @@ fn sorted(pids: &HashSet<u32>) -> Vec<u32> {
     v
 }
 
-/// The machine's idle CPU time now, and what unrecorded tasks have run:
-/// how many CPUs the job could have had beyond what it used, and from whom
-/// more threads of it would win some (the replay's bounds on more loader
-/// workers).
 /// What a recording does once a second beside draining the kernel's
 /// records: its process tree published (the GPU side follows it), the drop
 /// counters and the machine's readings written, and the sink maintained
@@ -407,7 +403,7 @@ fn sorted(pids: &HashSet<u32>) -> Vec<u32> {
 pub(super) fn upkeep(
     tracer: &impl Probes,
     sink: &mut Sink,
-    tree: &std::sync::RwLock<std::collections::HashSet<u32>>,
+    tree: &std::sync::RwLock<HashSet<u32>>,
 ) {
     if let Ok(mut t) = tree.write() {
         t.clone_from(sink.live());
@@ -420,6 +416,10 @@ pub(super) fn upkeep(
     sink.flush();
 }
 
+/// The machine's idle CPU time now, and what unrecorded tasks have run:
+/// how many CPUs the job could have had beyond what it used, and from whom
+/// more threads of it would win some (the replay's bounds on more loader
+/// workers).
 pub(super) fn read_machine(tracer: &impl Probes, sink: &mut Sink) {
     let ts = clock::monotonic_ns();
     if let Some(idle_ns) = procfs::machine_idle_ns() {
