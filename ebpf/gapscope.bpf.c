@@ -274,41 +274,6 @@ static __always_inline void count_neighbour(void)
 		*n += charged;
 }
 
-/* Kernels before 6.13 count a cfs_rq's runnable tasks in h_nr_running. */
-struct cfs_rq___h_nr_running {
-	unsigned int h_nr_running;
-} __attribute__((preserve_access_index));
-
-/* How many tasks of the job's scheduling group are runnable on this CPU
- * now (the one running included): the unrecorded among them are the
- * threads more loader workers would share the group's CPUs with, which
- * their CPU time alone does not count (two busy loops holding 1.5 CPUs
- * are two threads, not three at a worker's rate). Read at the sampling
- * clock, whatever the CPU runs: a few reads 99 times a second per CPU. */
-static __always_inline void count_group_queue(void)
-{
-	struct task_group *tg = (struct task_group *)gs_job_group;
-	if (!tg)
-		return;
-	struct cfs_rq **rqs = BPF_CORE_READ(tg, cfs_rq);
-	struct cfs_rq *rq = 0;
-	if (!rqs || bpf_probe_read_kernel(&rq, sizeof(rq), &rqs[bpf_get_smp_processor_id()]) || !rq)
-		return;
-	__u64 n;
-	if (bpf_core_field_exists(rq->h_nr_runnable))
-		n = BPF_CORE_READ(rq, h_nr_runnable);
-	else
-		n = BPF_CORE_READ((struct cfs_rq___h_nr_running *)rq, h_nr_running);
-	__u32 slot = GS_NEIGHBOURS_GROUP_RUNNABLE;
-	__u64 *sum = bpf_map_lookup_elem(&neighbours, &slot);
-	slot = GS_NEIGHBOURS_GROUP_SAMPLES;
-	__u64 *samples = bpf_map_lookup_elem(&neighbours, &slot);
-	if (sum && samples) {
-		*sum += n;
-		*samples += 1;
-	}
-}
-
 static __always_inline __u64 rb_flags(void)
 {
 	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= gs_wakeup_bytes ?
@@ -1514,7 +1479,6 @@ int gs_page_fault_user(struct bpf_raw_tracepoint_args *ctx)
 SEC("perf_event")
 int gs_sample(struct bpf_perf_event_data *ctx)
 {
-	count_group_queue();
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
 	if (tid == 0 || !is_tracked(tgid))

@@ -63,13 +63,7 @@ enum gs_fd_kind {
 enum gs_neighbours {
 	GS_NEIGHBOURS_SAME_GROUP = 0,
 	GS_NEIGHBOURS_ELSEWHERE = 1,
-	/* At each cpu-clock sample on each CPU, how many tasks of the job's
-	 * group were runnable (running or queued) on that CPU, summed; and
-	 * how many samples: their ratio times the CPUs is how many threads
-	 * of the group wanted a CPU at once, on average. */
-	GS_NEIGHBOURS_GROUP_RUNNABLE = 2,
-	GS_NEIGHBOURS_GROUP_SAMPLES = 3,
-	GS_NEIGHBOURS_MAX = 4,
+	GS_NEIGHBOURS_MAX = 2,
 };
 
 /* Every record starts with this. */

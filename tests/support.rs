@@ -802,23 +802,6 @@ impl BusyLoops {
     pub fn start(n: usize) -> BusyLoops {
         BusyLoops((0..n).map(|_| busy_loop(false)).collect())
     }
-
-    /// Their time on a CPU and waiting for one, summed, as the kernel's
-    /// schedstat counts it.
-    pub fn asked_ns(&self) -> u64 {
-        self.0
-            .iter()
-            .map(|c| {
-                let s = std::fs::read_to_string(format!("/proc/{}/schedstat", c.id()))
-                    .expect("schedstat");
-                let f: Vec<u64> = s
-                    .split_whitespace()
-                    .map(|x| x.parse().expect("schedstat"))
-                    .collect();
-                f[0] + f[1]
-            })
-            .sum()
-    }
 }
 
 impl Drop for BusyLoops {

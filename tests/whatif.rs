@@ -301,43 +301,6 @@ fn input_network_two_more_workers() {
     more_workers("input-network", "input.network", 2, 2);
 }
 
-/// More workers share their scheduling group's CPUs with its other
-/// threads that wanted one, counted as threads: beside two busy loops of
-/// the test's own session (its autogroup, and the job's), the report's
-/// count is the loops' own by the kernel's schedstat (their time on a CPU
-/// and waiting for one over the wall time: two, always runnable). A little
-/// more is the recorder's and the test harness's threads, of the same
-/// group and not recorded; one more would be the recorded worker's.
-#[test]
-fn more_workers_count_the_threads_their_group_ran() {
-    simtrain_data();
-    let _lock = recording_lock();
-    let loops = BusyLoops::start(2);
-    let (asked, t0) = (loops.asked_ns(), std::time::Instant::now());
-    let report = record(
-        "input-cpu-busy",
-        &[
-            "--bottleneck",
-            "input-cpu",
-            "--workers",
-            "1",
-            "--steps",
-            "60",
-        ],
-    );
-    let truth = (loops.asked_ns() - asked) as f64 / t0.elapsed().as_nanos() as f64;
-    drop(loops);
-    let rec = recommendation(&report, "input.cpu");
-    let got = rec["what_if"]["rival_threads"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("no count of the group's threads: {rec:#}"));
-    eprintln!("rival threads: {got:.2}, the busy loops by schedstat {truth:.2}");
-    assert!(
-        (truth - 0.2..=truth + 0.5).contains(&got),
-        "{got:.2} rival threads, two busy loops by schedstat {truth:.2}: {rec:#}"
-    );
-}
-
 /// On a busy machine the what-ifs say what they assume. Beside two busy
 /// loops the sync-bound trainer waits for a CPU about half the time it
 /// wants one; the replay keeps that share, but the trainer without its

@@ -29,9 +29,6 @@ pub struct Feeder {
     /// Its on-CPU time per [`CPU_BUCKET_NS`] from `start`: the replay asks
     /// how much CPU it took while its loaders worked.
     cpu: Vec<u64>,
-    /// Its time waiting for a CPU (runnable, or taken by the hypervisor),
-    /// the same way: with `cpu`, how often it wanted one.
-    queued: Vec<u64>,
     start: u64,
 }
 
@@ -53,7 +50,6 @@ impl Feeder {
             waited: HashSet::new(),
             wait: None,
             cpu: Vec::new(),
-            queued: Vec::new(),
             start: window_start,
         }
     }
@@ -108,28 +104,25 @@ impl Feeder {
         }
     }
 
-    /// Adds its on-CPU time and its waits for a CPU in `[a, b)` (its
-    /// states there still kept).
+    /// Adds its on-CPU time in `[a, b)` (its states there still kept).
     pub fn add_cpu(&mut self, threads: &BTreeMap<Tid, ThreadTimeline>, a: u64, b: u64) {
         let Some(iv) = threads.get(&self.tid).and_then(|t| t.intervals.as_deref()) else {
             return;
         };
         let i = iv.partition_point(|x| x.end <= a);
         for x in iv[i..].iter().take_while(|x| x.start < b) {
-            let buckets = match x.state {
-                State::OnCpu => &mut self.cpu,
-                State::Runnable | State::Stolen => &mut self.queued,
-                State::Off(_) => continue,
-            };
+            if x.state != State::OnCpu {
+                continue;
+            }
             let (mut s, e) = (x.start.max(a), x.end.min(b));
             while s < e {
                 let k = ((s - self.start) / CPU_BUCKET_NS) as usize;
                 let bucket_end = self.start + (k as u64 + 1) * CPU_BUCKET_NS;
                 let upto = e.min(bucket_end);
-                if buckets.len() <= k {
-                    buckets.resize(k + 1, 0);
+                if self.cpu.len() <= k {
+                    self.cpu.resize(k + 1, 0);
                 }
-                buckets[k] += upto - s;
+                self.cpu[k] += upto - s;
                 s = upto;
             }
         }
@@ -137,21 +130,12 @@ impl Feeder {
 
     /// Its on-CPU time in `[a, b)`, to a bucket.
     pub fn cpu_within(&self, a: u64, b: u64) -> u64 {
-        self.within(&self.cpu, a, b)
-    }
-
-    /// Its time on a CPU or waiting for one in `[a, b)`, to a bucket.
-    pub fn asked_within(&self, a: u64, b: u64) -> u64 {
-        self.cpu_within(a, b) + self.within(&self.queued, a, b)
-    }
-
-    fn within(&self, buckets: &[u64], a: u64, b: u64) -> u64 {
         let k = |t: u64| (t.saturating_sub(self.start) / CPU_BUCKET_NS) as usize;
         let (from, to) = (
             k(a),
-            k(b.saturating_sub(1)).min(buckets.len().saturating_sub(1)),
+            k(b.saturating_sub(1)).min(self.cpu.len().saturating_sub(1)),
         );
-        buckets.get(from..=to).map_or(0, |x| x.iter().sum())
+        self.cpu.get(from..=to).map_or(0, |x| x.iter().sum())
     }
 }
 

@@ -51,11 +51,6 @@ pub struct WhatIf {
     /// computing spread over the CPUs they got, those that sat idle and a
     /// share of those their scheduling group's other tasks held).
     pub more_workers: Vec<MoreWorkers>,
-    /// With `more_workers`: how many unrecorded threads of the job's own
-    /// scheduling group wanted a CPU at once while the loaders worked, on
-    /// average — those more workers share the group's CPUs with (null
-    /// without `more_workers`, or where the recording does not say).
-    pub rival_threads: Option<f64>,
     /// What the replayed run's GPU still idles for, by cause (per GPU):
     /// start-up and tear-down as the recording had them, and what the fix
     /// leaves.
@@ -119,12 +114,8 @@ impl Recommendation {
                 .iter()
                 .map(|m| format!("{} workers {:.2}x", m.workers, m.speedup))
                 .collect();
-            let rivals = match w.rival_threads {
-                Some(n) => format!(", {n:.1} of whose threads wanted a CPU at once"),
-                None => String::new(),
-            };
             out.push(format!(
-                "or more loader workers instead (computing on the CPUs the loaders got, those that sat idle and a share of those the job's scheduling group's other tasks held{rivals}; storage at its recorded pace): {}",
+                "or more loader workers instead (computing on the CPUs the loaders got, those that sat idle and a share of those the job's scheduling group's other tasks held; storage at its recorded pace): {}",
                 options.join(" · ")
             ));
         }
@@ -261,16 +252,11 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
     } else {
         Vec::new()
     };
-    let rival_threads = job
-        .rivals()
-        .filter(|_| !more_workers.is_empty())
-        .map(rounded);
     Some(WhatIf {
         wall_ns: p.wall_ns,
         speedup: rounded(wall as f64 / p.wall_ns.max(1) as f64),
         next_cause,
         more_workers,
-        rival_threads,
         idle_by_cause_ns: p.idle_by_cause(),
     })
 }

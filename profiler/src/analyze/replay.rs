@@ -275,9 +275,6 @@ pub struct Run<'a> {
     /// the loaders worked, on average (0 when not recorded): more workers
     /// win a share of them, thread by thread.
     pub group_cpus: f64,
-    /// How many unrecorded threads of that group wanted a CPU at once
-    /// while the loaders worked, on average (None when not recorded).
-    pub rivals: Option<f64>,
     /// `work` and `calls` as every replay reads them, spooled by the first.
     pub prepared: std::sync::OnceLock<Prepared>,
 }
@@ -753,30 +750,18 @@ impl Gpu<'_> {
 /// alike), every thread of those processes, and threads of the feeder's own
 /// process named like one it waited on (a thread pool). With it, the CPU
 /// time every other recorded thread took.
-pub fn pool(feeder: Tid, waited: &HashSet<Tid>, tl: &Timeline) -> (Pool, Others) {
+pub fn pool(feeder: Tid, waited: &HashSet<Tid>, tl: &Timeline) -> (Pool, u64) {
     let members = loaders(feeder, waited, tl);
     let mut pool = Pool::default();
-    let mut others = Others::default();
+    let mut elsewhere = 0;
     for t in tl.all_threads() {
         if members.contains(&(t.pid, t.tid)) {
             pool.add(t, tl.io_tally_of((t.pid, t.tid)));
         } else {
-            others.on_cpu += t.on_cpu;
-            if (t.pid, t.tid) != feeder {
-                others.asked += t.on_cpu + t.runnable + t.stolen;
-            }
+            elsewhere += t.on_cpu;
         }
     }
-    (pool, others)
-}
-
-/// The recorded threads outside the pool, summed.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Others {
-    /// On a CPU, the feeder's time included.
-    pub on_cpu: u64,
-    /// On a CPU or waiting for one, the feeder aside.
-    pub asked: u64,
+    (pool, elsewhere)
 }
 
 /// The pool's threads (see [`pool`]).
@@ -879,21 +864,15 @@ impl Run<'_> {
 
     /// The CPUs `workers` workers (`k` of them recorded, on `got` CPUs)
     /// would win from the unrecorded tasks of their own scheduling group,
-    /// whose CPUs the kernel shares thread by thread: the two share what
-    /// both held, those tasks counted as the threads of them that wanted a
-    /// CPU at once (never fewer than the CPUs they held). Where that count
-    /// is not recorded, as many as their CPUs hold at a worker's rate — too
-    /// many where a worker got less than an even share: one worker beside
-    /// two busy loops on two CPUs shares a CPU with one of them and gets
-    /// half of it, while the other loop has a CPU to itself (1.5 CPUs are
-    /// two threads, not three at the worker's rate); a second worker takes
-    /// the second loop's half, and both keep the first one's rate.
+    /// whose CPUs the kernel shares thread by thread: those tasks count as
+    /// as many threads as their CPUs hold at a worker's rate, and the two
+    /// share what both held.
     fn won_in_group(&self, got: f64, k: f64, workers: f64) -> f64 {
         let held = self.group_cpus;
         if got <= 0.0 || held <= 0.0 || workers <= k {
             return 0.0;
         }
-        let rivals = self.rivals.map_or(held * k / got, |r| r.max(held));
+        let rivals = held * k / got;
         (got + held) * workers / (workers + rivals) - got
     }
 
@@ -1662,8 +1641,7 @@ impl<'a> Job<'a> {
             .filter_map(|g| {
                 let f = g.feeder.as_ref()?;
                 let device = tl.gpu.devices.iter().find(|x| x.id == g.gpu.device)?;
-                let (pool, others) = pool(f.tid, &f.waited, tl);
-                let elsewhere = others.on_cpu;
+                let (pool, elsewhere) = pool(f.tid, &f.waited, tl);
                 // The CPUs the rest took while the loaders worked: the
                 // feeder's own from its time (a trainer busy importing
                 // before its loaders start took nothing from them), the
@@ -1688,21 +1666,6 @@ impl<'a> Job<'a> {
                 // job's own scheduling group held (not another group's).
                 let idle_cpus = tl.idle_cpus(life.0, life.1).unwrap_or(f64::INFINITY);
                 let group_cpus = tl.neighbour_cpus(life.0, life.1).map_or(0.0, |n| n.0);
-                // Of the group's threads that wanted a CPU, those not
-                // recorded: the group's count less the recorded ones' —
-                // the pool's and the feeder's over the loaders' life (a
-                // trainer importing before they start asked for none of
-                // it), the rest spread over the window.
-                let rivals = (pool.busiest_life > 0)
-                    .then(|| tl.group_threads(life.0, life.1, nr_cpus))
-                    .flatten()
-                    .map(|all| {
-                        let recorded =
-                            (pool.on_cpu + pool.runnable + f.asked_within(life.0, life.1)) as f64
-                                / pool.busiest_life as f64
-                                + others.asked as f64 / span as f64;
-                        (all - recorded).max(0.0)
-                    });
                 Some(Run {
                     window,
                     busy: &g.gpu.busy,
@@ -1736,7 +1699,6 @@ impl<'a> Job<'a> {
                     spare_cpus,
                     idle_cpus,
                     group_cpus,
-                    rivals,
                     prepared: Default::default(),
                 })
             })
@@ -1775,16 +1737,6 @@ impl<'a> Job<'a> {
             .iter()
             .map(|r| r.pool.workers())
             .fold(0.0, f64::max)
-    }
-
-    /// How many unrecorded threads of the job's scheduling group wanted a
-    /// CPU at once while the largest pool of loaders worked (None where
-    /// the recording does not say).
-    pub fn rivals(&self) -> Option<f64> {
-        self.runs
-            .iter()
-            .max_by(|a, b| a.pool.workers().total_cmp(&b.pool.workers()))
-            .and_then(|r| r.rivals)
     }
 
     /// The unchanged replay's wall over the recorded one (1 is exact).
@@ -2091,7 +2043,6 @@ mod tests {
                 spare_cpus: 2.0,
                 idle_cpus: self.idle_cpus.unwrap_or(f64::INFINITY),
                 group_cpus: 0.0,
-                rivals: None,
                 prepared: Default::default(),
             }
             .replay(plan)
@@ -2466,7 +2417,6 @@ mod tests {
             spare_cpus,
             idle_cpus,
             group_cpus,
-            rivals: None,
             prepared: Default::default(),
         }
     }
@@ -2532,40 +2482,5 @@ mod tests {
         // both CPUs.
         let pace = run(1.0).pace(&Plan::fix(Cause::CpuContention));
         assert!((pace - 0.5).abs() < 1e-9, "{pace}");
-    }
-
-    /// One worker got half a CPU beside two busy loops of its group that
-    /// held the other 1.5 (it shared a CPU with one; the other had one to
-    /// itself). Counted as the two threads the group's queue says they
-    /// were, a second worker takes the second loop's half: the pool
-    /// computes on one CPU, twice as fast. Counted at the worker's rate
-    /// they would be three, and the two workers would get 2/5 of the two
-    /// CPUs.
-    #[test]
-    fn more_workers_share_with_as_many_rivals_as_wanted_a_cpu() {
-        let pool = Pool {
-            cpu: 50 * MS,
-            runnable: 50 * MS,
-            on_cpu: 50 * MS,
-            busiest: 100 * MS,
-            busiest_life: 100 * MS,
-            ..Pool::default()
-        };
-        let account = Account::default();
-        let run = |rivals: Option<f64>| Run {
-            rivals,
-            ..pool_only(pool, &account, 2.0, 0.0, 1.5)
-        };
-        let more = Plan {
-            add_workers: 1,
-            ..Plan::default()
-        };
-        assert!((pool.workers() - 1.0).abs() < 1e-9);
-        let pace = run(Some(2.0)).pace(&more);
-        assert!((pace - 0.5).abs() < 1e-9, "{pace}");
-        let pace = run(None).pace(&more);
-        assert!((pace - 0.5 / 0.8).abs() < 1e-9, "{pace}");
-        // Never fewer threads than the CPUs they held.
-        assert_eq!(run(Some(0.5)).pace(&more), run(Some(1.5)).pace(&more));
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use super::bpf::{abi, BpfError, Neighbours, Tracer};
+use super::bpf::{abi, BpfError, Tracer};
 use super::seed::{push_thread_io, seed_process};
 use super::signals::{Signal, SignalSource};
 use super::sink::Sink;
@@ -30,8 +30,8 @@ pub(super) trait Probes {
     fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> usize;
     /// Records lost so far, per event kind.
     fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError>;
-    /// What unrecorded tasks have run, and the job's group's queue.
-    fn neighbours(&self) -> Result<Neighbours, BpfError>;
+    /// What unrecorded tasks have run: (same scheduling group, elsewhere).
+    fn neighbours(&self) -> Result<(u64, u64), BpfError>;
     /// Lets the kernel side send each stack again when next seen.
     fn forget_stacks(&mut self);
     /// Where a CPython process's frames are.
@@ -48,7 +48,7 @@ impl Probes for Tracer {
     fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError> {
         Tracer::drops(self)
     }
-    fn neighbours(&self) -> Result<Neighbours, BpfError> {
+    fn neighbours(&self) -> Result<(u64, u64), BpfError> {
         Tracer::neighbours(self)
     }
     fn forget_stacks(&mut self) {
@@ -425,19 +425,12 @@ pub(super) fn read_machine(tracer: &impl Probes, sink: &mut Sink) {
     if let Some(idle_ns) = procfs::machine_idle_ns() {
         sink.push(Record::CpuIdle(crate::session::CpuIdle { ts, idle_ns }));
     }
-    if let Ok(n) = tracer.neighbours() {
+    if let Ok((same_group_ns, elsewhere_ns)) = tracer.neighbours() {
         sink.push(Record::Neighbours(crate::session::Neighbours {
             ts,
-            same_group_ns: n.same_group_ns,
-            elsewhere_ns: n.elsewhere_ns,
+            same_group_ns,
+            elsewhere_ns,
         }));
-        if n.group_samples > 0 {
-            sink.push(Record::GroupQueue(crate::session::GroupQueue {
-                ts,
-                runnable: n.group_runnable,
-                samples: n.group_samples,
-            }));
-        }
     }
 }
 
@@ -535,13 +528,8 @@ mod tests {
         fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError> {
             Ok(self.lost)
         }
-        fn neighbours(&self) -> Result<Neighbours, BpfError> {
-            Ok(Neighbours {
-                same_group_ns: 7,
-                elsewhere_ns: 11,
-                group_runnable: 30,
-                group_samples: 20,
-            })
+        fn neighbours(&self) -> Result<(u64, u64), BpfError> {
+            Ok((7, 11))
         }
         fn forget_stacks(&mut self) {}
         fn set_python(&mut self, _: u32, _: &abi::PyProc) -> Result<(), BpfError> {
@@ -666,8 +654,6 @@ mod tests {
         assert_eq!(s.drops.cpu_events(), 3);
         let n = s.neighbours.last().expect("the machine read");
         assert_eq!((n.same_group_ns, n.elsewhere_ns), (7, 11));
-        let q = s.group_queue.last().expect("the group's queue read");
-        assert_eq!((q.runnable, q.samples), (30, 20));
     }
 
     #[test]

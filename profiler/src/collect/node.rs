@@ -20,7 +20,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::bpf::{abi, BpfError, Neighbours, Tracer, TracerConfig};
+use super::bpf::{abi, BpfError, Tracer, TracerConfig};
 use super::event_loop::{self as lp, Probes, Started};
 use super::sink::Sink;
 use super::windows::{Closing, Windows};
@@ -493,7 +493,7 @@ impl Probes for Shared<'_> {
     fn drops(&self) -> Result<[u64; abi::kind::MAX], BpfError> {
         Probes::drops(&*self.tracer)
     }
-    fn neighbours(&self) -> Result<Neighbours, BpfError> {
+    fn neighbours(&self) -> Result<(u64, u64), BpfError> {
         Probes::neighbours(&*self.tracer)
     }
     fn forget_stacks(&mut self) {

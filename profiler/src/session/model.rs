@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 /// 2 added GpuBlind and GpuSkipped (and NVTX ranges among GPU records);
 /// 3 added ThreadIo and BlockedRead (recording without per-syscall hooks)
 /// and ShimInjected; 4 added CpuIdle; 5 the Window mode; 6 ChargedSwitch;
-/// 7 ProcessRank and the SockAccepted fd kind; 8 Neighbours; 9 GroupQueue.
-pub const FORMAT_VERSION: u16 = 9;
+/// 7 ProcessRank and the SockAccepted fd kind; 8 Neighbours.
+pub const FORMAT_VERSION: u16 = 8;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Record {
@@ -73,9 +73,6 @@ pub enum Record {
     },
     /// What the machine's unrecorded tasks had run, read with the idle time.
     Neighbours(Neighbours),
-    /// How many threads of the job's scheduling group wanted a CPU,
-    /// sampled, read with the idle time.
-    GroupQueue(GroupQueue),
 }
 
 /// The machine's idle CPU time, summed over its CPUs, since boot (the
@@ -100,19 +97,6 @@ pub struct Neighbours {
     pub ts: u64,
     pub same_group_ns: u64,
     pub elsewhere_ns: u64,
-}
-
-/// At each tick of the sampling clock on each CPU, how many tasks of the
-/// recorded job's scheduling group were runnable there (running or
-/// queued): summed since recording began, with the ticks, read at `ts`.
-/// Between two readings, runnable over ticks times the CPUs is how many of
-/// the group's threads wanted a CPU at once — the count the kernel shares
-/// the group's CPUs among, which CPU time alone does not give.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GroupQueue {
-    pub ts: u64,
-    pub runnable: u64,
-    pub samples: u64,
 }
 
 /// The CUPTI shim was loaded into process `pid` by `attach`, through its

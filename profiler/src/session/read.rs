@@ -68,9 +68,6 @@ pub struct Session {
     /// Readings of what unrecorded tasks ran, in order (absent in imported
     /// traces and sessions before format 8).
     pub neighbours: Vec<super::Neighbours>,
-    /// Readings of the job's group's queue, in order (absent in imported
-    /// traces, sessions before format 9, and recordings without sampling).
-    pub group_queue: Vec<super::GroupQueue>,
     /// gapscope's own cost while recording (absent in imported traces).
     pub collector: Option<super::CollectorCost>,
     /// Set when the file ends in a damaged or cut-off chunk, or has no footer.
@@ -381,7 +378,6 @@ fn read_records(
             }
             Record::CpuIdle(c) => s.cpu_idle.push(c),
             Record::Neighbours(n) => s.neighbours.push(n),
-            Record::GroupQueue(q) => s.group_queue.push(q),
         }
     }
     if let Some(e) = reader.take_refusal() {

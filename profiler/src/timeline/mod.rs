@@ -58,7 +58,6 @@ pub struct Timeline {
     /// What unrecorded tasks ran, as read while recording, in order (empty
     /// when not recorded).
     pub neighbours: Vec<crate::session::Neighbours>,
-    pub group_queue: Vec<crate::session::GroupQueue>,
     /// TCP retransmissions on the recorded threads' connections, in order.
     pub retransmits: Vec<Retransmit>,
     /// What threads keep beyond their accounts.
@@ -317,7 +316,6 @@ impl Timeline {
             gpu,
             cpu_idle: session.cpu_idle.clone(),
             neighbours: session.neighbours.clone(),
-            group_queue: session.group_queue.clone(),
             retransmits: Vec::new(),
             keep,
             shimmed: session
@@ -369,18 +367,6 @@ impl Timeline {
             cpus_between(v, |r| (r.ts, r.same_group_ns), a, b)?,
             cpus_between(v, |r| (r.ts, r.elsewhere_ns), a, b)?,
         ))
-    }
-
-    /// How many threads of the job's scheduling group wanted a CPU at once
-    /// (running or queued), on average over `[a, b)`, recorded or not, on
-    /// a machine of `nr_cpus`; None where the recording has no two
-    /// readings of it there.
-    pub fn group_threads(&self, a: u64, b: u64, nr_cpus: u32) -> Option<f64> {
-        let v = &self.group_queue;
-        let cpus = nr_cpus as f64;
-        let runnable = counted_between(v, |r| (r.ts, r.runnable), a, b)?;
-        let samples = counted_between(v, |r| (r.ts, r.samples), a, b)?;
-        (samples > 0.0 && cpus > 0.0).then(|| runnable / samples * cpus)
     }
 
     /// Closes every account at the end of the recording. `last_event`: the
@@ -619,13 +605,6 @@ impl Timeline {
 /// clipped to its readings' span, each reading taken as rising evenly to
 /// the next; None without two readings inside it. `reading`: (time, ns).
 fn cpus_between<R>(v: &[R], reading: impl Fn(&R) -> (u64, u64), a: u64, b: u64) -> Option<f64> {
-    let (a2, b2) = (a.max(reading(v.first()?).0), b.min(reading(v.last()?).0));
-    Some(counted_between(v, reading, a, b)? / b2.saturating_sub(a2).max(1) as f64)
-}
-
-/// How much a cumulative counter read at times rose over `[a, b)`, within
-/// the readings' span (interpolated between two readings).
-fn counted_between<R>(v: &[R], reading: impl Fn(&R) -> (u64, u64), a: u64, b: u64) -> Option<f64> {
     let (a, b) = (a.max(reading(v.first()?).0), b.min(reading(v.last()?).0));
     if b <= a {
         return None;
@@ -644,7 +623,7 @@ fn counted_between<R>(v: &[R], reading: impl Fn(&R) -> (u64, u64), a: u64, b: u6
             _ => next.1 as f64,
         }
     };
-    Some((at(b) - at(a)).max(0.0))
+    Some((at(b) - at(a)).max(0.0) / (b - a) as f64)
 }
 
 #[cfg(test)]
@@ -744,32 +723,6 @@ mod tests {
             .idle_cpus(0, S),
             None
         );
-    }
-
-    /// The group's queue read a second apart on two CPUs: in the first
-    /// second 200 ticks found 300 of its tasks runnable (1.5 a CPU: three
-    /// threads wanted a CPU at once), in the second 200 found 100 (one).
-    #[test]
-    fn group_threads_between_readings() {
-        const S: u64 = 1_000_000_000;
-        let mut s = Session {
-            header: Some(SessionHeader::for_test(crate::session::Mode::Run, 2)),
-            ..Session::default()
-        };
-        for (ts, runnable, samples) in [(S, 50, 40), (2 * S, 350, 240), (3 * S, 450, 440)] {
-            s.group_queue.push(crate::session::GroupQueue {
-                ts,
-                runnable,
-                samples,
-            });
-        }
-        let tl = Timeline::build(&mut s, BuildOptions::default());
-        let near = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 1e-9);
-        assert!(near(tl.group_threads(S, 2 * S, 2), 3.0));
-        assert!(near(tl.group_threads(2 * S, 3 * S, 2), 1.0));
-        assert!(near(tl.group_threads(0, 9 * S, 2), 2.0), "clipped");
-        assert_eq!(tl.group_threads(3 * S, 4 * S, 2), None);
-        assert_eq!(tl.group_threads(S, 2 * S, 0), None);
     }
 
     /// A process whose shim reports its CUDA calls is not counted a second

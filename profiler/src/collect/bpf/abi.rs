@@ -50,8 +50,6 @@ pub mod kind {
 pub mod neighbours {
     pub const SAME_GROUP: u32 = 0;
     pub const ELSEWHERE: u32 = 1;
-    pub const GROUP_RUNNABLE: u32 = 2;
-    pub const GROUP_SAMPLES: u32 = 3;
 }
 
 pub const SW_PREV_TRACKED: u8 = 1;
@@ -425,8 +423,6 @@ mod tests {
         for (name, slot) in [
             ("GS_NEIGHBOURS_SAME_GROUP", neighbours::SAME_GROUP),
             ("GS_NEIGHBOURS_ELSEWHERE", neighbours::ELSEWHERE),
-            ("GS_NEIGHBOURS_GROUP_RUNNABLE", neighbours::GROUP_RUNNABLE),
-            ("GS_NEIGHBOURS_GROUP_SAMPLES", neighbours::GROUP_SAMPLES),
         ] {
             assert!(
                 header.contains(&format!("{name} = {slot},")),

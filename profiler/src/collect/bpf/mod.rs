@@ -287,9 +287,9 @@ impl Tracer {
     }
 
     /// What the machine's unrecorded tasks have run since the programs
-    /// were attached, and how many of the job's group's tasks the sampling
-    /// clock found runnable (summed over CPUs).
-    pub fn neighbours(&self) -> Result<Neighbours, BpfError> {
+    /// were attached (summed over CPUs): (in the job's own scheduling
+    /// group, elsewhere).
+    pub fn neighbours(&self) -> Result<(u64, u64), BpfError> {
         let slot = |i: u32| {
             self.neighbours
                 .get(&i, 0)
@@ -299,27 +299,11 @@ impl Tracer {
                     source,
                 })
         };
-        Ok(Neighbours {
-            same_group_ns: slot(abi::neighbours::SAME_GROUP)?,
-            elsewhere_ns: slot(abi::neighbours::ELSEWHERE)?,
-            group_runnable: slot(abi::neighbours::GROUP_RUNNABLE)?,
-            group_samples: slot(abi::neighbours::GROUP_SAMPLES)?,
-        })
+        Ok((
+            slot(abi::neighbours::SAME_GROUP)?,
+            slot(abi::neighbours::ELSEWHERE)?,
+        ))
     }
-}
-
-/// The `neighbours` map's counters, each summed over CPUs since the
-/// programs were attached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Neighbours {
-    /// CPU time unrecorded tasks ran: in the job's own scheduling group,
-    /// and elsewhere.
-    pub same_group_ns: u64,
-    pub elsewhere_ns: u64,
-    /// At each sampling tick, the job's group's runnable tasks on that
-    /// CPU, summed; and the ticks.
-    pub group_runnable: u64,
-    pub group_samples: u64,
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, BpfError>
