@@ -149,6 +149,13 @@ impl Attribution {
         }
     }
 
+    /// Empties a [`Attribution::pieces_only`] for the next gap, keeping its
+    /// buffer.
+    pub fn clear(&mut self) {
+        self.pieces.clear();
+        self.waited_for.clear();
+    }
+
     /// Also tallies the idle inside `[a, b)`, the span of the run's steps,
     /// by cause: what the report compares with a step breakdown.
     pub fn within_steps(mut self, span: Option<(u64, u64)>) -> Attribution {
@@ -410,41 +417,56 @@ fn call_pieces(
 
 /// Intervals of `t` overlapping `[a, b)`, clipped to it; time the thread did
 /// not exist in is left out (the caller fills it as unattributed).
-fn states_in(t: &ThreadTimeline, a: u64, b: u64) -> Vec<(u64, u64, &State)> {
-    let Some(iv) = t.intervals.as_ref() else {
-        return Vec::new();
-    };
+fn states_in(t: &ThreadTimeline, a: u64, b: u64) -> impl Iterator<Item = (u64, u64, &State)> {
+    let iv = t.intervals.as_deref().unwrap_or(&[]);
     let i = iv.partition_point(|x| x.end <= a);
     iv[i..]
         .iter()
-        .take_while(|x| x.start < b)
-        .map(|x: &Interval| (x.start.max(a), x.end.min(b), &x.state))
+        .take_while(move |x| x.start < b)
+        .map(move |x: &Interval| (x.start.max(a), x.end.min(b), &x.state))
         .filter(|(s, e, _)| e > s)
-        .collect()
 }
 
 /// CUDA calls of `t` overlapping `[a, b)`, clipped, with the gaps between them.
-fn api_pieces(api: Option<&Vec<Call>>, a: u64, b: u64) -> Vec<(u64, u64, Option<ApiRole>)> {
-    let mut out = Vec::new();
+fn api_pieces(
+    api: Option<&Vec<Call>>,
+    a: u64,
+    b: u64,
+) -> impl Iterator<Item = (u64, u64, Option<ApiRole>)> + '_ {
+    let spans = api.map_or(&[][..], Vec::as_slice);
+    let i = spans.partition_point(|s| s.end <= a);
+    let mut calls = spans[i..]
+        .iter()
+        .take_while(move |s| s.start < b)
+        .peekable();
     let mut cur = a;
-    if let Some(spans) = api {
-        let i = spans.partition_point(|s| s.end <= a);
-        for s in spans[i..].iter().take_while(|s| s.start < b) {
-            let (s0, s1) = (s.start.max(cur), s.end.min(b));
-            if s0 > cur {
-                out.push((cur, s0, None));
-                cur = s0;
-            }
-            if s1 > s0 {
-                out.push((s0, s1, Some(s.role)));
-                cur = s1;
-            }
+    // A call's piece waits while the gap before it is handed out.
+    let mut pending: Option<(u64, u64, Option<ApiRole>)> = None;
+    std::iter::from_fn(move || loop {
+        if let Some(p) = pending.take() {
+            return Some(p);
         }
-    }
-    if cur < b {
-        out.push((cur, b, None));
-    }
-    out
+        let Some(s) = calls.next() else {
+            if cur < b {
+                let last = (cur, b, None);
+                cur = b;
+                return Some(last);
+            }
+            return None;
+        };
+        let (s0, s1) = (s.start.max(cur), s.end.min(b));
+        let gap = (s0 > cur).then_some((cur, s0, None));
+        if s0 > cur {
+            cur = s0;
+        }
+        if s1 > s0 {
+            pending = Some((s0, s1, Some(s.role)));
+            cur = s1;
+        }
+        if let Some(g) = gap {
+            return Some(g);
+        }
+    })
 }
 
 /// Did the feeder come out of a synchronize just as the GPU went idle? How
@@ -874,14 +896,13 @@ fn peer_waited_for(inp: &Inputs, t: Tid, o: &OffCpu, s: u64, e: u64) -> Option<u
         // A thread of its own: the latest wakeup of it from another rank,
         // else the latest by another of its own threads, to follow.
         let tl = inp.threads.get(&w)?;
-        let wakers: Vec<Tid> = states_in(tl, s, e)
-            .into_iter()
-            .rev()
+        let mut wakers: Vec<Tid> = states_in(tl, s, e)
             .filter_map(|(_, _, st)| match st {
                 State::Off(x) => x.waker.filter(|&k| k != w && k != t),
                 _ => None,
             })
             .collect();
+        wakers.reverse();
         if let Some(p) = wakers.iter().find_map(|&k| peer(k)) {
             return Some(p);
         }

@@ -440,6 +440,9 @@ impl Attributor {
     pub fn settle(&mut self, tl: &mut Timeline, now: u64) {
         let mut forget = u64::MAX;
         let (ops, code, window) = (&self.ops, &self.code, self.window);
+        // Each gap's pieces, and the feeder's account up to its end, are
+        // gathered here before they are known settled (one buffer for all).
+        let (mut gap, mut account) = (Attribution::pieces_only(), Attribution::pieces_only());
         for d in &mut self.devices {
             let spans = &d.walk.spans;
             while d.next + 1 < spans.len() {
@@ -450,23 +453,23 @@ impl Attributor {
                 let unsettled = Cell::new(false);
                 let work = &tl.gpu.devices[d.index].work;
                 let inp = inputs(spans, work, tl, ops, code, window, Some(&unsettled));
-                let mut gap = Attribution::pieces_only();
+                gap.clear();
                 attribute::attribute_gap(&inp, a, b, d.fallback, &mut gap);
-                let mut account = Attribution::pieces_only();
+                account.clear();
                 if let Some(f) = d.fallback {
                     attribute::account(&inp, f, d.account_to, b, &mut account);
                 }
                 if unsettled.get() {
                     break;
                 }
-                for p in gap.pieces {
+                for p in gap.pieces.drain(..) {
                     d.out.add(p);
                 }
-                for (pid, ns) in gap.waited_for {
+                for (&pid, &ns) in &gap.waited_for {
                     *d.out.waited_for.entry(pid).or_default() += ns;
                 }
                 if let Some(f) = d.feeder.as_mut() {
-                    f.extend(account.pieces);
+                    f.extend(account.pieces.drain(..));
                     f.add_cpu(&tl.threads, d.account_to, b);
                 }
                 d.account_to = b;
