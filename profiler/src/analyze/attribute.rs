@@ -169,6 +169,11 @@ impl Attribution {
         if p.end <= p.start {
             return;
         }
+        // Most pieces touch neither kind of window.
+        let exempt = matches!(p.cause, Cause::Startup | Cause::Unattributed);
+        if !overlaps(&self.blind, &p) && (exempt || !overlaps(&self.lossy, &p)) {
+            return self.record(p);
+        }
         let blind = std::mem::take(&mut self.blind);
         split(&blind, p, |inside, part| {
             if inside {
@@ -222,6 +227,12 @@ impl Attribution {
     pub fn total(&self) -> u64 {
         self.by_cause.values().sum()
     }
+}
+
+/// Whether `p` meets any of `windows` (sorted, disjoint).
+fn overlaps(windows: &[(u64, u64)], p: &Piece) -> bool {
+    let first = windows.partition_point(|w| w.1 <= p.start);
+    windows.get(first).is_some_and(|w| w.0 < p.end)
 }
 
 /// The parts of `p` outside and inside `windows` (sorted, disjoint), in
