@@ -44,10 +44,11 @@ use super::attribute::{Cause, Tid};
 use super::diagnose::Diagnosis;
 use super::lockstep::Meeting;
 use crate::spool::Spool;
-use crate::timeline::gpu::{ApiRole, Call, Device, What, Work};
+use crate::timeline::gpu::{ApiRole, Call, CallName, Device, What, Work};
 use crate::timeline::spooled::{GpuSpools, Plan as SpoolPlan};
 use crate::timeline::{IoTally, OffKind, ThreadTimeline, Timeline};
 use gapscope_wire::record::memory_kind;
+use gapscope_wire::ApiDomain;
 
 /// A pool busy this share of the recording paced the feeder.
 const POOL_BOUND: f64 = 0.75;
@@ -363,15 +364,25 @@ const ROLES: [ApiRole; 4] = [
     ApiRole::Other,
 ];
 
-impl From<&Call> for CallRec {
-    fn from(c: &Call) -> CallRec {
-        let name = c.name.name();
+impl CallRec {
+    /// `c` as the replay reads it; `named`: what a CUPTI call's name says
+    /// (whether it synchronizes, whether it is asynchronous) by its id,
+    /// looked up once per id (a long run makes millions of calls of a few
+    /// dozen functions).
+    fn of(c: &Call, named: &mut HashMap<(ApiDomain, u32), (bool, bool)>) -> CallRec {
+        let says = |name: &str| (name.contains("Synchronize"), name.contains("Async"));
+        let (synchronizes, asynchronous) = match &c.name {
+            &CallName::Api(domain, cbid) => *named
+                .entry((domain, cbid))
+                .or_insert_with(|| says(&c.name.name())),
+            CallName::Uprobe(_) => says(&c.name.name()),
+        };
         CallRec {
             start: c.start,
             end: c.end,
             role: ROLES.iter().position(|&r| r == c.role).unwrap_or(3) as u8,
-            synchronizes: name.contains("Synchronize") as u8,
-            asynchronous: name.contains("Async") as u8,
+            synchronizes: synchronizes as u8,
+            asynchronous: asynchronous as u8,
             _pad: [0; 5],
         }
     }
@@ -571,15 +582,16 @@ impl<'a> From<&'a [Call]> for Calls<'a> {
 impl Calls<'_> {
     fn spool(&self) -> Spool<CallRec> {
         let mut out = Spool::default();
+        let mut named = HashMap::new();
         match self {
-            Calls::Memory(c) => c.iter().for_each(|c| out.push(c.into())),
+            Calls::Memory(c) => c.iter().for_each(|c| out.push(CallRec::of(c, &mut named))),
             &Calls::Spooled {
                 spools,
                 plan,
                 feeder,
             } => spools
                 .calls_of(plan, feeder)
-                .for_each(|c| out.push((&c).into())),
+                .for_each(|c| out.push(CallRec::of(&c, &mut named))),
         }
         out
     }
