@@ -24,6 +24,8 @@ pub struct Feeder {
     pub account: Account,
     /// Every thread its waits led to (the loaders it waited on).
     pub waited: HashSet<Tid>,
+    /// The thread last added to `waited`.
+    last_waited: Option<Tid>,
     /// The wait for other threads still being added to.
     wait: Option<Wait>,
     /// Its on-CPU time per [`CPU_BUCKET_NS`] from `start`: the replay asks
@@ -48,6 +50,7 @@ impl Feeder {
             tid,
             account: Account::default(),
             waited: HashSet::new(),
+            last_waited: None,
             wait: None,
             cpu: Vec::new(),
             start: window_start,
@@ -69,7 +72,12 @@ impl Feeder {
                 self.account.push(&p, self.tid);
                 continue;
             };
-            self.waited.insert(t);
+            // (Pieces of one wait come in runs of one thread: the set is
+            // asked only when the thread changes.)
+            if self.last_waited != Some(t) {
+                self.waited.insert(t);
+                self.last_waited = Some(t);
+            }
             let Some(w) = self.wait.as_mut() else {
                 self.account.push(&p, self.tid);
                 self.wait = Some(Wait {
