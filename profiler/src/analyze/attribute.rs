@@ -169,7 +169,9 @@ impl Attribution {
         if p.end <= p.start {
             return;
         }
-        // Most pieces touch neither kind of window.
+        // Start-up follows from the GPU records alone, and unattributed is
+        // what a lossy window would make it: neither is split by one. Most
+        // pieces touch neither kind of window.
         let exempt = matches!(p.cause, Cause::Startup | Cause::Unattributed);
         if !overlaps(&self.blind, &p) && (exempt || !overlaps(&self.lossy, &p)) {
             return self.record(p);
@@ -178,7 +180,7 @@ impl Attribution {
         split(&blind, p, |inside, part| {
             if inside {
                 self.unseen += part.end - part.start;
-            } else if matches!(part.cause, Cause::Startup | Cause::Unattributed) {
+            } else if exempt {
                 self.record(part);
             } else {
                 let lossy = std::mem::take(&mut self.lossy);
@@ -446,10 +448,7 @@ fn api_pieces(
 ) -> impl Iterator<Item = (u64, u64, Option<ApiRole>)> + '_ {
     let spans = api.map_or(&[][..], Vec::as_slice);
     let i = spans.partition_point(|s| s.end <= a);
-    let mut calls = spans[i..]
-        .iter()
-        .take_while(move |s| s.start < b)
-        .peekable();
+    let mut calls = spans[i..].iter().take_while(move |s| s.start < b);
     let mut cur = a;
     // A call's piece waits while the gap before it is handed out.
     let mut pending: Option<(u64, u64, Option<ApiRole>)> = None;
@@ -458,24 +457,16 @@ fn api_pieces(
             return Some(p);
         }
         let Some(s) = calls.next() else {
-            if cur < b {
-                let last = (cur, b, None);
-                cur = b;
-                return Some(last);
-            }
-            return None;
+            let last = (cur < b).then_some((cur, b, None));
+            cur = b;
+            return last;
         };
         let (s0, s1) = (s.start.max(cur), s.end.min(b));
         let gap = (s0 > cur).then_some((cur, s0, None));
-        if s0 > cur {
-            cur = s0;
-        }
-        if s1 > s0 {
-            pending = Some((s0, s1, Some(s.role)));
-            cur = s1;
-        }
-        if let Some(g) = gap {
-            return Some(g);
+        pending = (s1 > s0).then_some((s0, s1, Some(s.role)));
+        cur = if s1 > s0 { s1 } else { s0 };
+        if gap.is_some() {
+            return gap;
         }
     })
 }

@@ -140,16 +140,17 @@ impl SessionReader {
         }
         let mut compressed = std::mem::take(&mut self.compressed);
         compressed.resize(len as usize, 0);
-        let ok = self.unpack(&mut compressed, len, raw_len, crc);
+        let ok = self.unpack(&mut compressed, raw_len, crc);
         self.compressed = compressed;
         ok
     }
 
     /// The rest of [`SessionReader::next_chunk`]: the chunk's bytes read
-    /// into `compressed` (`len` of them), checked and unpacked.
-    fn unpack(&mut self, compressed: &mut [u8], len: u32, raw_len: u32, crc: u32) -> bool {
+    /// into `compressed` (sized to the chunk), checked and unpacked.
+    fn unpack(&mut self, compressed: &mut [u8], raw_len: u32, crc: u32) -> bool {
+        let len = compressed.len();
         match read_full(&mut self.input, compressed) {
-            Ok(n) if n == len as usize => {}
+            Ok(n) if n == len => {}
             Ok(_) => {
                 self.stop(format!("cut off inside the chunk at byte {}", self.offset));
                 return false;
@@ -178,7 +179,7 @@ impl SessionReader {
         // Checked once the size is known to be the frame's own (a flipped
         // bit in the header is damage, above, not a bomb), and before
         // anything is unpacked.
-        let read = self.offset + (CHUNK_HEADER_LEN + len as usize) as u64;
+        let read = self.offset + (CHUNK_HEADER_LEN + len) as u64;
         let unpacked = self.unpacked + u64::from(raw_len);
         if unpacked > read.saturating_mul(MAX_RATIO).saturating_add(FREE_RAW) {
             self.refused = Some(format!(
@@ -203,7 +204,7 @@ impl SessionReader {
                 return false;
             }
         }
-        self.offset += (CHUNK_HEADER_LEN + len as usize) as u64;
+        self.offset += (CHUNK_HEADER_LEN + len) as u64;
         self.pos = 0;
         true
     }
