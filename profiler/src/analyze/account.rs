@@ -56,6 +56,23 @@ pub struct Account {
     /// Ends of the moments of 4.3 s or more (start-up, a long wait), by
     /// index.
     long: HashMap<usize, u64>,
+    /// Time the feeder itself waited for a CPU others held, summed as the
+    /// moments come: the report asks it once, and a walk of a long
+    /// account reads every block back.
+    contended_ns: u64,
+    /// Where each wait for a request ended and the next began, as the
+    /// moments come (see [`Account::requests`]).
+    requests: Requests,
+}
+
+/// Each stretch from the end of one wait for a request to the start of
+/// the next: a request's candidates, before the GPU's work says which
+/// were requests.
+#[derive(Default)]
+struct Requests {
+    waiting: bool,
+    arrived: Option<u64>,
+    between: Vec<(u64, u64)>,
 }
 
 impl Account {
@@ -73,6 +90,20 @@ impl Account {
                 LONG
             }
         };
+        if who == Who::Feeder && p.cause == Cause::CpuContention {
+            self.contended_ns += p.end - p.start;
+        }
+        let r = &mut self.requests;
+        let demand = p.cause == Cause::Demand;
+        if demand && !r.waiting {
+            if let Some(a) = r.arrived.take() {
+                r.between.push((a, p.start));
+            }
+        }
+        if !demand && r.waiting {
+            r.arrived = Some(p.start);
+        }
+        r.waiting = demand;
         self.moments.push(Packed {
             start: p.start,
             len,
@@ -84,6 +115,18 @@ impl Account {
 
     pub fn len(&self) -> usize {
         self.moments.len()
+    }
+
+    /// Time the feeder itself waited for a CPU that others held.
+    pub fn contended_ns(&self) -> u64 {
+        self.contended_ns
+    }
+
+    /// Each `[woken, next wait)` between two waits for a request, in
+    /// order: from the end of a wait to the start of the next one (a
+    /// wait the account ends in closes none).
+    pub fn between_requests(&self) -> &[(u64, u64)] {
+        &self.requests.between
     }
 
     pub fn is_empty(&self) -> bool {

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::analyze::account::Who;
 use crate::analyze::attribute::{ApiRole, Cause, Tid};
 use crate::analyze::cause::IdleByCause;
 use crate::analyze::code::{Region, Rules};
@@ -564,12 +563,7 @@ fn contended_note(tl: &Timeline, d: &Diagnosis, recs: &[Recommendation]) -> Opti
         .iter()
         .filter_map(|g| {
             let f = g.feeder.as_ref()?;
-            let waited: u64 = f
-                .account
-                .iter()
-                .filter(|m| m.who == Who::Feeder && m.cause == Cause::CpuContention)
-                .map(|m| m.end - m.start)
-                .sum();
+            let waited = f.account.contended_ns();
             let wanted = waited + f.cpu_within(tl.start, tl.end);
             Some((f.tid, waited, wanted))
         })

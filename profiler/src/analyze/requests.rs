@@ -11,7 +11,6 @@
 //! requests, each a batch.
 
 use super::account::Account;
-use super::cause::Cause;
 use super::stats;
 
 /// What the requests of one GPU's server came to.
@@ -46,22 +45,12 @@ impl Requests {
 /// recording ends in answers nothing; one that ends in no GPU work (a
 /// connection accepted, a health check) is no request for the GPU.
 pub fn spans(account: &Account, busy_within: impl Fn(u64, u64) -> u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut arrived: Option<u64> = None;
-    let mut waiting = false;
-    for m in account.iter() {
-        let demand = m.cause == Cause::Demand;
-        if demand && !waiting {
-            if let Some(a) = arrived.take().filter(|&a| busy_within(a, m.start) > 0) {
-                out.push((a, m.start));
-            }
-        }
-        if !demand && waiting {
-            arrived = Some(m.start);
-        }
-        waiting = demand;
-    }
-    out
+    account
+        .between_requests()
+        .iter()
+        .copied()
+        .filter(|&(a, b)| busy_within(a, b) > 0)
+        .collect()
 }
 
 /// The figures of `spans`, or None where no request was answered, with
@@ -90,6 +79,7 @@ pub fn of(
 mod tests {
     use super::*;
     use crate::analyze::attribute::Piece;
+    use crate::analyze::cause::Cause;
 
     fn account(pieces: &[(u64, u64, Cause)]) -> Account {
         let feeder = (1, 1);
