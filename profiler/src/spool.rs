@@ -281,73 +281,69 @@ fn unpack_from<T: Pod>(packed: &[u8]) -> std::io::Result<Vec<T>> {
 /// `raw`, records of `size` bytes, laid out by byte position into `planes`.
 fn shuffle(raw: &[u8], size: usize, planes: &mut [u8]) {
     let n = raw.len() / size;
-    let mut k = 0;
-    if size % 8 == 0 {
-        // Sixteen records' eight bytes at a time where SSE2 is there (it
-        // is on every x86_64): twice as fast as the 8x8 transpose below.
+    walk(n, size, |k, j, width| match width {
         #[cfg(target_arch = "x86_64")]
-        while k + 16 <= n {
-            for j in (0..size).step_by(8) {
-                sse2::shuffle16(raw, size, n, k, j, planes);
-            }
-            k += 16;
-        }
-        // Eight records' eight bytes at a time, as one 8x8 byte transpose.
-        while k + 8 <= n {
-            for j in (0..size).step_by(8) {
-                let mut x = [0u64; 8];
-                for (i, w) in x.iter_mut().enumerate() {
-                    let at = (k + i) * size + j;
-                    *w = u64::from_le_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
-                }
-                let y = transpose8(x);
-                for (b, w) in y.iter().enumerate() {
-                    let at = (j + b) * n + k;
-                    planes[at..at + 8].copy_from_slice(&w.to_le_bytes());
-                }
-            }
-            k += 8;
-        }
-    }
-    for k in k..n {
-        for j in 0..size {
-            planes[j * n + k] = raw[k * size + j];
-        }
-    }
+        16 => sse2::shuffle16(raw, size, n, k, j, planes),
+        8 => transpose8_between(raw, |i| (k + i) * size + j, planes, |b| (j + b) * n + k),
+        _ => planes[j * n + k] = raw[k * size + j],
+    });
 }
 
 /// [`shuffle`] undone.
 fn unshuffle(planes: &[u8], size: usize, raw: &mut [u8]) {
     let n = raw.len() / size;
+    walk(n, size, |k, j, width| match width {
+        #[cfg(target_arch = "x86_64")]
+        16 => sse2::unshuffle16(planes, size, n, k, j, raw),
+        8 => transpose8_between(planes, |b| (j + b) * n + k, raw, |i| (k + i) * size + j),
+        _ => raw[k * size + j] = planes[j * n + k],
+    });
+}
+
+/// The layout's walk over `n` records of `size` bytes, the same both ways:
+/// `step(k, j, width)` moves bytes `j..j + 8` of records `k..k + width`
+/// (width 16 where SSE2 is there, as it is on every x86_64: twice as fast
+/// as 8, one 8x8 transpose of u64s), or byte `j` of record `k` (width 1)
+/// where the records are not whole u64s or for the last few.
+fn walk(n: usize, size: usize, mut step: impl FnMut(usize, usize, usize)) {
     let mut k = 0;
     if size % 8 == 0 {
-        #[cfg(target_arch = "x86_64")]
-        while k + 16 <= n {
-            for j in (0..size).step_by(8) {
-                sse2::unshuffle16(planes, size, n, k, j, raw);
-            }
-            k += 16;
-        }
-        while k + 8 <= n {
-            for j in (0..size).step_by(8) {
-                let mut y = [0u64; 8];
-                for (b, w) in y.iter_mut().enumerate() {
-                    let at = (j + b) * n + k;
-                    *w = u64::from_le_bytes(planes[at..at + 8].try_into().expect("8 bytes"));
+        let widths: &[usize] = if cfg!(target_arch = "x86_64") {
+            &[16, 8]
+        } else {
+            &[8]
+        };
+        for &width in widths {
+            while k + width <= n {
+                for j in (0..size).step_by(8) {
+                    step(k, j, width);
                 }
-                let x = transpose8(y);
-                for (i, w) in x.iter().enumerate() {
-                    let at = (k + i) * size + j;
-                    raw[at..at + 8].copy_from_slice(&w.to_le_bytes());
-                }
+                k += width;
             }
-            k += 8;
         }
     }
     for k in k..n {
         for j in 0..size {
-            raw[k * size + j] = planes[j * n + k];
+            step(k, j, 1);
         }
+    }
+}
+
+/// Eight u64s read from `src` at `from(0..8)`, transposed as an 8x8
+/// matrix of bytes (its own inverse), written to `dst` at `to(0..8)`.
+fn transpose8_between(
+    src: &[u8],
+    from: impl Fn(usize) -> usize,
+    dst: &mut [u8],
+    to: impl Fn(usize) -> usize,
+) {
+    let x: [u64; 8] = std::array::from_fn(|i| {
+        let at = from(i);
+        u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"))
+    });
+    for (b, w) in transpose8(x).iter().enumerate() {
+        let at = to(b);
+        dst[at..at + 8].copy_from_slice(&w.to_le_bytes());
     }
 }
 

@@ -61,15 +61,15 @@ pub struct Account {
     /// account reads every block back.
     contended_ns: u64,
     /// Where each wait for a request ended and the next began, as the
-    /// moments come (see [`Account::requests`]).
-    requests: Requests,
+    /// moments come (see [`Account::between_requests`]).
+    requests: BetweenRequests,
 }
 
 /// Each stretch from the end of one wait for a request to the start of
 /// the next: a request's candidates, before the GPU's work says which
 /// were requests.
 #[derive(Default)]
-struct Requests {
+struct BetweenRequests {
     waiting: bool,
     arrived: Option<u64>,
     between: Vec<(u64, u64)>,
