@@ -81,16 +81,28 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
         .filter(|t| t["pid"] == *feeder)
         .map(|t| {
             format!(
-                "thread {} {}: on CPU {} runnable {} stolen {} (ns)",
-                t["tid"], t["comm"], t["on_cpu_ns"], t["runnable_ns"], t["stolen_ns"]
+                "thread {} {}: on CPU {} runnable {} stolen {} off CPU {} (ns), {} page faults",
+                t["tid"],
+                t["comm"],
+                t["on_cpu_ns"],
+                t["runnable_ns"],
+                t["stolen_ns"],
+                t["off_cpu_ns"],
+                t["page_faults"]
             )
         })
         .collect();
+    // The truth in ns beside the report's, and the feeder's time blocked
+    // inside launch calls (neither side's contention).
     let table = format!(
-        "{}\n  {}\n  drops {}",
+        "{}\n  {}\n  drops {}\n  report idle {} ns by cause {}\n  truth by cause {}, blocked in launches {} ns",
         table.join("\n  "),
         threads.join("\n  "),
-        report["drops"]
+        report["drops"],
+        idle,
+        got,
+        want,
+        truth["blocked_in_launches_ns"]
     );
     eprintln!("{bottleneck}:\n  {table}");
     // Which of a mixed scenario's causes dominates depends on this machine's

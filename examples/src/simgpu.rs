@@ -63,6 +63,18 @@ fn sleep_until_waiting(t: u64) -> u64 {
     run_delay_ns().saturating_sub(before)
 }
 
+/// How often this thread has given up its CPU of its own accord so far:
+/// blocked (a page of its code read back in from storage, a kernel lock
+/// another thread held), not preempted.
+fn voluntary_switches() -> i64 {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
+        u.ru_nvcsw
+    }
+}
+
 /// A stretch of a call: `[start, end)`, of which the thread waited
 /// `waited` for a CPU.
 #[derive(Clone, Copy, Debug, Default)]
@@ -100,8 +112,12 @@ pub struct SimDevice {
     /// covered.
     pub lost: Option<(u64, u64, u64)>,
     /// Of the last launch call's time, how long its thread waited for a
-    /// CPU (its wall time less its CPU time): for the ground truth.
+    /// CPU (its wall time less its CPU time): for the ground truth. None
+    /// of it where the call blocked (see [`SimDevice::launch_kernels`]).
     pub last_call_waited: u64,
+    /// Launch calls' time off a CPU that was not a wait for one: blocked
+    /// inside the call (for the ground truth's account of what it left out).
+    pub blocked_in_calls: u64,
     /// The last copy call, piece by piece (see [`SimDevice::memcpy`]).
     pub last_call_pieces: Vec<CallPiece>,
     /// Dormant: when a profiler first connected (0 until then).
@@ -177,6 +193,7 @@ impl SimDevice {
             busy: Vec::new(),
             lost: None,
             last_call_waited: 0,
+            blocked_in_calls: 0,
             last_call_pieces: Vec::new(),
             sighted,
             sender: Some((tx, thread)),
@@ -265,8 +282,14 @@ impl SimDevice {
         self.launch_kernels(311, n, kernel_ns, 0)
     }
 
+    /// A call that blocked (a page of the spinning code read back in on a
+    /// machine short of memory, a lock the sending thread held): its wall
+    /// time less its CPU time is not a wait for a CPU, and the kernel's
+    /// switches show it as the call's own time off a CPU — the call's, as
+    /// a real driver call that blocked would be. Taken for contention, it
+    /// asked the recording for waits for a CPU that the kernel never saw.
     fn launch_kernels(&mut self, cbid: u32, n: usize, kernel_ns: u64, cost: u64) -> (u64, u64) {
-        let (a, cpu) = (now(), thread_cpu_ns());
+        let (a, cpu, switches) = (now(), thread_cpu_ns(), voluntary_switches());
         spin_cpu(cost);
         // The driver queues the kernels before the call returns: that
         // bookkeeping is the call's (with CUDA graphs it goes too).
@@ -282,7 +305,13 @@ impl SimDevice {
         if let Some(GpuRecord::Api { end, .. }) = self.pending.get_mut(record) {
             *end = b;
         }
-        self.last_call_waited = (b - a).saturating_sub(cpu);
+        let off_cpu = (b - a).saturating_sub(cpu);
+        if voluntary_switches() == switches {
+            self.last_call_waited = off_cpu;
+        } else {
+            self.last_call_waited = 0;
+            self.blocked_in_calls += off_cpu;
+        }
         (a, b)
     }
 

@@ -800,12 +800,13 @@ fn main() {
         None => "null".into(),
     };
     let json = format!(
-        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"contention_within_ns\": {{{}}}, \"lost_gpu\": {lost}, \"exit_waited_for_profiler_ns\": {}, \"bookkeeping_ns\": {}}}\n",
+        "{{\"simulated\": true, \"bottleneck\": \"{:?}\", \"busy_ns\": {busy}, \"allocated_ns\": {}, \"idle_by_cause_ns\": {{{}}}, \"contention_within_ns\": {{{}}}, \"lost_gpu\": {lost}, \"exit_waited_for_profiler_ns\": {}, \"blocked_in_launches_ns\": {}, \"bookkeeping_ns\": {}}}\n",
         b,
         t_end - t_start,
         fields(&by_cause),
         fields(&contention_within),
         dev.exit_waited,
+        dev.blocked_in_calls,
         // This reckoning's own time, inside the recorded run: 20 ms for a
         // launch-bound run's 90k kernels in a debug build, 4 ms for its
         // fix's (one graph a step).
