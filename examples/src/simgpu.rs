@@ -114,6 +114,9 @@ pub struct SimDevice {
     /// Of the last launch call's time, how long its thread waited for a
     /// CPU (its wall time less its CPU time): for the ground truth. None
     /// of it where the call blocked (see [`SimDevice::launch_kernels`]).
+    /// It carries the wall time of one read of the CPU clock (a syscall,
+    /// about half a microsecond): nothing for a few calls a step; a loop
+    /// of many calls measures its wait over the loop instead.
     pub last_call_waited: u64,
     /// Launch calls' time off a CPU that was not a wait for one: blocked
     /// inside the call (for the ground truth's account of what it left out).

@@ -684,10 +684,24 @@ fn main() {
             }
             Bottleneck::Launch => {
                 // Many tiny kernels: each launch costs more than it runs.
+                // The loop's wait for a CPU is measured over the loop, not
+                // summed over its calls: each call's own measurement puts
+                // a read of the CPU clock (a syscall) between its two wall
+                // clock reads, and that half microsecond, no wait at all,
+                // summed over 18 000 calls made 10 ms of contention on a
+                // quiet machine whose kernel saw the thread wait 1.5 ms
+                // (perf sched) — more where syscalls cost more. Here both
+                // ends read the wall clock, then the CPU clock: the reads'
+                // cost cancels.
+                let (a, cpu0, blocked) = (now(), thread_cpu(), dev.blocked_in_calls);
                 for _ in 0..300 {
-                    let (a, b) = dev.launch(4_000, launch_cost(30_000));
-                    log.add_waiting(a, b, "cpu.launch", dev.last_call_waited);
+                    dev.launch(4_000, launch_cost(30_000));
                 }
+                let (b, cpu1) = (now(), thread_cpu());
+                let waited = (b - a)
+                    .saturating_sub(cpu1 - cpu0)
+                    .saturating_sub(dev.blocked_in_calls - blocked);
+                log.add_waiting(a, b, "cpu.launch", waited);
             }
             Bottleneck::Memory => {
                 dev.memcpy(&src, &mut staging, pinned);
