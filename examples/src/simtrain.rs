@@ -234,11 +234,24 @@ impl Log {
     /// it would have run while the GPU worked: what overlap hides), the
     /// rest `cause`'s own. Its wait for a CPU is spread over both.
     fn cpu_work_after_sync(&mut self, hidden: u64, cause: &'static str, work: impl FnOnce()) {
+        self.cpu_work_blocking(hidden, cause, || {
+            work();
+            0
+        });
+    }
+
+    /// [`Log::cpu_work_after_sync`] for work that says how long of it the
+    /// thread was blocked (gave up its CPU of its own accord: not a wait
+    /// for one, the work's own time). Both ends read the wall clock, then
+    /// the CPU clock: the reads' own cost cancels.
+    fn cpu_work_blocking(&mut self, hidden: u64, cause: &'static str, work: impl FnOnce() -> u64) {
         let (a, cpu_before) = (now(), thread_cpu());
-        work();
+        let blocked = work();
         let (b, cpu_after) = (now(), thread_cpu());
         if b > a {
-            let waited = (b - a).saturating_sub(cpu_after - cpu_before);
+            let waited = (b - a)
+                .saturating_sub(cpu_after - cpu_before)
+                .saturating_sub(blocked);
             let cpu = (b - a - waited).max(1);
             // `hidden` of its CPU time, and its share of the wait.
             let own = hidden.min(cpu);
@@ -690,18 +703,14 @@ fn main() {
                 // clock reads, and that half microsecond, no wait at all,
                 // summed over 18 000 calls made 10 ms of contention on a
                 // quiet machine whose kernel saw the thread wait 1.5 ms
-                // (perf sched) — more where syscalls cost more. Here both
-                // ends read the wall clock, then the CPU clock: the reads'
-                // cost cancels.
-                let (a, cpu0, blocked) = (now(), thread_cpu(), dev.blocked_in_calls);
-                for _ in 0..300 {
-                    dev.launch(4_000, launch_cost(30_000));
-                }
-                let (b, cpu1) = (now(), thread_cpu());
-                let waited = (b - a)
-                    .saturating_sub(cpu1 - cpu0)
-                    .saturating_sub(dev.blocked_in_calls - blocked);
-                log.add_waiting(a, b, "cpu.launch", waited);
+                // (perf sched) — more where syscalls cost more.
+                log.cpu_work_blocking(0, "cpu.launch", || {
+                    let blocked = dev.blocked_in_calls;
+                    for _ in 0..300 {
+                        dev.launch(4_000, launch_cost(30_000));
+                    }
+                    dev.blocked_in_calls - blocked
+                });
             }
             Bottleneck::Memory => {
                 dev.memcpy(&src, &mut staging, pinned);
