@@ -54,6 +54,20 @@ pub struct WhatIf {
     /// start-up and tear-down as the recording had them, and what the fix
     /// leaves.
     pub idle_by_cause_ns: IdleByCause,
+    /// On a busy machine, the other end of the range: the fix with the
+    /// feeder on a CPU of its own ([`replay::Plan::own_cpu`]). Only where
+    /// the feeder waited for CPUs others held (see [`contended`]) and the
+    /// fix stops it sleeping somewhere.
+    pub given_a_cpu: Option<GivenACpu>,
+}
+
+/// A [`WhatIf`] with the feeder on a CPU of its own.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GivenACpu {
+    pub wall_ns: u64,
+    pub speedup: f64,
+    pub next_cause: Option<Cause>,
+    pub idle_by_cause_ns: IdleByCause,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -107,6 +121,16 @@ impl Recommendation {
             w.speedup,
             (saved * 24.0 * gpus as f64).max(0.0)
         )];
+        if let Some(g) = &w.given_a_cpu {
+            out.push(format!(
+                "on this busy machine, if the scheduler then gives the feeder a CPU of its own (it sleeps less; whether it still shares one is the scheduler's placement): {} → {} ({:.2}x); then {}",
+                units::duration(before_ns),
+                units::duration(g.wall_ns),
+                g.speedup,
+                g.next_cause
+                    .map_or("no other cause stands out".into(), |c| format!("{} leads", c.name()))
+            ));
+        }
         if !w.more_workers.is_empty() {
             let options: Vec<String> = w
                 .more_workers
@@ -204,40 +228,73 @@ fn asks_more_workers(cause: Cause, workers: f64) -> bool {
         )
 }
 
-/// The plans [`what_if`] replays for these causes.
-fn what_if_plans(causes: &[Cause], workers: f64) -> Vec<replay::Plan> {
+/// Whether fixing `c` stops the feeder sleeping somewhere (waiting for the
+/// GPU, its loaders, I/O), not only working less.
+fn stops_sleeps(c: Cause) -> bool {
+    !matches!(
+        c,
+        Cause::CpuHost | Cause::CpuLaunch | Cause::CpuContention | Cause::Startup | Cause::Teardown
+    )
+}
+
+/// The plans [`what_if`] replays for these causes; `contended`: the feeder
+/// shared busy CPUs ([`contended`]).
+fn what_if_plans(causes: &[Cause], workers: f64, contended: bool) -> Vec<replay::Plan> {
     let mut plans: Vec<replay::Plan> = causes.iter().map(|&c| replay::Plan::fix(c)).collect();
+    if contended {
+        plans.extend(
+            causes
+                .iter()
+                .filter(|&&c| stops_sleeps(c))
+                .map(|&c| replay::Plan::fix_on_own_cpu(c)),
+        );
+    }
     if causes.iter().any(|&c| asks_more_workers(c, workers)) {
         plans.extend(MORE_WORKERS.iter().map(|&add| replay::Plan {
-            removed: None,
             add_workers: add,
+            ..Default::default()
         }));
     }
     plans
 }
 
-/// `plan`'s prediction as a recommendation states it.
-fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
-    if job.is_empty() {
-        return None;
-    }
-    let p = job.predict(&replay::Plan::fix(cause));
-    let next_cause = p
-        .idle
+/// The cause that leads once `cause` is fixed as `p` predicts (None: none
+/// worth a recommendation).
+fn next_cause(p: &replay::Prediction, cause: Cause) -> Option<Cause> {
+    p.idle
         .iter()
         .filter(|(c, ns)| {
             c.removable() && **c != cause && **ns as f64 >= MIN_SHARE * p.replayed_wall_ns as f64
         })
         .max_by_key(|(c, ns)| (**ns, std::cmp::Reverse(**c)))
-        .map(|(c, _)| *c);
+        .map(|(c, _)| *c)
+}
+
+/// `plan`'s prediction as a recommendation states it; `contended` as for
+/// [`what_if_plans`].
+fn what_if(job: &replay::Job, cause: Cause, wall: u64, contended: bool) -> Option<WhatIf> {
+    if job.is_empty() {
+        return None;
+    }
+    let p = job.predict(&replay::Plan::fix(cause));
+    let next = next_cause(&p, cause);
+    let given_a_cpu = (contended && stops_sleeps(cause)).then(|| {
+        let g = job.predict(&replay::Plan::fix_on_own_cpu(cause));
+        GivenACpu {
+            wall_ns: g.wall_ns,
+            speedup: rounded(wall as f64 / g.wall_ns.max(1) as f64),
+            next_cause: next_cause(&g, cause),
+            idle_by_cause_ns: g.idle_by_cause(),
+        }
+    });
     let workers = job.workers();
     let more_workers = if asks_more_workers(cause, workers) {
         MORE_WORKERS
             .iter()
             .map(|&add| {
                 let w = job.predict(&replay::Plan {
-                    removed: None,
                     add_workers: add,
+                    ..Default::default()
                 });
                 MoreWorkers {
                     add,
@@ -254,9 +311,10 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64) -> Option<WhatIf> {
     Some(WhatIf {
         wall_ns: p.wall_ns,
         speedup: rounded(wall as f64 / p.wall_ns.max(1) as f64),
-        next_cause,
+        next_cause: next,
         more_workers,
         idle_by_cause_ns: p.idle_by_cause(),
+        given_a_cpu,
     })
 }
 
@@ -377,8 +435,9 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         .filter(|&(c, &ns)| c.removable() && (ns / n_gpus) as f64 >= MIN_SHARE * wall as f64)
         .map(|(&c, _)| c)
         .collect();
+    let contended = contended(tl, d);
     let job = replay::Job::new(tl, d, spooled, nr_cpus, collector_cpu_ns, |workers| {
-        what_if_plans(&advised, workers)
+        what_if_plans(&advised, workers, contended.is_some())
     });
     // Each with the time it would give back, to order them: as replayed
     // where it could be (a cause that hides another gives back less than
@@ -402,7 +461,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
             ),
         );
         let est_speedup = wall as f64 / (wall - per_gpu.min(wall - 1)) as f64;
-        let what_if = what_if(&job, cause, wall);
+        let what_if = what_if(&job, cause, wall, contended.is_some());
         let gives_back = what_if
             .as_ref()
             .map_or(per_gpu, |w| wall.saturating_sub(w.wall_ns));
@@ -518,7 +577,7 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         })
         .into_iter()
         .collect();
-    notes.extend(contended_note(tl, d, &recs));
+    notes.extend(contended.and_then(|c| contended_note(c, &recs)));
     Advice {
         notes,
         recommendations: recs,
@@ -529,37 +588,11 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
     }
 }
 
-/// Said where a feeder waited long for CPUs others held and a fix would
-/// stop it sleeping (a synchronize, a wait for input or for a copy taken
-/// out): the replay keeps the share of the CPUs it had, but how a busy
-/// machine's scheduler shares its CPUs depends on how often a thread
-/// sleeps. Beside two busy loops on two CPUs a trainer that slept in a
-/// synchronize each step got 0.47-0.49 of a CPU in every recording; the
-/// same trainer without the synchronize got 0.50 to 0.78 of one from run
-/// to run, 1.40 to 2.39 s where the replay said 2.2-2.3 s.
-fn contended_note(tl: &Timeline, d: &Diagnosis, recs: &[Recommendation]) -> Option<String> {
-    let sleeps = |c: Cause| {
-        !matches!(
-            c,
-            Cause::CpuHost
-                | Cause::CpuLaunch
-                | Cause::CpuContention
-                | Cause::Startup
-                | Cause::Teardown
-        )
-    };
-    let fixes: Vec<&str> = recs
-        .iter()
-        .filter_map(|r| match r.cause {
-            Topic::Idle(c) if sleeps(c) && r.what_if.is_some() => Some(c.name()),
-            _ => None,
-        })
-        .collect();
-    if fixes.is_empty() {
-        return None;
-    }
-    let (tid, waited, wanted) = d
-        .gpus
+/// The feeder that waited for CPUs other processes held the largest share
+/// of the time it wanted one, where that share is [`CONTENDED`] or more:
+/// (its thread, the time it waited, the time it wanted a CPU).
+fn contended(tl: &Timeline, d: &Diagnosis) -> Option<(Tid, u64, u64)> {
+    d.gpus
         .iter()
         .filter_map(|g| {
             let f = g.feeder.as_ref()?;
@@ -569,10 +602,37 @@ fn contended_note(tl: &Timeline, d: &Diagnosis, recs: &[Recommendation]) -> Opti
         })
         .max_by(|a, b| {
             (a.1 as f64 / a.2.max(1) as f64).total_cmp(&(b.1 as f64 / b.2.max(1) as f64))
-        })?;
-    (waited as f64 >= CONTENDED * wanted as f64 && wanted > 0).then(|| {
+        })
+        .filter(|&(_, waited, wanted)| wanted > 0 && waited as f64 >= CONTENDED * wanted as f64)
+}
+
+/// Said where a feeder waited long for CPUs others held and a fix would
+/// stop it sleeping (a synchronize, a wait for input or for a copy taken
+/// out): the replay keeps the share of the CPUs it had, but how a busy
+/// machine's scheduler shares its CPUs depends on how often a thread
+/// sleeps. Beside two busy loops on two CPUs a trainer that slept in a
+/// synchronize each step was woken beside one of them and got half a CPU
+/// in every recording; the same trainer without the synchronize is one of
+/// three tasks that never sleep on two CPUs, and the kernel leaves one of
+/// the three alone on a CPU (moving one would only move the imbalance):
+/// from run to run the trainer was that one, shared with a loop, or in
+/// between (1.26 to 2.64 s bare, the same 1.1 s on a CPU each time; the
+/// kernel's own record showed the loop beside it with 1.1 s and the other
+/// with 2.0 s in the slow runs). So the what-ifs give both ends.
+fn contended_note(
+    (tid, waited, wanted): (Tid, u64, u64),
+    recs: &[Recommendation],
+) -> Option<String> {
+    let fixes: Vec<&str> = recs
+        .iter()
+        .filter_map(|r| match r.cause {
+            Topic::Idle(c) if stops_sleeps(c) && r.what_if.is_some() => Some(c.name()),
+            _ => None,
+        })
+        .collect();
+    (!fixes.is_empty()).then(|| {
         format!(
-            "what-if replays on a busy machine: the feeder (thread {}/{}) waited for CPUs other processes held {} of the time it wanted one; the predictions keep that share, but without its waits ({}) it would sleep less, and a busy machine's scheduler can give it a different share — the fixed run may differ from the prediction by more than the replay's own error; measure it on a quieter machine",
+            "what-if replays on a busy machine: the feeder (thread {}/{}) waited for CPUs other processes held {} of the time it wanted one; the predictions keep that share, but without its waits ({}) it would sleep less, and a busy machine's scheduler may then leave it a CPU of its own or keep it sharing one — each of those what-ifs also says what the fix gives on a CPU of its own, and the fixed run falls between the two; measure it on a quieter machine",
             tid.0,
             tid.1,
             units::percent(waited, wanted),
