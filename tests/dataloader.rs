@@ -273,18 +273,31 @@ fn dataloader_workers_are_the_input_pipeline() {
         .into_iter()
         .min()
         .unwrap();
+    // Beside busy tasks of the job's own group the report gives a range:
+    // from the second worker winning a worker's share of their CPUs to it
+    // winning none.
     let predicted = predicted_span(&one.1, 1);
-    let off = predicted as f64 / measured as f64 - 1.0;
+    let none_won =
+        with_more_workers(&one.1["recommendations"][0], 1)["if_group_keeps_cpus"].clone();
+    let slowest = match none_won.is_object() {
+        true => {
+            let c = &none_won["idle_by_cause_ns"];
+            u64_of(&none_won, "wall_ns") - u64_of(c, "startup") - u64_of(c, "teardown")
+        }
+        false => predicted,
+    };
+    let off = |p: u64| p as f64 / measured as f64 - 1.0;
     eprintln!(
-        "one worker + 1: predicted {:.0} ms, two workers measured {:.0} ms ({:+.1}%)",
+        "one worker + 1: predicted {:.0} ms (to {:.0} ms winning no CPU from the job's group), two workers measured {:.0} ms ({:+.1}%)",
         predicted as f64 / 1e6,
+        slowest as f64 / 1e6,
         measured as f64 / 1e6,
-        off * 100.0
+        off(predicted) * 100.0
     );
     assert!(
-        off.abs() <= 0.10,
-        "one worker + 1 predicted a span of {predicted} ns, two workers ran {measured} ns ({:+.1}%): {:#}",
-        off * 100.0,
+        off(predicted) <= 0.10 && off(slowest) >= -0.10,
+        "one worker + 1 predicted a span of {predicted} to {slowest} ns, two workers ran {measured} ns ({:+.1}%): {:#}",
+        off(predicted) * 100.0,
         one.1["recommendations"][0]
     );
 }

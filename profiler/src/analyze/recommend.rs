@@ -79,6 +79,18 @@ pub struct MoreWorkers {
     pub speedup: f64,
     /// As [`WhatIf::idle_by_cause_ns`], with these workers.
     pub idle_by_cause_ns: IdleByCause,
+    /// Where the prediction counts CPUs won from the job's scheduling
+    /// group's other tasks, the other end of the range: none won
+    /// ([`replay::Plan::group_keeps_cpus`]).
+    pub if_group_keeps_cpus: Option<Outcome>,
+}
+
+/// A prediction's wall time, as [`MoreWorkers`] gives it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Outcome {
+    pub wall_ns: u64,
+    pub speedup: f64,
+    pub idle_by_cause_ns: IdleByCause,
 }
 
 impl Recommendation {
@@ -135,10 +147,20 @@ impl Recommendation {
             let options: Vec<String> = w
                 .more_workers
                 .iter()
-                .map(|m| format!("{} workers {:.2}x", m.workers, m.speedup))
+                .map(|m| match &m.if_group_keeps_cpus {
+                    Some(none) => format!(
+                        "{} workers {:.2}-{:.2}x",
+                        m.workers, none.speedup, m.speedup
+                    ),
+                    None => format!("{} workers {:.2}x", m.workers, m.speedup),
+                })
                 .collect();
+            let range = match w.more_workers.iter().any(|m| m.if_group_keeps_cpus.is_some()) {
+                true => "; a range where they would win CPUs from busy tasks of the job's own group, from none to a worker's share: how much the kernel gives them is not in one recording",
+                false => "",
+            };
             out.push(format!(
-                "or more loader workers instead (computing on the CPUs the loaders got, those that sat idle and a share of those the job's scheduling group's other tasks held; storage at its recorded pace): {}",
+                "or more loader workers instead (computing on the CPUs the loaders got, those that sat idle and a share of those the job's scheduling group's other tasks held; storage at its recorded pace{range}): {}",
                 options.join(" · ")
             ));
         }
@@ -239,7 +261,8 @@ fn stops_sleeps(c: Cause) -> bool {
 
 /// The plans [`what_if`] replays for these causes; `contended`: the feeder
 /// shared busy CPUs ([`contended`]).
-fn what_if_plans(causes: &[Cause], workers: f64, contended: bool) -> Vec<replay::Plan> {
+fn what_if_plans(causes: &[Cause], job: &replay::Job, contended: bool) -> Vec<replay::Plan> {
+    let workers = job.workers();
     let mut plans: Vec<replay::Plan> = causes.iter().map(|&c| replay::Plan::fix(c)).collect();
     if contended {
         plans.extend(
@@ -250,10 +273,19 @@ fn what_if_plans(causes: &[Cause], workers: f64, contended: bool) -> Vec<replay:
         );
     }
     if causes.iter().any(|&c| asks_more_workers(c, workers)) {
-        plans.extend(MORE_WORKERS.iter().map(|&add| replay::Plan {
-            add_workers: add,
-            ..Default::default()
-        }));
+        for &add in &MORE_WORKERS {
+            let more = replay::Plan {
+                add_workers: add,
+                ..Default::default()
+            };
+            plans.push(more);
+            if job.wins_from_group(add) {
+                plans.push(replay::Plan {
+                    group_keeps_cpus: true,
+                    ..more
+                });
+            }
+        }
     }
     plans
 }
@@ -292,16 +324,31 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64, contended: bool) -> Optio
         MORE_WORKERS
             .iter()
             .map(|&add| {
-                let w = job.predict(&replay::Plan {
+                let more = replay::Plan {
                     add_workers: add,
                     ..Default::default()
-                });
+                };
+                let outcome = |plan: &replay::Plan| {
+                    let w = job.predict(plan);
+                    Outcome {
+                        wall_ns: w.wall_ns,
+                        speedup: rounded(wall as f64 / w.wall_ns.max(1) as f64),
+                        idle_by_cause_ns: w.idle_by_cause(),
+                    }
+                };
+                let w = outcome(&more);
                 MoreWorkers {
                     add,
                     workers: workers.round() as u32 + add,
                     wall_ns: w.wall_ns,
-                    speedup: rounded(wall as f64 / w.wall_ns.max(1) as f64),
-                    idle_by_cause_ns: w.idle_by_cause(),
+                    speedup: w.speedup,
+                    idle_by_cause_ns: w.idle_by_cause_ns,
+                    if_group_keeps_cpus: job.wins_from_group(add).then(|| {
+                        outcome(&replay::Plan {
+                            group_keeps_cpus: true,
+                            ..more
+                        })
+                    }),
                 }
             })
             .collect()
@@ -436,8 +483,8 @@ pub fn build(cx: Context, tl: &Timeline, d: &Diagnosis, names: &Names) -> Advice
         .map(|(&c, _)| c)
         .collect();
     let contended = contended(tl, d);
-    let job = replay::Job::new(tl, d, spooled, nr_cpus, collector_cpu_ns, |workers| {
-        what_if_plans(&advised, workers, contended.is_some())
+    let job = replay::Job::new(tl, d, spooled, nr_cpus, collector_cpu_ns, |job| {
+        what_if_plans(&advised, job, contended.is_some())
     });
     // Each with the time it would give back, to order them: as replayed
     // where it could be (a cause that hides another gives back less than

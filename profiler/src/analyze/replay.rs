@@ -81,6 +81,14 @@ pub struct Plan {
     /// alone is the scheduler's placement (beside two busy loops the same
     /// fixed run took 1.26 to 2.64 s, its CPU time 1.1 s each time).
     pub own_cpu: bool,
+    /// Added workers win no CPU from their scheduling group's other tasks,
+    /// only what sat idle: on a busy machine the other end of the range
+    /// of what more workers give. The kernel gives a worker that sleeps
+    /// and wakes less than a busy loop that never sleeps, by an amount
+    /// that moves with the program and its neighbours (beside two busy
+    /// loops a second worker got 0.32 to 0.47 of a CPU): the prediction
+    /// counts them at a worker's rate, and this end not at all.
+    pub group_keeps_cpus: bool,
 }
 
 impl Plan {
@@ -879,9 +887,11 @@ impl Run<'_> {
             // More workers add the CPUs that sat idle and what they win
             // from their group's other tasks, up to those the run had
             // spare; never the CPU a hypervisor or another group held.
-            (got + self.idle_cpus + self.won_in_group(got, k, workers))
-                .min(self.spare_cpus)
-                .max(got)
+            let won = match plan.group_keeps_cpus {
+                true => 0.0,
+                false => self.won_in_group(got, k, workers),
+            };
+            (got + self.idle_cpus + won).min(self.spare_cpus).max(got)
         };
         let after = self.pool.service(plan.removed, workers, k, cpus, waits);
         if before <= 0.0 {
@@ -889,6 +899,18 @@ impl Run<'_> {
         } else {
             after / before
         }
+    }
+
+    /// The CPUs `add` more workers are predicted to win from their
+    /// group's other tasks, as far as the run had them spare.
+    fn won_with(&self, add: u32) -> f64 {
+        let k = self.pool.workers();
+        if k == 0.0 || add == 0 {
+            return 0.0;
+        }
+        let got = (k * self.pool.cpu_share()).min(self.spare_cpus);
+        let room = (self.spare_cpus - got - self.idle_cpus).max(0.0);
+        self.won_in_group(got, k, k + add as f64).min(room)
     }
 
     /// The CPUs `workers` workers (`k` of them recorded, on `got` CPUs)
@@ -1657,8 +1679,9 @@ impl Prediction {
 impl<'a> Job<'a> {
     /// `nr_cpus`: the recorded machine's CPUs (0 when not recorded: the
     /// loaders are then not bounded by CPUs); `collector_cpu_ns`: what the
-    /// recorder itself took of them. `plans`, given the pool's workers
-    /// ([`Job::workers`]): what the caller will ask [`Job::predict`] about,
+    /// recorder itself took of them. `plans`, given the job's runs (its
+    /// pool's workers, what more would win): what the caller will ask
+    /// [`Job::predict`] about,
     /// replayed now beside the unchanged run, each plan on a core of its
     /// own as far as the machine has them (each replay walks the whole
     /// run: on a long recording they are most of the report's time).
@@ -1670,7 +1693,7 @@ impl<'a> Job<'a> {
         spooled: Option<(&'a GpuSpools, &'a SpoolPlan)>,
         nr_cpus: u32,
         collector_cpu_ns: u64,
-        plans: impl FnOnce(f64) -> Vec<Plan>,
+        plans: impl FnOnce(&Job) -> Vec<Plan>,
     ) -> Job<'a> {
         let window = (tl.start, tl.end);
         let span = tl.end.saturating_sub(tl.start).max(1);
@@ -1755,7 +1778,7 @@ impl<'a> Job<'a> {
             replayed: Vec::new(),
         };
         let mut wanted = vec![Plan::default()];
-        for p in plans(job.workers()) {
+        for p in plans(&job) {
             if !wanted.contains(&p) {
                 wanted.push(p);
             }
@@ -1776,6 +1799,14 @@ impl<'a> Job<'a> {
             .iter()
             .map(|r| r.pool.workers())
             .fold(0.0, f64::max)
+    }
+
+    /// Whether `add` more workers are predicted to win a twentieth of a
+    /// CPU or more from their scheduling group's other tasks: then how
+    /// much is not in the recording ([`Plan::group_keeps_cpus`]), and
+    /// less than that changes the prediction by a few percent at most.
+    pub fn wins_from_group(&self, add: u32) -> bool {
+        self.runs.iter().any(|r| r.won_with(add) >= 0.05)
     }
 
     /// The unchanged replay's wall over the recorded one (1 is exact).
@@ -2555,6 +2586,15 @@ mod tests {
         let pace = run(1.0).pace(&more);
         assert!((pace - 1.0 / (2.0 * 4.0 / 6.0)).abs() < 1e-9, "{pace}");
         assert!((run(0.0).pace(&more) - 1.0).abs() < 1e-9);
+        // The range's other end: the rivals keep theirs, as if in another
+        // group.
+        let keep = Plan {
+            group_keeps_cpus: true,
+            ..more
+        };
+        assert!((run(1.0).pace(&keep) - 1.0).abs() < 1e-9);
+        assert!((run(1.0).won_with(2) - (4.0 / 3.0 - 1.0)).abs() < 1e-9);
+        assert_eq!(run(0.0).won_with(2), 0.0);
         // Without their rivals (cpu.contention fixed) two workers have
         // both CPUs.
         let pace = run(1.0).pace(&Plan::fix(Cause::CpuContention));
