@@ -82,12 +82,12 @@ pub struct MoreWorkers {
     /// Where the prediction counts CPUs won from the job's scheduling
     /// group's other tasks, the other end of the range: none won
     /// ([`replay::Plan::group_keeps_cpus`]).
-    pub if_group_keeps_cpus: Option<Outcome>,
+    pub if_group_keeps_cpus: Option<Predicted>,
 }
 
 /// A prediction's wall time, as [`MoreWorkers`] gives it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Outcome {
+pub struct Predicted {
     pub wall_ns: u64,
     pub speedup: f64,
     pub idle_by_cause_ns: IdleByCause,
@@ -133,7 +133,13 @@ impl Recommendation {
             w.speedup,
             (saved * 24.0 * gpus as f64).max(0.0)
         )];
-        if let Some(g) = &w.given_a_cpu {
+        // (Said where it differs: a fix that leaves the GPU the pace gives
+        // the same either way.)
+        if let Some(g) = w
+            .given_a_cpu
+            .as_ref()
+            .filter(|g| g.wall_ns * 100 < w.wall_ns * 99)
+        {
             out.push(format!(
                 "on this busy machine, if the scheduler then gives the feeder a CPU of its own (it sleeps less; whether it still shares one is the scheduler's placement): {} → {} ({:.2}x); then {}",
                 units::duration(before_ns),
@@ -330,7 +336,7 @@ fn what_if(job: &replay::Job, cause: Cause, wall: u64, contended: bool) -> Optio
                 };
                 let outcome = |plan: &replay::Plan| {
                     let w = job.predict(plan);
-                    Outcome {
+                    Predicted {
                         wall_ns: w.wall_ns,
                         speedup: rounded(wall as f64 / w.wall_ns.max(1) as f64),
                         idle_by_cause_ns: w.idle_by_cause(),
