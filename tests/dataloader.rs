@@ -48,9 +48,23 @@ fn dataset(py: &Path) -> PathBuf {
     .clone()
 }
 
+/// Reads every file of the dataset, so that each recording meets it in
+/// the page cache: the tests compare recordings with each other, and the
+/// kernel drops cached files between them when it likes (under `cargo
+/// xtask stress` a one-worker recording's worker spent 1.28 s blocked
+/// reading the PNGs, the runs after it 0.11 s, and the prediction it made
+/// for a second worker held that slow storage: 14% slower than the
+/// two-worker run).
+fn warm(data: &Path) {
+    for f in std::fs::read_dir(data).unwrap() {
+        std::fs::read(f.unwrap().path()).unwrap();
+    }
+}
+
 /// Records the loop with `workers` (and `more` of the script's options);
 /// its report and ground truth.
 fn record(py: &Path, data: &Path, workers: u32, more: &[&str]) -> (Value, Value) {
+    warm(data);
     let n = workers.to_string();
     let mut args = vec!["--data", data.to_str().unwrap(), "--workers", &n];
     args.extend_from_slice(more);
