@@ -204,6 +204,24 @@ struct {
 	__type(value, __u64);
 } neighbours SEC(".maps");
 
+/* How far the sampling program has charged the run on this CPU (the
+ * task, and the run's prev_sum_exec_runtime and sum_exec_runtime then):
+ * a task alone on a CPU runs for seconds without switching out, and its
+ * time would reach its slot only then — a reading of the counters between
+ * would miss it (a busy loop with a CPU to itself read as 0.75 of one). */
+struct neighbour_mark {
+	__u64 task;
+	__u64 from;
+	__u64 sum;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct neighbour_mark);
+} neighbour_marks SEC(".maps");
+
 /* The recorded job's scheduling group: the task_group the last tracked
  * task switched out of (a job's processes share one as a rule). */
 __u64 gs_job_group = 0;
@@ -260,12 +278,29 @@ static __always_inline __u64 current_task_group(void)
 	return (__u64)p->sched_task_group;
 }
 
-/* The current task's run, unrecorded, to its neighbours slot. */
-static __always_inline void count_neighbour(void)
+/* The current task's run, unrecorded, to its neighbours slot: as much of
+ * it as the sampling program has not charged yet. `running`: the run goes
+ * on (a sample), and the mark keeps how far it was charged; else it ends
+ * here (the switch-out). */
+static __always_inline void count_neighbour(int running)
 {
 	__u64 charged, from;
 	if (!fair_charge(&charged, &from))
 		return;
+	__u32 zero = 0;
+	struct neighbour_mark *m = bpf_map_lookup_elem(&neighbour_marks, &zero);
+	if (!m)
+		return;
+	__u64 task = (__u64)bpf_get_current_task_btf();
+	__u64 sum = from + charged;
+	if (m->task == task && m->from == from) {
+		if (m->sum >= sum)
+			return;
+		charged = sum - m->sum;
+	}
+	m->task = running ? task : 0;
+	m->from = from;
+	m->sum = sum;
 	__u64 group = current_task_group();
 	__u32 slot = group && group == gs_job_group ? GS_NEIGHBOURS_SAME_GROUP
 						      : GS_NEIGHBOURS_ELSEWHERE;
@@ -1127,7 +1162,7 @@ int gs_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		if (group != gs_job_group)
 			gs_job_group = group;
 	} else if (prev_tid != 0) {
-		count_neighbour();
+		count_neighbour(0);
 	}
 	if (!flags)
 		return 0;
@@ -1481,8 +1516,14 @@ int gs_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (tid == 0 || !is_tracked(tgid))
+	if (tid == 0)
 		return 0;
+	if (!is_tracked(tgid)) {
+		/* A neighbour's run so far, read with the counters: see
+		 * neighbour_marks. */
+		count_neighbour(1);
+		return 0;
+	}
 	__u64 ustack = capture_stack(ctx, SCRATCH_SAMPLE, tgid, 0);
 	__u64 kstack = capture_stack(ctx, SCRATCH_SAMPLE, 0, 1);
 	struct gs_sample *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
