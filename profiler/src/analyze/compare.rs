@@ -187,13 +187,15 @@ pub struct Share {
 }
 
 impl Share {
-    /// (part, whole) of each side.
+    /// (part, whole) of each side, to 3 decimals here rather than only in
+    /// the JSON: every format then shows one number (JSON's 69.75 is
+    /// Markdown's 69.8%, not the 69.7% of the 69.7496 behind it).
     fn of(base: (u64, u64), new: (u64, u64)) -> Share {
-        let (b, n) = (pct(base.0, base.1), pct(new.0, new.1));
+        let (b, n) = (round3(pct(base.0, base.1)), round3(pct(new.0, new.1)));
         Share {
             base_pct: b,
             new_pct: n,
-            change_points: n - b,
+            change_points: round3(n - b),
         }
     }
 }
@@ -320,8 +322,12 @@ pub struct StackChanges {
 }
 
 /// Shares and changes to 3 decimals: their noise is in the first.
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 fn r3<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64((x * 1000.0).round() / 1000.0)
+    s.serialize_f64(round3(*x))
 }
 
 fn r3_opt<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
@@ -975,4 +981,23 @@ fn verdict_text(v: &Verdict, share: &Share, min: f64) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A share whose 3-decimal JSON value lies on the other side of a
+    /// 1-decimal rounding than the share behind it: every format shows the
+    /// JSON's.
+    #[test]
+    fn a_share_is_one_number_in_every_format() {
+        let s = Share::of((697_496, 1_000_000), (0, 1));
+        let json: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        let from_json = json["base_pct"].as_f64().unwrap();
+        assert_eq!(from_json, 69.75);
+        assert_eq!(format!("{:.1}", s.base_pct), format!("{from_json:.1}"));
+        assert_eq!(s.change_points, -69.75);
+    }
 }
