@@ -496,8 +496,15 @@ fn conclude(
         gpu_sources: std::mem::take(&mut session.gpu_sources),
         injected: std::mem::take(&mut session.injected),
         gpu_blind: std::mem::take(&mut session.gpu_blind),
-        gpu_records_incomplete: session.gpu_skipped.values().map(|(i, _)| i).sum(),
-        gpu_records_dropped: session.gpu_drops.values().map(|(c, s)| c + s).sum(),
+        // Counts a file states: summed without overflowing, whatever it says.
+        gpu_records_incomplete: session
+            .gpu_skipped
+            .values()
+            .fold(0u64, |n, (i, _)| n.saturating_add(*i)),
+        gpu_records_dropped: session
+            .gpu_drops
+            .values()
+            .fold(0u64, |n, (c, s)| n.saturating_add(*c).saturating_add(*s)),
         rank: session.rank.or_else(|| only_rank(&session.process_ranks)),
         collector: session.collector,
         events,

@@ -2092,6 +2092,18 @@ mod tests {
             self.call(wait, ApiRole::Sync);
         }
 
+        /// `n` steps of a kernel `kernel_ns` long, a synchronize waiting
+        /// for it, then the feeder's `after` pieces.
+        fn synced_steps(&mut self, n: usize, kernel_ns: u64, after: &[(u64, Cause)]) {
+            for _ in 0..n {
+                self.launch(kernel_ns);
+                self.sync();
+                for &(ns, cause) in after {
+                    self.piece(ns, cause, FEEDER);
+                }
+            }
+        }
+
         fn busy(&self) -> Vec<(u64, u64)> {
             crate::intervals::union(self.work.iter().map(Work::span).collect())
         }
@@ -2336,14 +2348,8 @@ mod tests {
     #[test]
     fn a_cpu_of_its_own_takes_out_the_waits_for_it_not_the_work() {
         let mut j = Recorded::default();
-        for _ in 0..10 {
-            j.launch(6 * MS);
-            j.sync();
-            j.piece(4 * MS, Cause::CpuHost, FEEDER);
-            j.piece(4 * MS, Cause::CpuContention, FEEDER);
-            j.piece(4 * MS, Cause::CpuHost, FEEDER);
-            j.piece(4 * MS, Cause::CpuContention, FEEDER);
-        }
+        let (host, waits) = ((4 * MS, Cause::CpuHost), (4 * MS, Cause::CpuContention));
+        j.synced_steps(10, 6 * MS, &[host, waits, host, waits]);
         let contention = |o: &Outcome| o.idle.get(&Cause::CpuContention).copied();
         let sharing = j.replay(Pool::default(), &Plan::fix(Cause::Sync));
         let alone = j.replay(Pool::default(), &Plan::fix_on_own_cpu(Cause::Sync));
@@ -2373,15 +2379,17 @@ mod tests {
     #[test]
     fn a_run_cut_short_keeps_its_share_of_the_preemptions() {
         let mut j = Recorded::default();
-        for _ in 0..10 {
-            j.launch(6 * MS);
-            j.sync();
-            j.piece(4 * MS, Cause::CpuHost, FEEDER);
-            j.piece(4 * MS, Cause::CpuContention, FEEDER);
-            j.piece(3 * MS, Cause::CpuHost, FEEDER);
-            j.piece(4 * MS, Cause::CpuContention, FEEDER);
-            j.piece(2 * MS, Cause::CpuHost, FEEDER);
-        }
+        j.synced_steps(
+            10,
+            6 * MS,
+            &[
+                (4 * MS, Cause::CpuHost),
+                (4 * MS, Cause::CpuContention),
+                (3 * MS, Cause::CpuHost),
+                (4 * MS, Cause::CpuContention),
+                (2 * MS, Cause::CpuHost),
+            ],
+        );
         let fixed = j.replay(Pool::default(), &Plan::fix(Cause::CpuHost));
         // The synchronize waited the kernel's 6 ms: that much of each
         // step's 9 ms of work stays, and as much of its 8 ms of waits (the

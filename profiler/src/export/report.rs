@@ -544,7 +544,10 @@ pub fn build(a: &Analysis) -> Report {
         },
         drops: DropsInfo {
             cpu_events: facts.drops.cpu_events(),
-            gpu_records: facts.drops.gpu_records + facts.gpu_records_dropped,
+            gpu_records: facts
+                .drops
+                .gpu_records
+                .saturating_add(facts.gpu_records_dropped),
             cpu_by_kind: facts.drops.cpu_by_kind.iter().cloned().collect(),
             inferred_switches: tl.all_threads().iter().map(|t| t.inferred_switches).sum(),
             lossy_windows_ns: lossy
