@@ -280,19 +280,26 @@ fn dataloader_workers_are_the_input_pipeline() {
     // the machine by more than the loop does). Of two two-worker runs, the
     // faster: whatever else the machine runs only slows one (under the
     // whole suite a two-worker run took 2.41 s where quiet ones took
-    // 2.09-2.18 s, its neighbours' CPU 0.14 on average).
+    // 2.09-2.18 s, its neighbours' CPU 0.14 on average). And of two
+    // one-worker recordings, the faster's answer, for the same reason: the
+    // prediction holds what the recording's CPUs did, and under the whole
+    // suite a one-worker recording whose worker had a CPU to itself (1.02
+    // CPUs, 0.82 more idle) made its batches at 1.24 times the CPU time a
+    // batch took in the two-worker runs (likely a host slowed under the
+    // VM, which no counter in it shows) and predicted +19.7%.
+    let span = |r: &Value| u64_of(&r["gpus"][0], "span_ns");
     let (again, _) = record(&py, &data, 2, &[]);
-    let measured = [&two.1, &again]
-        .map(|r| u64_of(&r["gpus"][0], "span_ns"))
+    let measured = span(&two.1).min(span(&again));
+    let (once_more, _) = record(&py, &data, 1, &[]);
+    let base = [&one.1, &once_more]
         .into_iter()
-        .min()
+        .min_by_key(|r| span(r))
         .unwrap();
     // Beside busy tasks of the job's own group the report gives a range:
     // from the second worker winning a worker's share of their CPUs to it
     // winning none.
-    let predicted = predicted_span(&one.1, 1);
-    let none_won =
-        with_more_workers(&one.1["recommendations"][0], 1)["if_group_keeps_cpus"].clone();
+    let predicted = predicted_span(base, 1);
+    let none_won = with_more_workers(&base["recommendations"][0], 1)["if_group_keeps_cpus"].clone();
     let slowest = match none_won.is_object() {
         true => {
             let c = &none_won["idle_by_cause_ns"];
@@ -312,7 +319,7 @@ fn dataloader_workers_are_the_input_pipeline() {
         off(predicted) <= 0.10 && off(slowest) >= -0.10,
         "one worker + 1 predicted a span of {predicted} to {slowest} ns, two workers ran {measured} ns ({:+.1}%): {:#}",
         off(predicted) * 100.0,
-        one.1["recommendations"][0]
+        base["recommendations"][0]
     );
 }
 
