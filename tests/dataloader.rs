@@ -230,15 +230,8 @@ fn dataloader_workers_are_the_input_pipeline() {
     // the kernel's count for the joined workers. One worker on two CPUs
     // leaves the other to a second: with half a CPU or more idle the loop
     // gets at least a fifth faster.
-    let predicted_span = |r: &Value, add: u64| {
-        let m = with_more_workers(&r["recommendations"][0], add);
-        let c = &m["idle_by_cause_ns"];
-        u64_of(&m, "wall_ns") - u64_of(c, "startup") - u64_of(c, "teardown")
-    };
-    let speedup = |r: &Value, add: u64| {
-        let span = u64_of(&r["gpus"][0], "span_ns");
-        span as f64 / predicted_span(r, add) as f64
-    };
+    let more = |r: &Value, add: u64| with_more_workers(&r["recommendations"][0], add);
+    let speedup = |r: &Value, add: u64| gpu_span(r) as f64 / predicted_span(&more(r, add)) as f64;
     let cpus = |truth: &Value, what: &str| truth[what].as_f64().unwrap();
     let most = |truth: &Value| {
         let used = cpus(truth, "loader_cpus");
@@ -287,24 +280,21 @@ fn dataloader_workers_are_the_input_pipeline() {
     // CPUs, 0.82 more idle) made its batches at 1.24 times the CPU time a
     // batch took in the two-worker runs (likely a host slowed under the
     // VM, which no counter in it shows) and predicted +19.7%.
-    let span = |r: &Value| u64_of(&r["gpus"][0], "span_ns");
     let (again, _) = record(&py, &data, 2, &[]);
-    let measured = span(&two.1).min(span(&again));
+    let measured = gpu_span(&two.1).min(gpu_span(&again));
     let (once_more, _) = record(&py, &data, 1, &[]);
     let base = [&one.1, &once_more]
         .into_iter()
-        .min_by_key(|r| span(r))
+        .min_by_key(|r| gpu_span(r))
         .unwrap();
     // Beside busy tasks of the job's own group the report gives a range:
     // from the second worker winning a worker's share of their CPUs to it
     // winning none.
-    let predicted = predicted_span(base, 1);
-    let none_won = with_more_workers(&base["recommendations"][0], 1)["if_group_keeps_cpus"].clone();
+    let m = more(base, 1);
+    let predicted = predicted_span(&m);
+    let none_won = &m["if_group_keeps_cpus"];
     let slowest = match none_won.is_object() {
-        true => {
-            let c = &none_won["idle_by_cause_ns"];
-            u64_of(&none_won, "wall_ns") - u64_of(c, "startup") - u64_of(c, "teardown")
-        }
+        true => predicted_span(none_won),
         false => predicted,
     };
     let off = |p: u64| p as f64 / measured as f64 - 1.0;

@@ -559,6 +559,18 @@ pub fn simtrain_data() -> PathBuf {
     d
 }
 
+/// The GPU's span (first work to last) of a recorded run's report.
+pub fn gpu_span(report: &Value) -> u64 {
+    u64_of(&report["gpus"][0], "span_ns")
+}
+
+/// The GPU's span of a predicted run (a what-if, one with more workers, or
+/// either's other end): its wall less the start-up and tear-down it kept.
+pub fn predicted_span(w: &Value) -> u64 {
+    let idle = &w["idle_by_cause_ns"];
+    u64_of(w, "wall_ns") - u64_of(idle, "startup") - u64_of(idle, "teardown")
+}
+
 /// A recommendation's what-if with `add` more loader workers.
 #[track_caller]
 pub fn with_more_workers(rec: &Value, add: u64) -> Value {

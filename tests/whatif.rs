@@ -30,18 +30,6 @@ fn wall(report: &Value) -> u64 {
     u64_of(w, "end") - u64_of(w, "start")
 }
 
-/// The GPU's span (first work to last) of a recorded run.
-fn span(report: &Value) -> u64 {
-    u64_of(&report["gpus"][0], "span_ns")
-}
-
-/// The GPU's span of a predicted run (a what-if, or one with more
-/// workers): its wall less the start-up and tear-down it kept.
-fn predicted_span(w: &Value) -> u64 {
-    let idle = &w["idle_by_cause_ns"];
-    u64_of(w, "wall_ns") - u64_of(idle, "startup") - u64_of(idle, "teardown")
-}
-
 /// `simtrain ARGS` recorded; its report.
 fn record(name: &str, simtrain_args: &[&str]) -> Value {
     let dir = scratch(&format!("whatif-{name}"));
@@ -172,10 +160,10 @@ fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Next)]) {
             true => within(
                 &what,
                 (predicted_span(alone), predicted_span(w)),
-                span(&fixed),
+                gpu_span(&fixed),
                 &detail,
             ),
-            false => close(&what, predicted_span(w), span(&fixed), &detail),
+            false => close(&what, predicted_span(w), gpu_span(&fixed), &detail),
         }
         match next {
             Next::None => assert_eq!(w["next_cause"].as_str(), None, "{detail}"),
@@ -303,7 +291,7 @@ fn more_workers(bottleneck: &str, cause: &str, workers: u32, add: u32) {
     let more = [1, 2]
         .map(|i| record(&format!("{bottleneck}-{total}-{i}"), &args))
         .into_iter()
-        .map(|report| span(&report))
+        .map(|report| gpu_span(&report))
         .min()
         .unwrap();
     let what = format!("{bottleneck} with {add} more workers than {workers}");
