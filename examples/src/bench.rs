@@ -47,7 +47,12 @@ commands:
          getppid (default) or a 1-byte read of /dev/zero, pinned to CPU C
          when given; prints the time per call on stderr
 
---time-file F gets one line: wall_ns cpu_ns (children included).";
+--time-file F gets one line: wall_ns cpu_ns (children included).
+
+  gs-bench hooks -- COMMAND [ARGS...]
+         runs COMMAND with a BPF program that does nothing attached to each
+         tracepoint a gapscope recording attaches to: what any recorder
+         hooked there pays before it does any work of its own (root)";
 
 mod args;
 use args::Args;
@@ -504,6 +509,11 @@ fn finish(a: &Args, wall_ns: u64) {
 }
 
 fn main() {
+    // Not `--key value` options: a command line to run.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("hooks") {
+        cmd_hooks(&argv[2..]);
+    }
     let a = Args::parse("gs-bench");
     match a.cmd.as_str() {
         "input" => cmd_input(&a),
@@ -516,4 +526,64 @@ fn main() {
         "" => die(&format!("missing command\n\n{USAGE}")),
         other => die(&format!("unknown command {other:?}\n\n{USAGE}")),
     }
+}
+
+/// `hooks -- COMMAND...`: COMMAND run with empty BPF programs on gapscope's
+/// tracepoints, attached from before it starts until it ends; exits with
+/// its status.
+fn cmd_hooks(rest: &[String]) -> ! {
+    let cmd = match rest.split_first() {
+        Some((dash, cmd)) if dash == "--" && !cmd.is_empty() => cmd,
+        _ => die("hooks: usage: gs-bench hooks -- COMMAND [ARGS...]"),
+    };
+    let links: Vec<std::os::fd::OwnedFd> = gapscope::collect::bpf::tracepoints(false)
+        .map(|tp| empty_program_on(tp).unwrap_or_else(|e| die(&format!("hooks: {tp}: {e}"))))
+        .collect();
+    let status = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .status()
+        .unwrap_or_else(|e| die(&format!("hooks: {}: {e}", cmd[0])));
+    drop(links);
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// A raw-tracepoint BPF program that returns at once, attached to `tp`:
+/// the fd that keeps it attached.
+fn empty_program_on(tp: &str) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // include/uapi/linux/bpf.h: commands, the program type, and the
+    // attributes' layout (zeroed past what is set).
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+    const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+    // r0 = 0; exit
+    let insns: [u64; 2] = [
+        0x0000_0000_0000_00b7u64.to_le(),
+        0x0000_0000_0000_0095u64.to_le(),
+    ];
+    let license = c"GPL";
+    let bpf = |cmd: libc::c_long, attr: &mut [u8; 128]| -> std::io::Result<i32> {
+        // SAFETY: attr is a live, zero-padded 128-byte bpf_attr.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+        match r {
+            r if r < 0 => Err(std::io::Error::last_os_error()),
+            r => Ok(r as i32),
+        }
+    };
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_RAW_TRACEPOINT.to_ne_bytes());
+    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    let prog = bpf(BPF_PROG_LOAD, &mut attr)?;
+    // SAFETY: bpf(2) just gave us this fd.
+    let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(prog) };
+    let name = std::ffi::CString::new(tp).map_err(std::io::Error::other)?;
+    let mut attr = [0u8; 128];
+    attr[0..8].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
+    use std::os::fd::AsRawFd;
+    attr[8..12].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());
+    let link = bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr)?;
+    // SAFETY: as above; the link holds the program.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(link) })
 }

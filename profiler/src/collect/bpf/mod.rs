@@ -38,6 +38,20 @@ const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("gs_tcp_retransmit_skb", "tcp_retransmit_skb"),
 ];
 
+/// The tracepoints a recording attaches to, by their kernel names: every
+/// raw tracepoint but the per-syscall hooks unless `syscall_hooks`.
+/// (Beside them: cpu-clock sampling, and uprobes on libcuda where mapped.)
+pub fn tracepoints(syscall_hooks: bool) -> impl Iterator<Item = &'static str> {
+    attached(syscall_hooks).map(|&(_, tp)| tp)
+}
+
+/// The (program, tracepoint) pairs attached.
+fn attached(syscall_hooks: bool) -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    RAW_TRACEPOINTS
+        .iter()
+        .filter(move |(name, _)| syscall_hooks || !SYSCALL_HOOKS.contains(name))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
     #[error("loading the BPF object: {0}")]
@@ -182,10 +196,7 @@ impl Tracer {
 
     /// Attaches every program. Events flow for tracked processes from here on.
     pub fn attach(&mut self) -> Result<(), BpfError> {
-        for (name, tp) in RAW_TRACEPOINTS {
-            if !self.syscall_hooks && SYSCALL_HOOKS.contains(name) {
-                continue;
-            }
+        for (name, tp) in attached(self.syscall_hooks) {
             let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
             prog.attach(tp)
                 .map_err(|source| BpfError::Program { name, source })?;
@@ -321,4 +332,23 @@ where
 {
     let map = ebpf.take_map(name).ok_or(BpfError::Missing(name))?;
     T::try_from(map).map_err(|source| BpfError::Map { name, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_per_syscall_hooks_are_attached_only_when_asked_for() {
+        let default: Vec<_> = tracepoints(false).collect();
+        let all: Vec<_> = tracepoints(true).collect();
+        for tp in ["sched_switch", "sched_waking", "sched_process_fork"] {
+            assert!(default.contains(&tp) && all.contains(&tp), "{tp}");
+        }
+        for tp in ["sys_enter", "sys_exit"] {
+            assert!(!default.contains(&tp) && all.contains(&tp), "{tp}");
+        }
+        assert_eq!(all.len(), RAW_TRACEPOINTS.len());
+        assert_eq!(default.len(), RAW_TRACEPOINTS.len() - SYSCALL_HOOKS.len());
+    }
 }
