@@ -6,6 +6,7 @@
 
 use gapscope_tests::*;
 use serde_json::Value;
+use std::process::{Command, Stdio};
 
 const STEADY_CAUSES: [&str; 8] = [
     "input.io",
@@ -350,3 +351,132 @@ scenario_test!(
     "input-io",
     "input.io"
 );
+
+/// Lets task `pid` run on `cpus` only.
+fn pin(pid: i32, cpus: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
+    // sched_setaffinity only read and write the set we own.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(r, 0, "pinning {pid}: {}", std::io::Error::last_os_error());
+}
+
+/// A process's parent and name, from /proc.
+fn parent_and_comm(pid: i32) -> Option<(i32, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let ppid = stat[close + 1..].split_whitespace().nth(1)?.parse().ok()?;
+    Some((ppid, stat[open + 1..close].to_string()))
+}
+
+/// The feeder waits for the CPU it is queued on, not for any CPU: its
+/// loader busy on another CPU keeps it from nothing. simtrain's host-bound
+/// trainer on CPU 0 beside a busy loop nobody records, its loader (busy
+/// while ahead, as workers decoding ahead are) moved to CPU 1 as it starts:
+/// the trainer's waits for CPU 0 in its host work are contention in its own
+/// account and must be in the report. Counting the loader's time on CPU 1
+/// made them input.cpu.
+#[test]
+fn a_loader_busy_on_another_cpu_does_not_make_the_feeders_wait_input() {
+    if !bpf_ready("a_loader_busy_on_another_cpu_does_not_make_the_feeders_wait_input") {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let data = simtrain_data();
+    let _lock = recording_lock();
+    let dir = scratch("simtrain-other-cpu");
+    let (truth_path, rec) = (dir.path().join("truth.json"), dir.path().join("rec"));
+    let spin = BusyLoops(vec![busy_loop(false)]);
+    pin(spin.0[0].id() as i32, &[0]);
+    let run = Command::new(gapscope())
+        .args(["run", "-q", "--no-exports", "-o"])
+        .arg(&rec)
+        .args(["--", "taskset", "-c", "0"])
+        .arg(bin("simtrain"))
+        .args([
+            "--bottleneck",
+            "host-cpu",
+            "--workers",
+            "1",
+            "--steps",
+            "30",
+        ])
+        .arg("--busy-loaders")
+        .arg("--data")
+        .arg(&data)
+        .arg("--ground-truth")
+        .arg(&truth_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gapscope");
+    // The loader: a simtrain whose parent is a simtrain.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let loader = loop {
+        let found = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&pid| {
+                parent_and_comm(pid).is_some_and(|(ppid, comm)| {
+                    comm == "simtrain"
+                        && parent_and_comm(ppid).is_some_and(|(_, c)| c == "simtrain")
+                })
+            });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no simtrain loader");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    pin(loader, &[1]);
+    let out = run.wait_with_output().expect("gapscope");
+    drop(spin);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = report_json(&rec);
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+    let g = &report["gpus"][0];
+    let (got, want) = (&g["idle_by_cause_ns"], &truth["idle_by_cause_ns"]);
+    let idle = u64_of(g, "idle_ns");
+    let truth_idle: u64 = want
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let table = STEADY_CAUSES
+        .iter()
+        .map(|c| {
+            format!(
+                "{c}: report {:.1}% truth {:.1}%",
+                share(got, c, idle),
+                share(want, c, truth_idle)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n  ");
+    eprintln!("  {table}");
+    // The trainer waits for CPU 0 a good part of its host work, or the
+    // test shows nothing.
+    assert!(share(want, "cpu.contention", truth_idle) >= 10.0, "{table}");
+    for c in ["cpu.contention", "cpu.host", "input.cpu"] {
+        let (a, b) = (share(got, c, idle), share(want, c, truth_idle));
+        assert!(
+            (a - b).abs() <= 5.0,
+            "{c}: report {a:.1}% vs truth {b:.1}%\n  {table}"
+        );
+    }
+}

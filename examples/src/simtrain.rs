@@ -35,7 +35,7 @@ const USAGE: &str = "\
 simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
 
 usage: simtrain --bottleneck KIND [--fix CAUSE] [--workers N] [--steps N] [--seed N]
-                [--data DIR] [--lose-gpu-step N] --ground-truth PATH
+                [--data DIR] [--lose-gpu-step N] [--busy-loaders] --ground-truth PATH
        simtrain --prepare [--data DIR]
 
 KIND: none, input-io, input-cpu, input-network, host-cpu, launch, sync, memory, mixed,
@@ -56,6 +56,10 @@ equal, as the fix a report recommends would do (what a what-if replay predicts):
 
 --lose-gpu-step N: the device drops step N's records and reports the span they
 covered, as the CUPTI shim does when gapscope cannot keep up.
+
+--busy-loaders: loaders that are ahead (fast input) keep their CPU busy while
+they wait to make the next batch, as workers decoding ahead on other cores do,
+instead of sleeping.
 
 Run it under `gapscope run` to see the diagnosis; the simulated device speaks to
 gapscope through GAPSCOPE_SOCKET. Run on its own, the device waits dormant for
@@ -384,6 +388,27 @@ const BATCH_MSG: usize = 32;
 /// Batches a fast loader makes before the trainer has taken any.
 const PREFETCH: u64 = 2;
 
+/// A fast loader's wait for the trainer to take a batch: asleep in a read,
+/// or (`busy`) on its CPU, polling between 50 µs of work. False at the end.
+fn wait_for_token(a: &mut File, busy: bool) -> bool {
+    let mut token = [0u8];
+    if !busy {
+        return a.read_exact(&mut token).is_ok();
+    }
+    loop {
+        let mut poll = libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd we own; a zero timeout never sleeps.
+        if unsafe { libc::poll(&mut poll, 1, 0) } > 0 {
+            return a.read_exact(&mut token).is_ok();
+        }
+        burn(50_000);
+    }
+}
+
 /// A data-loader worker: produces batches `index, index + n, ...` into `out`.
 #[allow(clippy::too_many_arguments)]
 fn worker(
@@ -398,6 +423,7 @@ fn worker(
     seed: u64,
     fix: Option<Fix>,
     mut ahead: Option<File>,
+    busy: bool,
 ) {
     let decode = |ns: u64| {
         if fix != Some(Fix::InputCpu) {
@@ -420,8 +446,7 @@ fn worker(
     let mut made = 0u64;
     while step < steps {
         if let Some(a) = ahead.as_mut().filter(|_| made >= PREFETCH) {
-            let mut token = [0u8];
-            if a.read_exact(&mut token).is_err() {
+            if !wait_for_token(a, busy) {
                 return;
             }
         }
@@ -538,6 +563,7 @@ struct Opts {
     data: PathBuf,
     truth: PathBuf,
     lose_gpu_step: Option<u64>,
+    busy_loaders: bool,
 }
 
 fn parse() -> Option<Opts> {
@@ -575,6 +601,7 @@ fn parse() -> Option<Opts> {
         steps: num("--steps", 60).max(1),
         seed: num("--seed", 1),
         lose_gpu_step: get("--lose-gpu-step").map(|_| num("--lose-gpu-step", 0)),
+        busy_loaders: args.iter().any(|a| a == "--busy-loaders"),
         data,
         truth: PathBuf::from(
             get("--ground-truth")
@@ -635,6 +662,7 @@ fn main() {
             (None, None)
         };
         let (steps, n, seed, d, fix) = (o.steps, o.workers, o.seed, data.clone(), o.fix);
+        let busy = o.busy_loaders;
         let (rfd, wfd) = (r.as_raw_fd(), wr.as_raw_fd());
         let req_wfd = req_w.as_ref().map(|f| f.as_raw_fd());
         children.push(fork_child(move || {
@@ -646,7 +674,9 @@ fn main() {
                 }
                 File::from_raw_fd(wfd)
             };
-            worker(w, n, steps, input, reads, &d, port, out, seed, fix, req_r)
+            worker(
+                w, n, steps, input, reads, &d, port, out, seed, fix, req_r, busy,
+            )
         }));
         drop(wr);
         readers.push(r);

@@ -28,7 +28,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::analyze::code::{Code, Region};
 use crate::session::FdKind;
-use crate::timeline::{Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline};
+use crate::timeline::{
+    Interval, IoTally, OffCpu, OffKind, ProcessTimeline, State, ThreadTimeline, NO_CPU,
+};
 
 /// Waits followed from thread to thread before giving up.
 pub const MAX_HOPS: usize = 3;
@@ -431,12 +433,17 @@ fn call_pieces(
 /// Intervals of `t` overlapping `[a, b)`, clipped to it; time the thread did
 /// not exist in is left out (the caller fills it as unattributed).
 fn states_in(t: &ThreadTimeline, a: u64, b: u64) -> impl Iterator<Item = (u64, u64, &State)> {
+    intervals_in(t, a, b).map(|(s, e, x)| (s, e, &x.state))
+}
+
+/// The intervals of `t` overlapping `[a, b)`, clipped to it.
+fn intervals_in(t: &ThreadTimeline, a: u64, b: u64) -> impl Iterator<Item = (u64, u64, &Interval)> {
     let iv = t.intervals.as_deref().unwrap_or(&[]);
     let i = iv.partition_point(|x| x.end <= a);
     iv[i..]
         .iter()
         .take_while(move |x| x.start < b)
-        .map(move |x: &Interval| (x.start.max(a), x.end.min(b), &x.state))
+        .map(move |x: &Interval| (x.start.max(a), x.end.min(b), x))
         .filter(|(s, e, _)| e > s)
 }
 
@@ -1128,15 +1135,24 @@ fn handed_batch_before(inp: &Inputs, t: Tid, at: u64) -> bool {
 }
 
 /// The feeder waiting for a CPU over `[a, b)`: as long as its loaders (the
-/// processes descending from its own) were on CPUs it is `input.cpu`, the
-/// rest `cpu.contention` — whoever else held them, of the job or not.
+/// processes descending from its own) held the CPU it waited for it is
+/// `input.cpu`, the rest `cpu.contention` — whoever else held it, of the job
+/// or not. Loaders busy on other CPUs kept it from nothing (on a node of
+/// many CPUs they nearly always are). Where the recording does not say
+/// which CPU it waited for, their time on any CPU counts.
 fn held_by_loaders(inp: &Inputs, t: Tid, a: u64, b: u64, out: &mut Attribution) {
+    let waited_for = inp
+        .threads
+        .get(&t)
+        .and_then(|tl| intervals_in(tl, a, a + 1).next())
+        .map_or(NO_CPU, |(_, _, x)| x.cpu);
     let own: u64 = inp
         .threads
         .iter()
         .filter(|(k, _)| descends_from(inp, k.0, t.0))
-        .flat_map(|(_, tl)| states_in(tl, a, b))
-        .filter(|x| x.2 == &State::OnCpu)
+        .flat_map(|(_, tl)| intervals_in(tl, a, b))
+        .filter(|x| x.2.state == State::OnCpu)
+        .filter(|x| waited_for == NO_CPU || x.2.cpu == waited_for)
         .map(|x| x.1 - x.0)
         .sum();
     let loaders = own.min(b - a);
@@ -1237,7 +1253,9 @@ mod tests {
 
     /// A thread built from (time, event) steps.
     enum Step {
+        /// Switched in, the CPU not recorded.
         In,
+        InOn(u16),
         Block(i32, FdKind),
         Preempt,
         /// Blocks on a futex, the kernel having charged its run this much.
@@ -1249,7 +1267,8 @@ mod tests {
         let mut th = ThreadTimeline::forked(t.0, t.1, 0, true);
         for (ts, s) in steps {
             match s {
-                Step::In => th.switch_in(*ts),
+                Step::In => th.switch_in(*ts, NO_CPU),
+                Step::InOn(cpu) => th.switch_in(*ts, *cpu),
                 Step::Block(nr, k) => th.switch_out(*ts, &out(*nr, *k), None),
                 Step::Preempt => {
                     let mut o = out(READ, FdKind::None);
@@ -1644,6 +1663,50 @@ mod tests {
         assert_eq!(a.get(Cause::InputCpu), 0);
     }
 
+    /// The same wait where the recording says which CPUs: the loader's run
+    /// on the CPU the feeder waited for is input, on another CPU it kept the
+    /// feeder from nothing — whoever held the feeder's CPU is contention.
+    #[test]
+    fn a_loader_busy_on_another_cpu_is_not_what_the_feeder_waited_for() {
+        let feeder = thread(
+            FEEDER,
+            &[
+                (0, Step::InOn(0)),
+                (100, Step::Preempt),
+                (180, Step::InOn(0)),
+            ],
+            300,
+        );
+        let worker_on = |cpu| {
+            thread(
+                WORKER,
+                &[
+                    (0, Step::Block(FUTEX, FdKind::None)),
+                    (90, Step::Wake((0, 0))),
+                    (90, Step::InOn(cpu)),
+                    (150, Step::Block(FUTEX, FdKind::None)),
+                ],
+                300,
+            )
+        };
+        let attribute = |worker| {
+            run(
+                &[(0, 100), (200, 300)],
+                &[(200, Some(FEEDER))],
+                vec![feeder.clone(), worker],
+                BTreeMap::new(),
+                (0, 300),
+            )
+        };
+        let a = attribute(worker_on(0));
+        assert_eq!(a.get(Cause::InputCpu), 50);
+        assert_eq!(a.get(Cause::CpuContention), 30);
+        let a = attribute(worker_on(1));
+        assert_eq!(a.get(Cause::InputCpu), 0);
+        assert_eq!(a.get(Cause::CpuContention), 80);
+        assert_eq!(a.get(Cause::CpuHost), 20);
+    }
+
     /// The thread that hands the feeder its batch was born as the batch was
     /// done (Python's multiprocessing queue starts its feeder thread at the
     /// first put): before it existed, its creator — the worker, decoding —
@@ -1669,7 +1732,7 @@ mod tests {
         );
         let mut queue = ThreadTimeline::forked(QUEUE.0, QUEUE.1, 300, true);
         queue.creator = Some(WORKER);
-        queue.switch_in(300);
+        queue.switch_in(300, NO_CPU);
         queue.switch_out(390, &out(FUTEX, FdKind::None), None);
         queue.finish(500);
         let threads = || vec![feeder.clone(), worker.clone(), queue.clone()];

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::session::{Event, FdKind, Session, SwitchOut, ThreadIo};
 pub use classify::{syscall_name, OffKind};
 pub use gpu::GpuSide;
-pub use thread::{Interval, Keep, OffCpu, State, ThreadTimeline, Wanted, LONG_SYSCALL_NS};
+pub use thread::{Interval, Keep, OffCpu, State, ThreadTimeline, Wanted, LONG_SYSCALL_NS, NO_CPU};
 
 #[derive(Clone, Debug, Default)]
 pub struct ProcessTimeline {
@@ -408,6 +408,7 @@ impl Timeline {
     fn switch(
         &mut self,
         ts: u64,
+        cpu: u16,
         out: Option<&SwitchOut>,
         in_: Option<(u32, u32)>,
         charged: Option<u64>,
@@ -421,7 +422,7 @@ impl Timeline {
             t.switch_out(ts, o, charged);
         }
         if let Some((pid, tid)) = in_ {
-            thread_mut(&mut self.threads, pid, tid, ts, keep).switch_in(ts);
+            thread_mut(&mut self.threads, pid, tid, ts, keep).switch_in(ts, cpu);
         }
     }
 
@@ -430,14 +431,14 @@ impl Timeline {
     pub fn apply(&mut self, e: &Event) {
         let keep = &self.keep;
         match e {
-            Event::Switch { ts, out, in_, .. } => self.switch(*ts, out.as_ref(), *in_, None),
+            Event::Switch { ts, cpu, out, in_ } => self.switch(*ts, *cpu, out.as_ref(), *in_, None),
             Event::ChargedSwitch {
                 ts,
+                cpu,
                 out,
                 in_,
                 charged,
-                ..
-            } => self.switch(*ts, out.as_ref(), *in_, Some(*charged)),
+            } => self.switch(*ts, *cpu, out.as_ref(), *in_, Some(*charged)),
             Event::Wakeup {
                 ts,
                 pid,

@@ -79,7 +79,14 @@ pub struct Interval {
     pub start: u64,
     pub end: u64,
     pub state: State,
+    /// The CPU of an on-CPU (or stolen) span; of a runnable span ended by
+    /// a switch-in, the CPU the thread then ran on — the one whose holder
+    /// it waited for. [`NO_CPU`] for the rest, or where not recorded.
+    pub cpu: u16,
 }
+
+/// [`Interval::cpu`] where no CPU is known.
+pub const NO_CPU: u16 = u16::MAX;
 
 #[derive(Clone, Debug)]
 enum Cur {
@@ -286,6 +293,10 @@ pub struct ThreadTimeline {
     /// The current run began at a recorded switch-in, so its wall time is
     /// known and can be set against what the kernel charged for it.
     run_from_switch_in: bool,
+    /// The CPU of the run under way, and the one the switch-in ending a
+    /// runnable span took it to (see [`Interval::cpu`]).
+    run_cpu: u16,
+    wait_cpu: u16,
     /// A wakeup seen while the thread was believed on-CPU.
     pending_wakeup: Option<(u64, (u32, u32))>,
 }
@@ -335,6 +346,8 @@ impl ThreadTimeline {
             since: start,
             last_ran: start,
             run_from_switch_in: false,
+            run_cpu: NO_CPU,
+            wait_cpu: NO_CPU,
             pending_wakeup: None,
         }
     }
@@ -435,10 +448,16 @@ impl ThreadTimeline {
         }
         if let Some(iv) = self.intervals.as_mut() {
             if dur > 0 {
+                let cpu = match state {
+                    State::OnCpu | State::Stolen => self.run_cpu,
+                    State::Runnable => self.wait_cpu,
+                    State::Off(_) => NO_CPU,
+                };
                 let interval = Interval {
                     start: self.since,
                     end: ts,
                     state,
+                    cpu,
                 };
                 match self.sieve.as_mut() {
                     None => iv.push(interval),
@@ -526,7 +545,8 @@ impl ThreadTimeline {
         }
     }
 
-    pub fn switch_in(&mut self, ts: u64) {
+    /// `cpu`: the CPU it took, [`NO_CPU`] where not known.
+    pub fn switch_in(&mut self, ts: u64, cpu: u16) {
         if self.is_dead() {
             return;
         }
@@ -543,7 +563,10 @@ impl ThreadTimeline {
             }
             self.set(State::Runnable);
         }
+        self.wait_cpu = cpu;
         self.close(ts, State::Runnable);
+        self.wait_cpu = NO_CPU;
+        self.run_cpu = cpu;
         self.set(State::OnCpu);
         self.last_ran = ts;
         self.run_from_switch_in = true;
@@ -731,14 +754,14 @@ mod tests {
     #[test]
     fn states_partition_the_lifetime() {
         let mut t = ThreadTimeline::forked(1, 1, 100, true);
-        t.switch_in(110); // runnable 10
+        t.switch_in(110, NO_CPU); // runnable 10
         t.switch_out(150, &blocked(0, FdKind::File), None); // on 40
         t.wakeup(250, (1, 2)); // file 100
-        t.switch_in(255); // runnable 5
+        t.switch_in(255, NO_CPU); // runnable 5
         let mut pre = blocked(0, FdKind::None);
         pre.preempted = true;
         t.switch_out(300, &pre, None); // on 45
-        t.switch_in(320); // runnable 20
+        t.switch_in(320, NO_CPU); // runnable 20
         t.exit(330); // on 10
         t.switch_out(331, &blocked(60, FdKind::None), None); // after death: ignored
         assert_eq!(t.on_cpu, 95);
@@ -776,7 +799,7 @@ mod tests {
     #[test]
     fn an_unreported_switch_in_is_inferred_from_activity() {
         let mut t = ThreadTimeline::forked(1, 1, 0, false);
-        t.switch_in(10);
+        t.switch_in(10, NO_CPU);
         let mut pre = blocked(0, FdKind::None);
         pre.preempted = true;
         t.switch_out(20, &pre, None); // runnable from 20 ...
@@ -792,10 +815,10 @@ mod tests {
     #[test]
     fn an_unreported_switch_out_is_inferred_from_a_second_switch_in() {
         let mut t = ThreadTimeline::forked(1, 1, 0, false);
-        t.switch_in(10);
+        t.switch_in(10, NO_CPU);
         t.evidence_of_running(20); // last sign of life
         t.wakeup(50, (7, 7)); // it had blocked (switch-out lost) and is woken
-        t.switch_in(60);
+        t.switch_in(60, NO_CPU);
         t.finish(70);
         assert_eq!(t.on_cpu, 10 + 10);
         assert_eq!(t.off[&OffKind::Other], 30);
@@ -810,14 +833,14 @@ mod tests {
         let mut pre = blocked(0, FdKind::None);
         pre.preempted = true;
         let mut t = ThreadTimeline::forked(1, 1, 0, true);
-        t.switch_in(MS);
+        t.switch_in(MS, NO_CPU);
         // 100 ms on the CPU by the clock, 60 ms by the kernel's charge.
         t.switch_out(101 * MS, &pre, Some(60 * MS));
         // A run the clocks' disagreement alone explains loses nothing.
-        t.switch_in(102 * MS);
+        t.switch_in(102 * MS, NO_CPU);
         t.switch_out(112 * MS, &pre, Some(10 * MS - 3_000));
         // Charged more than the clock says: nothing taken either.
-        t.switch_in(113 * MS);
+        t.switch_in(113 * MS, NO_CPU);
         t.switch_out(114 * MS, &blocked(0, FdKind::File), Some(2 * MS));
         t.finish(120 * MS);
         assert_eq!(t.stolen, 40 * MS);
@@ -856,7 +879,7 @@ mod tests {
     fn a_run_that_ends_in_exit_keeps_its_steal() {
         const MS: u64 = 1_000_000;
         let mut t = ThreadTimeline::forked(1, 1, 0, true);
-        t.switch_in(0);
+        t.switch_in(0, NO_CPU);
         t.exit(100 * MS);
         assert_eq!(t.closed_until(), 0, "open until its final switch-out");
         // After its exit: nothing.
@@ -871,7 +894,7 @@ mod tests {
         assert_eq!(t.on_cpu + t.stolen, t.lifetime());
 
         let mut t = ThreadTimeline::forked(1, 1, 0, true);
-        t.switch_in(0);
+        t.switch_in(0, NO_CPU);
         t.exit(100 * MS);
         t.finish(200 * MS);
         assert_eq!((t.on_cpu, t.stolen, t.lifetime()), (100 * MS, 0, 100 * MS));
@@ -880,11 +903,11 @@ mod tests {
     #[test]
     fn a_wakeup_while_running_changes_nothing() {
         let mut t = ThreadTimeline::forked(1, 1, 0, false);
-        t.switch_in(10);
+        t.switch_in(10, NO_CPU);
         t.wakeup(15, (7, 7));
         t.switch_out(20, &blocked(202, FdKind::None), None);
         t.wakeup(30, (7, 7));
-        t.switch_in(35);
+        t.switch_in(35, NO_CPU);
         t.finish(40);
         assert_eq!((t.on_cpu, t.runnable, t.off[&OffKind::Ipc]), (15, 15, 10));
         assert_eq!(t.inferred_switches, 0);
