@@ -352,32 +352,10 @@ scenario_test!(
     "input.io"
 );
 
-/// Lets task `pid` run on `cpus` only.
-fn pin(pid: i32, cpus: &[usize]) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
-    // sched_setaffinity only read and write the set we own.
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    assert_eq!(r, 0, "pinning {pid}: {}", std::io::Error::last_os_error());
-}
-
-/// A process's parent and name, from /proc.
-fn parent_and_comm(pid: i32) -> Option<(i32, String)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-    let ppid = stat[close + 1..].split_whitespace().nth(1)?.parse().ok()?;
-    Some((ppid, stat[open + 1..close].to_string()))
-}
-
 /// The feeder waits for the CPU it is queued on, not for any CPU: its
 /// loader busy on another CPU keeps it from nothing. simtrain's host-bound
 /// trainer on CPU 0 beside a busy loop nobody records, its loader (busy
-/// while ahead, as workers decoding ahead are) moved to CPU 1 as it starts:
+/// while ahead, as workers decoding ahead are) on CPU 1:
 /// the trainer's waits for CPU 0 in its host work are contention in its own
 /// account and must be in the report. Counting the loader's time on CPU 1
 /// made them input.cpu.
@@ -394,9 +372,13 @@ fn a_loader_busy_on_another_cpu_does_not_make_the_feeders_wait_input() {
     let _lock = recording_lock();
     let dir = scratch("simtrain-other-cpu");
     let (truth_path, rec) = (dir.path().join("truth.json"), dir.path().join("rec"));
-    let spin = BusyLoops(vec![busy_loop(false)]);
-    pin(spin.0[0].id() as i32, &[0]);
-    let run = Command::new(gapscope())
+    let spin = Command::new("taskset")
+        .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("taskset");
+    let spin = BusyLoops(vec![spin]);
+    let out = Command::new(gapscope())
         .args(["run", "-q", "--no-exports", "-o"])
         .arg(&rec)
         .args(["--", "taskset", "-c", "0"])
@@ -409,36 +391,14 @@ fn a_loader_busy_on_another_cpu_does_not_make_the_feeders_wait_input() {
             "--steps",
             "30",
         ])
-        .arg("--busy-loaders")
+        .args(["--busy-loaders", "--loader-cpu", "1"])
         .arg("--data")
         .arg(&data)
         .arg("--ground-truth")
         .arg(&truth_path)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .expect("gapscope");
-    // The loader: a simtrain whose parent is a simtrain.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let loader = loop {
-        let found = std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .find(|&pid| {
-                parent_and_comm(pid).is_some_and(|(ppid, comm)| {
-                    comm == "simtrain"
-                        && parent_and_comm(ppid).is_some_and(|(_, c)| c == "simtrain")
-                })
-            });
-        if let Some(pid) = found {
-            break pid;
-        }
-        assert!(std::time::Instant::now() < deadline, "no simtrain loader");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    };
-    pin(loader, &[1]);
-    let out = run.wait_with_output().expect("gapscope");
     drop(spin);
     assert!(
         out.status.success(),

@@ -35,7 +35,8 @@ const USAGE: &str = "\
 simtrain: a SIMULATED training job (real data loading on the host, a simulated GPU)
 
 usage: simtrain --bottleneck KIND [--fix CAUSE] [--workers N] [--steps N] [--seed N]
-                [--data DIR] [--lose-gpu-step N] [--busy-loaders] --ground-truth PATH
+                [--data DIR] [--lose-gpu-step N] [--busy-loaders] [--loader-cpu C]
+                --ground-truth PATH
        simtrain --prepare [--data DIR]
 
 KIND: none, input-io, input-cpu, input-network, host-cpu, launch, sync, memory, mixed,
@@ -60,6 +61,8 @@ covered, as the CUPTI shim does when gapscope cannot keep up.
 --busy-loaders: loaders that are ahead (fast input) keep their CPU busy while
 they wait to make the next batch, as workers decoding ahead on other cores do,
 instead of sleeping.
+
+--loader-cpu C: the loaders run on CPU C only (the trainer where it was put).
 
 Run it under `gapscope run` to see the diagnosis; the simulated device speaks to
 gapscope through GAPSCOPE_SOCKET. Run on its own, the device waits dormant for
@@ -388,6 +391,23 @@ const BATCH_MSG: usize = 32;
 /// Batches a fast loader makes before the trainer has taken any.
 const PREFETCH: u64 = 2;
 
+/// This process runs on CPU `cpu` only.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
+    // sched_setaffinity only touch the set we own.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        die(&format!(
+            "--loader-cpu {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+}
+
 /// A fast loader's wait for the trainer to take a batch: asleep in a read,
 /// or (`busy`) on its CPU, polling between 50 µs of work. False at the end.
 fn wait_for_token(a: &mut File, busy: bool) -> bool {
@@ -564,6 +584,7 @@ struct Opts {
     truth: PathBuf,
     lose_gpu_step: Option<u64>,
     busy_loaders: bool,
+    loader_cpu: Option<usize>,
 }
 
 fn parse() -> Option<Opts> {
@@ -602,6 +623,7 @@ fn parse() -> Option<Opts> {
         seed: num("--seed", 1),
         lose_gpu_step: get("--lose-gpu-step").map(|_| num("--lose-gpu-step", 0)),
         busy_loaders: args.iter().any(|a| a == "--busy-loaders"),
+        loader_cpu: get("--loader-cpu").map(|_| num("--loader-cpu", 0) as usize),
         data,
         truth: PathBuf::from(
             get("--ground-truth")
@@ -662,10 +684,13 @@ fn main() {
             (None, None)
         };
         let (steps, n, seed, d, fix) = (o.steps, o.workers, o.seed, data.clone(), o.fix);
-        let busy = o.busy_loaders;
+        let (busy, cpu) = (o.busy_loaders, o.loader_cpu);
         let (rfd, wfd) = (r.as_raw_fd(), wr.as_raw_fd());
         let req_wfd = req_w.as_ref().map(|f| f.as_raw_fd());
         children.push(fork_child(move || {
+            if let Some(c) = cpu {
+                pin_to(c);
+            }
             // SAFETY: in the child, this process's copies of the pipe ends.
             let out = unsafe {
                 libc::close(rfd);

@@ -507,6 +507,8 @@ impl ThreadTimeline {
         }
         self.run_from_switch_in = false;
         self.close(ts, State::OnCpu);
+        // A run inferred before the next switch-in is on a CPU not known.
+        self.run_cpu = NO_CPU;
         self.set(if out.preempted {
             State::Runnable
         } else {
