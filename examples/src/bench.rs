@@ -55,6 +55,7 @@ commands:
          hooked there pays before it does any work of its own (root)";
 
 mod args;
+mod cpus;
 use args::Args;
 
 fn die(msg: &str) -> ! {
@@ -309,12 +310,8 @@ fn cmd_cpu(a: &Args) {
 
 fn pin(cpu: Option<u64>) {
     if let Some(cpu) = cpu {
-        // SAFETY: a cpu_set_t we own, for this thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu as usize, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
+        // As before: a CPU that cannot be had leaves the thread unpinned.
+        let _ = cpus::pin_to(cpu as usize);
     }
 }
 

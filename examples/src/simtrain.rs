@@ -27,6 +27,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod cpus;
+
 use gapscope_wire::clock::monotonic_ns as now;
 use gapscope_wire::clock::thread_cpu_ns as thread_cpu;
 use gs_simgpu::{sleep_until, union_in_place, SimDevice};
@@ -391,23 +393,6 @@ const BATCH_MSG: usize = 32;
 /// Batches a fast loader makes before the trainer has taken any.
 const PREFETCH: u64 = 2;
 
-/// This process runs on CPU `cpu` only.
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
-    // sched_setaffinity only touch the set we own.
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if r != 0 {
-        die(&format!(
-            "--loader-cpu {cpu}: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-}
-
 /// A fast loader's wait for the trainer to take a batch: asleep in a read,
 /// or (`busy`) on its CPU, polling between 50 µs of work. False at the end.
 fn wait_for_token(a: &mut File, busy: bool) -> bool {
@@ -689,7 +674,9 @@ fn main() {
         let req_wfd = req_w.as_ref().map(|f| f.as_raw_fd());
         children.push(fork_child(move || {
             if let Some(c) = cpu {
-                pin_to(c);
+                if let Err(e) = cpus::pin_to(c) {
+                    die(&format!("--loader-cpu {c}: {e}"));
+                }
             }
             // SAFETY: in the child, this process's copies of the pipe ends.
             let out = unsafe {

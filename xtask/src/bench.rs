@@ -503,9 +503,16 @@ fn gapscope_without_offcpu_stacks(b: &Bench, round: usize, cmd: &[String]) -> Re
 /// attaches to. The floor of any recorder hooked there, which the
 /// recording's own work adds to.
 fn empty_programs(b: &Bench, _: usize, cmd: &[String]) -> Result<Times> {
-    let mut c = Command::new(b.bin("gs-bench"));
-    c.args(["hooks", "--"]).args(cmd);
+    let mut c = under_empty_programs(b);
+    c.args(cmd);
     timed(b, c)
+}
+
+/// `gs-bench hooks --`, the command to follow.
+fn under_empty_programs(b: &Bench) -> Command {
+    let mut c = Command::new(b.bin("gs-bench"));
+    c.args(["hooks", "--"]);
+    c
 }
 
 fn gapscope_without_samples(b: &Bench, round: usize, cmd: &[String]) -> Result<Times> {
@@ -987,18 +994,19 @@ fn bystander(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
 /// The switch-heavy relay (three processes handing 4 KiB chunks over
 /// pipes) on CPU `cpu`: its wall time, ns.
 fn relay(b: &Bench, chunks: u32, cpu: usize) -> Result<f64> {
-    relay_with(b, &[], chunks, cpu)
+    relay_with(b, false, chunks, cpu)
 }
 
-/// The relay as a command after `wrapper` (e.g. `gs-bench hooks --`).
-fn relay_with(b: &Bench, wrapper: &[&std::ffi::OsStr], chunks: u32, cpu: usize) -> Result<f64> {
-    let mut c = match wrapper.split_first() {
-        Some((first, rest)) => {
-            let mut c = Command::new(first);
-            c.args(rest).arg(b.bin("gs-bench"));
+/// The relay, under empty programs at gapscope's tracepoints when
+/// `hooked`.
+fn relay_with(b: &Bench, hooked: bool, chunks: u32, cpu: usize) -> Result<f64> {
+    let mut c = match hooked {
+        true => {
+            let mut c = under_empty_programs(b);
+            c.arg(b.bin("gs-bench"));
             c
         }
-        None => Command::new(b.bin("gs-bench")),
+        false => Command::new(b.bin("gs-bench")),
     };
     c.args(["relay", "--chunks", &chunks.to_string(), "--read-kib", "4"])
         .args(["--decode-passes", "2", "--cpu"])
@@ -1023,8 +1031,6 @@ fn bystander_switches(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
     eprintln!("xtask: bench: bystander, switch-heavy ({rounds} rounds, on CPU {cpu})");
     let relay = || relay(b, 50_000, cpu);
-    let hooks = b.bin("gs-bench");
-    let hooked = [hooks.as_os_str(), "hooks".as_ref(), "--".as_ref()];
     let (mut bare, mut recorded, mut again) = (Vec::new(), Vec::new(), Vec::new());
     let mut floor = Vec::new();
     for _ in 0..rounds {
@@ -1036,7 +1042,7 @@ fn bystander_switches(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
         // A placebo: the bare job again, in its turn.
         again.push(relay()?);
         // The floor: programs that do nothing at the same tracepoints.
-        floor.push(relay_with(b, &hooked, 50_000, cpu)?);
+        floor.push(relay_with(b, true, 50_000, cpu)?);
     }
     let _ = std::fs::remove_dir_all(b.dir.join("other-rec"));
     let ratio = |v: &[f64]| median(v.iter().zip(&bare).map(|(r, b)| r / b).collect());

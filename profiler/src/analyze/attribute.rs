@@ -616,7 +616,8 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
     // The feeder's work on a batch a loader just handed it (unpickling it,
     // rebuilding its tensors), up to its next CUDA call, is input work.
     let mut receiving = hops == 0 && handed_batch_before(inp, t, a);
-    for (s, e, state) in states_in(tl, a, b) {
+    for (s, e, iv) in intervals_in(tl, a, b) {
+        let state = &iv.state;
         if s > cur {
             before_birth(inp, tl, cur, s, walk, out);
         }
@@ -679,7 +680,7 @@ fn thread_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, walk: Walk, out: &mut Att
             // Waiting for a CPU: the job's own loaders holding them make
             // it an input cost; others, contention.
             State::Runnable if hops == 0 && follow => {
-                held_by_loaders(inp, t, s, e, out);
+                held_by_loaders(inp, t, s, e, iv.cpu, out);
                 None
             }
             State::Runnable if hops == 0 => Some(Cause::CpuContention),
@@ -1061,12 +1062,12 @@ fn sync_pieces(inp: &Inputs, t: Tid, a: u64, b: u64, follow: bool, out: &mut Att
         return;
     };
     let mut cur = a;
-    for (s, e, state) in states_in(tl, a, b) {
-        if *state == State::Runnable {
+    for (s, e, iv) in intervals_in(tl, a, b) {
+        if iv.state == State::Runnable {
             if s > cur {
                 out.add(piece(cur, s, Cause::Sync, t));
             }
-            held_by_loaders(inp, t, s, e, out);
+            held_by_loaders(inp, t, s, e, iv.cpu, out);
             cur = e;
         }
     }
@@ -1134,18 +1135,14 @@ fn handed_batch_before(inp: &Inputs, t: Tid, at: u64) -> bool {
     false
 }
 
-/// The feeder waiting for a CPU over `[a, b)`: as long as its loaders (the
-/// processes descending from its own) held the CPU it waited for it is
-/// `input.cpu`, the rest `cpu.contention` — whoever else held it, of the job
-/// or not. Loaders busy on other CPUs kept it from nothing (on a node of
-/// many CPUs they nearly always are). Where the recording does not say
-/// which CPU it waited for, their time on any CPU counts.
-fn held_by_loaders(inp: &Inputs, t: Tid, a: u64, b: u64, out: &mut Attribution) {
-    let waited_for = inp
-        .threads
-        .get(&t)
-        .and_then(|tl| intervals_in(tl, a, a + 1).next())
-        .map_or(NO_CPU, |(_, _, x)| x.cpu);
+/// The feeder waiting for CPU `waited_for` over `[a, b)` (its runnable
+/// interval's): as long as its loaders (the processes descending from its
+/// own) held that CPU it is `input.cpu`, the rest `cpu.contention` —
+/// whoever else held it, of the job or not. Loaders busy on other CPUs kept
+/// it from nothing (on a node of many CPUs they nearly always are). Where
+/// the recording does not say which CPU ([`NO_CPU`]), their time on any
+/// CPU counts.
+fn held_by_loaders(inp: &Inputs, t: Tid, a: u64, b: u64, waited_for: u16, out: &mut Attribution) {
     let own: u64 = inp
         .threads
         .iter()
