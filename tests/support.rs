@@ -814,6 +814,30 @@ impl BusyLoops {
     pub fn start(n: usize) -> BusyLoops {
         BusyLoops((0..n).map(|_| busy_loop(false)).collect())
     }
+
+    /// A busy loop on `cpu` alone, in a session (and autogroup) of its own:
+    /// a neighbour that holds that CPU and no other.
+    pub fn on_cpu(cpu: usize) -> BusyLoops {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "while :; do :; done"])
+            .stdin(std::process::Stdio::null());
+        // SAFETY: setsid and sched_setaffinity are async-signal-safe; the
+        // set is built on this stack before either is called.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                if libc::setsid() < 0
+                    || libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        BusyLoops(vec![cmd.spawn().expect("sh")])
+    }
 }
 
 impl Drop for BusyLoops {

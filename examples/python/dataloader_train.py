@@ -32,7 +32,10 @@ clock of its stages: decoding (PIL), the rest of `__getitem__` (fetch),
 and collating. And how many of
 the machine's CPUs sat idle during the loop (/proc/stat): what more
 workers could have had; and how many the loader workers used (the
-kernel's accounting of the joined workers).
+kernel's accounting of the joined workers). --trainer-cpu and --loader-cpu
+pin the trainer and the workers to CPUs of their own: beside a neighbour
+pinned to the trainer's, every wait of the trainer's for a CPU is the
+neighbour's.
 
     python dataloader_train.py --prepare DIR          # the PNG dataset, once
     python dataloader_train.py --data DIR --lib libgs_simgpu.so --truth T.json
@@ -40,11 +43,17 @@ kernel's accounting of the joined workers).
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import resource
 import sys
 import time
+
+
+def pin(cpu, _worker_id):
+    """A DataLoader worker moves itself to `cpu` as it starts."""
+    os.sched_setaffinity(0, {cpu})
 
 
 def prepare(d, n, size):
@@ -87,12 +96,26 @@ def main():
         default=0.0,
         help="the trainer's own CPU work per step, between a batch's arrival and its launches",
     )
+    ap.add_argument(
+        "--trainer-cpu",
+        type=int,
+        help="pin the trainer (and every thread and worker it starts) to this CPU",
+    )
+    ap.add_argument(
+        "--loader-cpu",
+        type=int,
+        help="pin the DataLoader's workers to this CPU, as each starts",
+    )
     a = ap.parse_args()
     if a.prepare:
         prepare(a.prepare, a.images, a.size)
         return
     if not (a.data and a.lib and a.truth):
         ap.error("--data, --lib and --truth are required (or --prepare DIR)")
+
+    # Before torch starts any thread: they inherit the trainer's CPU.
+    if a.trainer_cpu is not None:
+        os.sched_setaffinity(0, {a.trainer_cpu})
 
     import numpy as np
     import torch
@@ -146,6 +169,7 @@ def main():
         num_workers=a.workers,
         shuffle=False,
         collate_fn=collate,
+        worker_init_fn=None if a.loader_cpu is None else functools.partial(pin, a.loader_cpu),
     )
     now = time.monotonic_ns
 
