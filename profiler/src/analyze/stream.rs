@@ -462,9 +462,7 @@ impl Attributor {
                 if unsettled.get() {
                     break;
                 }
-                for p in gap.pieces.drain(..) {
-                    d.out.add(p);
-                }
+                d.out.add_all(gap.pieces.drain(..));
                 for (&pid, &ns) in &gap.waited_for {
                     *d.out.waited_for.entry(pid).or_default() += ns;
                 }
