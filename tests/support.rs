@@ -807,6 +807,23 @@ pub fn busy_loop(own_session: bool) -> std::process::Child {
     cmd.spawn().expect("sh")
 }
 
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: the set is zeroed, then filled by the kernel for this
+    // thread; its size is passed.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) < 0 {
+            return Vec::new();
+        }
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: cpu is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
 /// Busy loops in this process's session, killed when dropped.
 pub struct BusyLoops(pub Vec<std::process::Child>);
 
