@@ -23,6 +23,7 @@ pub mod collect;
 pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod holdback;
 pub mod inputs;
 pub mod intervals;
 pub mod kineto;

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use gapscope_wire::GpuRecord;
 
+use crate::holdback::Holdback;
+
 use super::reader::{refused, SessionReader};
 use super::stored::Stored;
 use super::{
@@ -198,7 +200,6 @@ impl EventStream {
             let mut held = Holdback::default();
             let mut latest = 0u64;
             let mut dropped = 0usize;
-            let mut seq = 0u64;
             let mut batch = Vec::with_capacity(BATCH);
             let hand = |batch: &mut Vec<Event>| {
                 let full = std::mem::replace(batch, Vec::with_capacity(BATCH));
@@ -215,8 +216,7 @@ impl EventStream {
                     dropped += 1;
                     continue;
                 }
-                seq += 1;
-                held.push(Held { ts, seq, event: e });
+                held.push(ts, e);
                 // No event still to come can be earlier than this: the
                 // first pass measured how late any of them came.
                 let ready = latest.saturating_sub(lateness);
@@ -252,63 +252,6 @@ impl EventStream {
             }
         };
         Ok(self.dropped + dropped)
-    }
-}
-
-/// Events held back for ordering, handed out earliest first, then in
-/// file order. Most come in order (a recording's ring is written in time
-/// order, bar the few a CPU hands in late): those wait in a queue as they
-/// came, and only the late ones in a heap.
-#[derive(Default)]
-struct Holdback {
-    in_order: std::collections::VecDeque<Held>,
-    late: std::collections::BinaryHeap<Held>,
-}
-
-impl Holdback {
-    fn push(&mut self, e: Held) {
-        match self.in_order.back() {
-            Some(last) if e.ts < last.ts => self.late.push(e),
-            _ => self.in_order.push_back(e),
-        }
-    }
-
-    /// The earliest event held if it is earlier than `ready`.
-    fn pop_before(&mut self, ready: u64) -> Option<Event> {
-        let queued = self.in_order.front().filter(|e| e.ts < ready);
-        let late = self.late.peek().filter(|e| e.ts < ready);
-        match (queued, late) {
-            // The heap's order is reversed: greater is earlier.
-            (Some(q), Some(l)) if l > q => self.late.pop().map(|e| e.event),
-            (Some(_), _) => self.in_order.pop_front().map(|e| e.event),
-            (None, Some(_)) => self.late.pop().map(|e| e.event),
-            (None, None) => None,
-        }
-    }
-}
-
-/// An event held back, with its place in the file.
-struct Held {
-    ts: u64,
-    seq: u64,
-    event: Event,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, o: &Held) -> bool {
-        (self.ts, self.seq) == (o.ts, o.seq)
-    }
-}
-impl Eq for Held {}
-impl PartialOrd for Held {
-    fn partial_cmp(&self, o: &Held) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Held {
-    // Reversed: BinaryHeap pops its greatest.
-    fn cmp(&self, o: &Held) -> std::cmp::Ordering {
-        (o.ts, o.seq).cmp(&(self.ts, self.seq))
     }
 }
 

@@ -10,7 +10,7 @@
 //! every 250 ms, a stream's records in order, the streams' interleaved):
 //! the first pass measures how far, and a reader holds back that much.
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use gapscope_wire::{ApiDomain, GpuRecord};
@@ -20,6 +20,7 @@ use super::{
     api_role, physical_ids, ApiRole, Call, CallName, Device, GpuSide, Kernel, Range, SyncWait, Tid,
     What, Work,
 };
+use crate::holdback::Holdback;
 use crate::session::{span_within, within, Session};
 use crate::spool::{self, Spool};
 
@@ -794,32 +795,6 @@ impl GpuSpools {
     }
 }
 
-/// A record held back, by its key (earliest first), then in the order
-/// read.
-struct Held<T> {
-    key: (u64, u64),
-    index: usize,
-    record: T,
-}
-
-impl<T> PartialEq for Held<T> {
-    fn eq(&self, o: &Self) -> bool {
-        (self.key, self.index) == (o.key, o.index)
-    }
-}
-impl<T> Eq for Held<T> {}
-impl<T> PartialOrd for Held<T> {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl<T> Ord for Held<T> {
-    // Reversed: BinaryHeap pops its greatest.
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (o.key, o.index).cmp(&(self.key, self.index))
-    }
-}
-
 /// A spool read in the order of a key, its time first: records are taken
 /// in as they lie and held until nothing still to come can come before
 /// them (a record comes at most `late` behind the latest time taken in).
@@ -828,7 +803,7 @@ pub(crate) struct Ordered<'s, T: bytemuck::Pod, K> {
     reader: spool::Reader<'s, T>,
     len: usize,
     next: usize,
-    held: BinaryHeap<Held<T>>,
+    held: Holdback<(u64, u64), T>,
     latest: u64,
     late: u64,
     key: K,
@@ -840,7 +815,7 @@ impl<'s, T: bytemuck::Pod, K: Fn(&T) -> Option<(u64, u64)>> Ordered<'s, T, K> {
             reader: spool.reader(),
             len: spool.len(),
             next: 0,
-            held: BinaryHeap::new(),
+            held: Holdback::default(),
             latest: 0,
             late,
             key,
@@ -856,11 +831,7 @@ impl<'s, T: bytemuck::Pod, K: Fn(&T) -> Option<(u64, u64)>> Ordered<'s, T, K> {
         };
         if let Some(key) = (self.key)(&record) {
             self.latest = self.latest.max(key.0);
-            self.held.push(Held {
-                key,
-                index: self.next,
-                record,
-            });
+            self.held.push(key, record);
         }
         self.next += 1;
     }
@@ -871,14 +842,14 @@ impl<'s, T: bytemuck::Pod, K: Fn(&T) -> Option<(u64, u64)>> Ordered<'s, T, K> {
             let unread = self.next < self.len;
             // Records not yet taken in come at `floor` or later.
             let floor = self.latest.saturating_sub(self.late);
-            match self.held.peek() {
-                Some(top) if !unread || top.key.0 < floor => {
-                    return match top.key.0 <= t {
-                        true => self.held.pop().map(|h| h.record),
+            match self.held.first() {
+                Some(top) if !unread || top.0 < floor => {
+                    return match top.0 <= t {
+                        true => self.held.pop(),
                         false => None,
                     };
                 }
-                Some(top) if top.key.0 > t && floor > t => return None,
+                Some(top) if top.0 > t && floor > t => return None,
                 None if !unread || floor > t => return None,
                 _ => self.take_one(),
             }
@@ -887,7 +858,7 @@ impl<'s, T: bytemuck::Pod, K: Fn(&T) -> Option<(u64, u64)>> Ordered<'s, T, K> {
 
     /// Whether a record timed at or before `t` may still come.
     fn due(&self, t: u64) -> bool {
-        self.held.peek().is_some_and(|h| h.key.0 <= t)
+        self.held.first().is_some_and(|k| k.0 <= t)
             || (self.next < self.len && self.latest.saturating_sub(self.late) <= t)
     }
 
