@@ -103,13 +103,8 @@ mod tests {
 
     #[test]
     fn items_come_out_by_key_then_in_the_order_they_went_in() {
-        let mut seed = 0x6a09_e667_f3bc_c908u64;
-        let mut rand = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::testing::Rng::new(0x6a09_e667_f3bc_c908);
+        let mut rand = |n: u64| rng.below(n);
         let mut h = Holdback::default();
         let mut all = Vec::new();
         let mut at = 100;

@@ -31,6 +31,8 @@ pub mod output;
 pub mod safe_fs;
 pub mod session;
 pub mod spool;
+#[cfg(test)]
+mod testing;
 pub mod timeline;
 pub mod units;
 

@@ -1261,13 +1261,8 @@ mod tests {
 
     #[test]
     fn a_gaps_pieces_added_at_once_sum_as_added_one_by_one() {
-        let mut seed = 0x853c_49e6_748f_ea9bu64;
-        let mut rand = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::testing::Rng::new(0x853c_49e6_748f_ea9b);
+        let mut rand = |n: u64| rng.below(n);
         let causes = [
             Cause::InputCpu,
             Cause::InputIo,

@@ -2015,13 +2015,8 @@ mod tests {
 
     #[test]
     fn the_outcome_summed_as_the_replay_goes_is_the_outcome_summed_at_once() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut rand = |n: u64| rng.below(n);
         let causes = [
             Cause::CpuHost,
             Cause::Sync,
@@ -2660,13 +2655,8 @@ mod tests {
 
     #[test]
     fn the_replayed_ends_answer_as_a_scan_of_all_of_them_would() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::testing::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut rand = |n: u64| rng.below(n);
         let (mut ends, mut all) = (Ends::default(), BTreeMap::<u64, u64>::new());
         let mut at = 1_000;
         for _ in 0..5_000 {

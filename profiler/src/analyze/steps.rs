@@ -292,13 +292,8 @@ mod tests {
 
     #[test]
     fn steps_timed_item_by_item_in_any_order_are_timed_as_at_once() {
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut rnd = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n.max(1)
-        };
+        let mut rng = crate::testing::Rng::new(0x2545f4914f6cdd1d);
+        let mut rnd = |n: u64| rng.below(n);
         for _ in 0..300 {
             let mut steps = Vec::new();
             let mut at = rnd(50);
