@@ -40,7 +40,7 @@ commands:
                                        UUID is U, when given)
   fake-cuda --lib PATH                 calls a stand-in libcuda (libfakecuda.so) with
                                        known durations: 50 launches of 200 µs, 5 nested
-                                       launches, 4 syncs of 25 ms, 3 copies of 2 ms
+                                       launches of 1 ms, 4 syncs of 25 ms, 3 copies of 2 ms
   crash    --how segv|abort --ms N      read and compute for N ms, then crash for
                                        real (a null write, or abort()); no core file
   forks    --children N --dir D        fork N children at once, each reading a

@@ -179,11 +179,7 @@ impl Attribution {
         }
         let mut sums = std::mem::take(&mut self.sums);
         for p in pieces {
-            let exempt = matches!(p.cause, Cause::Startup | Cause::Unattributed);
-            if p.end <= p.start
-                || overlaps(&self.blind, &p)
-                || (!exempt && overlaps(&self.lossy, &p))
-            {
+            if p.end <= p.start || self.meets_a_window(&p) {
                 self.add(p);
                 continue;
             }
@@ -208,19 +204,23 @@ impl Attribution {
         self.sums = sums;
     }
 
+    /// Whether `p` has a part in a blind span, or one in a lossy window
+    /// that its cause does not exempt it from.
+    fn meets_a_window(&self, p: &Piece) -> bool {
+        overlaps(&self.blind, p) || (!lossy_exempt(p.cause) && overlaps(&self.lossy, p))
+    }
+
     /// A piece as the rules decided it: its parts in blind spans are
     /// unseen, its parts in lossy windows unattributed.
     pub(crate) fn add(&mut self, p: Piece) {
         if p.end <= p.start {
             return;
         }
-        // Start-up follows from the GPU records alone, and unattributed is
-        // what a lossy window would make it: neither is split by one. Most
-        // pieces touch neither kind of window.
-        let exempt = matches!(p.cause, Cause::Startup | Cause::Unattributed);
-        if !overlaps(&self.blind, &p) && (exempt || !overlaps(&self.lossy, &p)) {
+        // Most pieces touch neither kind of window.
+        if !self.meets_a_window(&p) {
             return self.record(p);
         }
+        let exempt = lossy_exempt(p.cause);
         let blind = std::mem::take(&mut self.blind);
         split(&blind, p, |inside, part| {
             if inside {
@@ -274,6 +274,12 @@ impl Attribution {
     pub fn total(&self) -> u64 {
         self.by_cause.values().sum()
     }
+}
+
+/// Start-up follows from the GPU records alone, and unattributed is what a
+/// lossy window would make a piece: neither is split by one.
+fn lossy_exempt(c: Cause) -> bool {
+    matches!(c, Cause::Startup | Cause::Unattributed)
 }
 
 /// Whether `p` meets any of `windows` (sorted, disjoint).
