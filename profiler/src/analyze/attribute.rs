@@ -183,23 +183,14 @@ impl Attribution {
                 self.add(p);
                 continue;
             }
-            let ns = p.end - p.start;
-            let inside = self
-                .steps
-                .map_or(0, |(a, b)| p.end.min(b).saturating_sub(p.start.max(a)));
+            let (ns, inside) = (p.end - p.start, self.inside_steps(&p));
             match sums.iter_mut().find(|s| s.0 == p.cause && s.1 == p.thread) {
                 Some(s) => (s.2, s.3) = (s.2 + ns, s.3 + inside),
                 None => sums.push((p.cause, p.thread, ns, inside)),
             }
         }
         for (cause, thread, ns, inside) in sums.drain(..) {
-            *self.by_cause.entry(cause).or_default() += ns;
-            if let Some(t) = thread {
-                *self.by_thread.entry((cause, t)).or_default() += ns;
-            }
-            if inside > 0 {
-                *self.in_steps.entry(cause).or_default() += inside;
-            }
+            self.tally(cause, thread, ns, inside);
         }
         self.sums = sums;
     }
@@ -251,19 +242,27 @@ impl Attribution {
             self.pieces.push(p);
             return;
         }
-        let ns = p.end - p.start;
-        *self.by_cause.entry(p.cause).or_default() += ns;
-        if let Some(t) = p.thread {
-            *self.by_thread.entry((p.cause, t)).or_default() += ns;
-        }
-        if let Some((a, b)) = self.steps {
-            let inside = p.end.min(b).saturating_sub(p.start.max(a));
-            if inside > 0 {
-                *self.in_steps.entry(p.cause).or_default() += inside;
-            }
-        }
+        self.tally(p.cause, p.thread, p.end - p.start, self.inside_steps(&p));
         if self.keep_pieces {
             self.pieces.push(p);
+        }
+    }
+
+    /// `p`'s time inside the run's steps, if they are asked about.
+    fn inside_steps(&self, p: &Piece) -> u64 {
+        self.steps
+            .map_or(0, |(a, b)| p.end.min(b).saturating_sub(p.start.max(a)))
+    }
+
+    /// `ns` of idle for `cause`, decided by `thread`, `inside` of it within
+    /// the run's steps, into the sums.
+    fn tally(&mut self, cause: Cause, thread: Option<Tid>, ns: u64, inside: u64) {
+        *self.by_cause.entry(cause).or_default() += ns;
+        if let Some(t) = thread {
+            *self.by_thread.entry((cause, t)).or_default() += ns;
+        }
+        if inside > 0 {
+            *self.in_steps.entry(cause).or_default() += inside;
         }
     }
 
