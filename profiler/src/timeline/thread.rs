@@ -249,6 +249,11 @@ pub struct ThreadTimeline {
     pub end: u64,
     pub on_cpu: u64,
     pub runnable: u64,
+    /// Of `runnable`, the waits for a CPU right after a wakeup from a
+    /// block of each kind (the read done, the thread not yet running): a
+    /// fix that does without the block does without that wait too, where
+    /// waits for a CPU in the middle of its work scale with the work.
+    pub runnable_after: BTreeMap<OffKind, u64>,
     /// See [`State::Stolen`].
     pub stolen: u64,
     pub off: BTreeMap<OffKind, u64>,
@@ -299,6 +304,9 @@ pub struct ThreadTimeline {
     wait_cpu: u16,
     /// A wakeup seen while the thread was believed on-CPU.
     pending_wakeup: Option<(u64, (u32, u32))>,
+    /// What the runnable span under way was woken from, if a wakeup
+    /// began it (see `runnable_after`).
+    woken_from: Option<OffKind>,
 }
 
 impl ThreadTimeline {
@@ -323,6 +331,7 @@ impl ThreadTimeline {
             end: start,
             on_cpu: 0,
             runnable: 0,
+            runnable_after: BTreeMap::new(),
             stolen: 0,
             off: BTreeMap::new(),
             syscalls: BTreeMap::new(),
@@ -349,6 +358,7 @@ impl ThreadTimeline {
             run_cpu: NO_CPU,
             wait_cpu: NO_CPU,
             pending_wakeup: None,
+            woken_from: None,
         }
     }
 
@@ -432,9 +442,15 @@ impl ThreadTimeline {
             Cur::Dead | Cur::Exiting { .. } => return,
         };
         let dur = ts - self.since;
+        let woken_from = self.woken_from.take();
         match &state {
             State::OnCpu => self.on_cpu += dur,
-            State::Runnable => self.runnable += dur,
+            State::Runnable => {
+                self.runnable += dur;
+                if let Some(k) = woken_from {
+                    *self.runnable_after.entry(k).or_default() += dur;
+                }
+            }
             State::Stolen => self.stolen += dur,
             State::Off(o) => {
                 *self.off.entry(o.kind).or_default() += dur;
@@ -594,28 +610,30 @@ impl ThreadTimeline {
     }
 
     pub fn wakeup(&mut self, ts: u64, waker: (u32, u32)) {
-        let blocked = match &mut self.cur {
+        let (blocked, kind) = match &mut self.cur {
             Cur::Known(State::Off(o)) => {
                 o.waker = Some(waker);
-                true
+                (true, Some(o.kind))
             }
             Cur::Unknown { hint } => {
-                if let Some(h) = hint {
+                let kind = hint.as_mut().map(|h| {
                     h.waker = Some(waker);
-                }
-                true
+                    h.kind
+                });
+                (true, kind)
             }
             Cur::Known(State::OnCpu) => {
                 // Usually woken just before it would have slept; kept in
                 // case its switch-out went unreported.
                 self.pending_wakeup = Some((ts, waker));
-                false
+                (false, None)
             }
-            _ => false,
+            _ => (false, None),
         };
         if blocked {
             self.close(ts, State::Off(OffCpu::unknown(Some(waker))));
             self.set(State::Runnable);
+            self.woken_from = kind;
         }
     }
 
@@ -768,6 +786,9 @@ mod tests {
         t.switch_out(331, &blocked(60, FdKind::None), None); // after death: ignored
         assert_eq!(t.on_cpu, 95);
         assert_eq!(t.runnable, 35);
+        // Of it, only the wait after the read's wakeup follows a block: not
+        // the new thread's first, nor the one after its preemption.
+        assert_eq!(t.runnable_after, BTreeMap::from([(OffKind::File, 5)]));
         assert_eq!(t.off[&OffKind::File], 100);
         assert_eq!(t.lifetime(), 230);
         assert_eq!(t.on_cpu + t.runnable + t.off_total(), t.lifetime());
