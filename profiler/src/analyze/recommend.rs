@@ -418,7 +418,7 @@ pub struct Advice {
 
 /// A feeder that waited for CPUs others held this share of the time it
 /// wanted one ran on a busy machine.
-const CONTENDED: f64 = 0.25;
+const CONTENDED: f64 = 0.10;
 
 /// The unchanged replay this far from the record makes its predictions
 /// worth a word of caution.
