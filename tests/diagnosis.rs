@@ -119,9 +119,14 @@ fn check(bottleneck: &str, gapscope_args: &[&str], expected: &[&str]) {
         assert_eq!(top, dominant(want), "dominant cause\n  {table}");
     }
     // On a machine busy enough that waiting for a CPU outgrew the
-    // scenario's own cause by the truth's count, that is the one to name.
+    // scenario's own cause by the truth's count, that is the one to name;
+    // one the truth puts within the tolerance of its first may lead too
+    // (beside two busy loops the launch scenario's truth had cpu.launch at
+    // 52.2% and cpu.contention at 47.5%, the report 48.6% and 49.0%).
     assert!(
-        expected.contains(&top.as_str()) || top == dominant(want),
+        expected.contains(&top.as_str())
+            || top == dominant(want)
+            || share(want, &top, truth_idle) >= truth_shares[0] - 5.0,
         "{top}\n  {table}"
     );
     for c in STEADY_CAUSES.iter().chain(["startup", "teardown"].iter()) {

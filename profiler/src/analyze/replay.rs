@@ -144,8 +144,7 @@ pub struct Pool {
     pub cpu_io: u64,
     pub cpu_net: u64,
     /// Of `runnable`, the waits for a CPU that followed a read and a
-    /// receive (the thread woken, not yet running): they go with the
-    /// blocks that ended in them.
+    /// receive (the thread woken, not yet running): see [`Woken`].
     pub runnable_io: u64,
     pub runnable_net: u64,
     /// The busiest thread's working time, and its lifetime in the window.
@@ -995,8 +994,11 @@ impl Run<'_> {
             // blocks out, the farther for one that takes computing out.
             let woken = Woken::WithBlock;
             let share = self.pool.without(plan.removed, woken).cpu_share();
-            let cpus = (k * share).min(self.spare_cpus);
-            after = after.min(self.pool.service(plan.removed, woken, k, k, cpus, true));
+            let cpus = (workers * share).min(self.spare_cpus);
+            after = after.min(
+                self.pool
+                    .service(plan.removed, woken, workers, k, cpus, waits),
+            );
         }
         if before <= 0.0 {
             1.0

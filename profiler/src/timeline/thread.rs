@@ -250,9 +250,10 @@ pub struct ThreadTimeline {
     pub on_cpu: u64,
     pub runnable: u64,
     /// Of `runnable`, the waits for a CPU right after a wakeup from a
-    /// block of each kind (the read done, the thread not yet running): a
-    /// fix that does without the block does without that wait too, where
-    /// waits for a CPU in the middle of its work scale with the work.
+    /// block of each kind (the read done, the thread not yet running): the
+    /// what-ifs ask whether a fix that does without the block does without
+    /// them (`analyze::replay::Woken`), where waits in the middle of its
+    /// work scale with the work.
     pub runnable_after: BTreeMap<OffKind, u64>,
     /// See [`State::Stolen`].
     pub stolen: u64,
