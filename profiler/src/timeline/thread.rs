@@ -299,10 +299,8 @@ pub struct ThreadTimeline {
     /// The current run began at a recorded switch-in, so its wall time is
     /// known and can be set against what the kernel charged for it.
     run_from_switch_in: bool,
-    /// The CPU of the run under way, and the one the switch-in ending a
-    /// runnable span took it to (see [`Interval::cpu`]).
+    /// The CPU of the run under way (see [`Interval::cpu`]).
     run_cpu: u16,
-    wait_cpu: u16,
     /// A wakeup seen while the thread was believed on-CPU.
     pending_wakeup: Option<(u64, (u32, u32))>,
     /// What the runnable span under way was woken from, if a wakeup
@@ -357,7 +355,6 @@ impl ThreadTimeline {
             last_ran: start,
             run_from_switch_in: false,
             run_cpu: NO_CPU,
-            wait_cpu: NO_CPU,
             pending_wakeup: None,
             woken_from: None,
         }
@@ -432,6 +429,12 @@ impl ThreadTimeline {
     /// Closes the current span at `ts`; `before` is what the event implies the
     /// thread was doing, used when the state was unknown.
     fn close(&mut self, ts: u64, before: State) {
+        self.close_waiting_for(ts, before, NO_CPU)
+    }
+
+    /// [`close`](Self::close), where a switch-in to `switched_to` ends a
+    /// runnable span: the CPU whose holder it waited for.
+    fn close_waiting_for(&mut self, ts: u64, before: State, switched_to: u16) {
         let ts = ts.max(self.since);
         let state = match std::mem::replace(&mut self.cur, Cur::Dead) {
             Cur::Known(s) => s,
@@ -467,7 +470,7 @@ impl ThreadTimeline {
             if dur > 0 {
                 let cpu = match state {
                     State::OnCpu | State::Stolen => self.run_cpu,
-                    State::Runnable => self.wait_cpu,
+                    State::Runnable => switched_to,
                     State::Off(_) => NO_CPU,
                 };
                 let interval = Interval {
@@ -582,9 +585,7 @@ impl ThreadTimeline {
             }
             self.set(State::Runnable);
         }
-        self.wait_cpu = cpu;
-        self.close(ts, State::Runnable);
-        self.wait_cpu = NO_CPU;
+        self.close_waiting_for(ts, State::Runnable, cpu);
         self.run_cpu = cpu;
         self.set(State::OnCpu);
         self.last_ran = ts;
