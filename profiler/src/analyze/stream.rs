@@ -625,21 +625,15 @@ impl Attributor {
 mod tests {
     use super::*;
     use crate::intervals::{clip, minus, total, union};
-
-    fn rnd(x: &mut u64, n: u64) -> u64 {
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        *x % n.max(1)
-    }
+    use crate::testing::Rng;
 
     /// Kernels in start order: (start, end, communication).
-    fn kernels(x: &mut u64) -> Vec<(u64, u64, bool)> {
-        let mut at = rnd(x, 50);
-        let mut v: Vec<(u64, u64, bool)> = (0..rnd(x, 40))
+    fn kernels(x: &mut Rng) -> Vec<(u64, u64, bool)> {
+        let mut at = x.below(50);
+        let mut v: Vec<(u64, u64, bool)> = (0..x.below(40))
             .map(|_| {
-                at += rnd(x, 30);
-                (at, at + rnd(x, 60), rnd(x, 4) == 0)
+                at += x.below(30);
+                (at, at + x.below(60), x.below(4) == 0)
             })
             .collect();
         v.sort_by_key(|k| k.0);
@@ -648,13 +642,13 @@ mod tests {
 
     #[test]
     fn busy_spans_built_as_work_comes_are_the_bounded_union() {
-        let mut x = 0x9e3779b97f4a7c15u64;
+        let mut x = Rng::new(0x9e3779b97f4a7c15);
         for _ in 0..500 {
             let work = kernels(&mut x);
-            let window = (rnd(&mut x, 200), 200 + rnd(&mut x, 1200));
+            let window = (x.below(200), 200 + x.below(1200));
             let edges = attribute::Edges {
-                startup: rnd(&mut x, 2) == 0,
-                teardown: rnd(&mut x, 2) == 0,
+                startup: x.below(2) == 0,
+                teardown: x.below(2) == 0,
             };
             let mut walk = Walk::new(window, edges);
             for &(s, e, _) in &work {
@@ -677,10 +671,10 @@ mod tests {
 
     #[test]
     fn busy_by_kind_as_kernels_come_is_as_computed_at_once() {
-        let mut x = 0x2545f4914f6cdd1du64;
+        let mut x = Rng::new(0x2545f4914f6cdd1d);
         for _ in 0..500 {
             let work = kernels(&mut x);
-            let window = (rnd(&mut x, 200), 200 + rnd(&mut x, 1200));
+            let window = (x.below(200), 200 + x.below(1200));
             let mut kinds = Kinds::new(window);
             for &(s, e, comm) in &work {
                 match comm {
