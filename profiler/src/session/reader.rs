@@ -109,52 +109,23 @@ impl SessionReader {
 
     /// Loads the next chunk; false at a clean end or when the tail is bad.
     fn next_chunk(&mut self) -> bool {
-        let Some(packed) = self.next_packed() else {
-            return false;
-        };
-        let mut chunk = std::mem::take(&mut self.chunk);
-        let unzstd = &mut self.unzstd;
-        let unpacked = packed.unpack(unzstd, &mut chunk);
-        self.compressed = packed.compressed;
-        self.chunk = chunk;
-        match unpacked {
-            Ok(()) => {
-                self.pos = 0;
-                true
-            }
-            Err(why) => {
-                // The chunk is not read: the file so far ends before it.
-                self.offset = packed.at;
-                self.stop(why);
-                false
-            }
-        }
-    }
-
-    /// Reads the next chunk as stored and checks it — its checksum, the
-    /// size its frame states, what the file unpacks to so far — without
-    /// unpacking it; None at a clean end or when the tail is bad.
-    fn next_packed(&mut self) -> Option<PackedChunk> {
-        if self.done {
-            return None;
-        }
         let mut head = [0u8; CHUNK_HEADER_LEN];
         match read_full(&mut self.input, &mut head) {
             Ok(0) => {
                 self.done = true;
-                return None;
+                return false;
             }
             Ok(n) if n < CHUNK_HEADER_LEN => {
                 self.stop(format!(
                     "cut off inside a chunk header at byte {}",
                     self.offset
                 ));
-                return None;
+                return false;
             }
             Ok(_) => {}
             Err(e) => {
                 self.stop(format!("read error at byte {}: {e}", self.offset));
-                return None;
+                return false;
             }
         }
         let len = u32::from_le_bytes(head[0..4].try_into().unwrap());
@@ -165,27 +136,18 @@ impl SessionReader {
                 "implausible chunk length at byte {} ({len} / {raw_len} bytes)",
                 self.offset
             ));
-            return None;
+            return false;
         }
         let mut compressed = std::mem::take(&mut self.compressed);
         compressed.resize(len as usize, 0);
-        if !self.check(&mut compressed, raw_len, crc) {
-            self.compressed = compressed;
-            return None;
-        }
-        let at = self.offset;
-        self.offset += (CHUNK_HEADER_LEN + len as usize) as u64;
-        Some(PackedChunk {
-            compressed,
-            raw_len,
-            at,
-            end: self.offset,
-        })
+        let ok = self.unpack(&mut compressed, raw_len, crc);
+        self.compressed = compressed;
+        ok
     }
 
-    /// The rest of [`SessionReader::next_packed`]: the chunk's bytes read
-    /// into `compressed` (sized to the chunk) and checked.
-    fn check(&mut self, compressed: &mut [u8], raw_len: u32, crc: u32) -> bool {
+    /// The rest of [`SessionReader::next_chunk`]: the chunk's bytes read
+    /// into `compressed` (sized to the chunk), checked and unpacked.
+    fn unpack(&mut self, compressed: &mut [u8], raw_len: u32, crc: u32) -> bool {
         let len = compressed.len();
         match read_full(&mut self.input, compressed) {
             Ok(n) if n == len => {}
@@ -229,67 +191,27 @@ impl SessionReader {
             return false;
         }
         self.unpacked = unpacked;
+        let unzstd = match self.unzstd.as_mut() {
+            Some(d) => Ok(d),
+            None => zstd::bulk::Decompressor::new().map(|d| self.unzstd.insert(d)),
+        };
+        self.chunk.clear();
+        self.chunk.reserve(raw_len as usize);
+        match unzstd.and_then(|d| d.decompress_to_buffer(compressed, &mut self.chunk)) {
+            Ok(n) if n == raw_len as usize => {}
+            _ => {
+                self.stop(format!("undecodable chunk at byte {}", self.offset));
+                return false;
+            }
+        }
+        self.offset += (CHUNK_HEADER_LEN + len) as u64;
+        self.pos = 0;
         true
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
-}
-
-/// A chunk read and checked, still compressed: unpacked and decoded by
-/// whichever thread takes it.
-struct PackedChunk {
-    compressed: Vec<u8>,
-    raw_len: u32,
-    /// Where it begins in the file, and where it ends.
-    at: u64,
-    end: u64,
-}
-
-impl PackedChunk {
-    /// Unpacks it into `chunk` through zstd's context `unzstd` (made on
-    /// first use, kept from chunk to chunk: a fresh one per chunk was a
-    /// tenth of the unpacking).
-    fn unpack(
-        &self,
-        unzstd: &mut Option<zstd::bulk::Decompressor<'static>>,
-        chunk: &mut Vec<u8>,
-    ) -> Result<(), String> {
-        let unzstd = match unzstd.as_mut() {
-            Some(d) => Ok(d),
-            None => zstd::bulk::Decompressor::new().map(|d| unzstd.insert(d)),
-        };
-        chunk.clear();
-        chunk.reserve(self.raw_len as usize);
-        match unzstd.and_then(|d| d.decompress_to_buffer(&self.compressed, chunk)) {
-            Ok(n) if n == self.raw_len as usize => Ok(()),
-            _ => Err(format!("undecodable chunk at byte {}", self.at)),
-        }
-    }
-}
-
-/// The records of an unpacked chunk, in order; with why they stop short
-/// of its end, if they do.
-fn decode(chunk: &[u8], end: u64) -> (Vec<Record>, Option<String>) {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < chunk.len() {
-        match postcard::take_from_bytes::<Record>(&chunk[pos..]) {
-            Ok((record, rest)) => {
-                pos = chunk.len() - rest.len();
-                out.push(record);
-            }
-            Err(e) => {
-                return (out, Some(undecodable(end, e)));
-            }
-        }
-    }
-    (out, None)
-}
-
-fn undecodable(end: u64, e: postcard::Error) -> String {
-    format!("undecodable record in the chunk ending before byte {end}: {e}")
 }
 
 impl SessionReader {
@@ -333,137 +255,86 @@ fn last_chunk_at(file: &File) -> Option<u64> {
 }
 
 impl SessionReader {
-    /// The same stream, read and checked on a thread of its own, its chunks
-    /// unpacked and decoded a few ahead of its reader by as many more
-    /// threads as there are CPUs to spare (up to [`DECODERS`]), and handed
-    /// over in order: on a long recording that is a third of the report's
-    /// time.
-    pub fn in_background(self) -> Background {
-        // One CPU is left to the thread that takes the records: on two,
-        // a second decoder made the first pass of a 10 M-event report
-        // slower (1.03 s against 0.97).
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        self.in_background_with(n.saturating_sub(1).clamp(1, DECODERS))
-    }
-
-    /// [`SessionReader::in_background`] with `decoders` threads decoding.
-    fn in_background_with(mut self, decoders: usize) -> Background {
-        // What is left of the chunk already unpacked comes first.
-        let (left, failed) = match self.pos < self.chunk.len() {
-            true => decode(&self.chunk[self.pos..], self.offset),
-            false => (Vec::new(), None),
-        };
-        self.pos = self.chunk.len();
-        let mut background = Background {
-            rxs: Vec::new(),
-            turn: 0,
-            batch: left.into_iter(),
-            bytes_read: self.offset,
-            end: None,
-            failed,
-            lost: None,
-        };
-        if background.failed.is_some() {
-            return background;
-        }
-        let mut txs = Vec::new();
-        for _ in 0..decoders {
-            // A chunk is handed to a decoder as it takes it, and its
-            // records wait for the reader one chunk deep: a bound on what
-            // waits in memory (a chunk unpacks to at most MAX_CHUNK_RAW).
-            let (tx, jobs) = std::sync::mpsc::sync_channel::<Job>(0);
-            let (done, rx) = std::sync::mpsc::sync_channel::<Ahead>(1);
-            let decoder = move || {
-                let (mut unzstd, mut chunk) = (None, Vec::new());
-                for job in jobs {
-                    let ahead = match job {
-                        Job::Chunk(packed) => match packed.unpack(&mut unzstd, &mut chunk) {
-                            Ok(()) => {
-                                let (records, failed) = decode(&chunk, packed.end);
-                                Ahead::Chunk(records, packed.end, failed)
-                            }
-                            Err(why) => Ahead::Chunk(Vec::new(), packed.at, Some(why)),
-                        },
-                        Job::End(reader) => Ahead::End(reader),
-                    };
-                    // The reader went away: stop.
-                    if done.send(ahead).is_err() {
-                        return;
+    /// The records of the next chunk (what is left of the current one, at
+    /// first); None at the end of the stream.
+    fn next_batch(&mut self) -> Option<Vec<Record>> {
+        let mut out = Vec::new();
+        while !self.done {
+            while self.pos < self.chunk.len() {
+                match postcard::take_from_bytes::<Record>(&self.chunk[self.pos..]) {
+                    Ok((record, rest)) => {
+                        self.pos = self.chunk.len() - rest.len();
+                        out.push(record);
+                    }
+                    Err(e) => {
+                        self.stop(format!(
+                            "undecodable record in the chunk ending before byte {}: {e}",
+                            self.offset
+                        ));
+                        break;
                     }
                 }
-            };
-            match std::thread::Builder::new()
-                .name("gapscope-decode".into())
-                .spawn(decoder)
-            {
-                Ok(_) => {
-                    txs.push(tx);
-                    background.rxs.push(rx);
-                }
-                Err(_) => break,
+            }
+            if !out.is_empty() {
+                return Some(out);
+            }
+            if !self.next_chunk() {
+                break;
             }
         }
-        // Chunks go to the decoders in turn, and are taken back in the
-        // same turn: in the order read.
-        let read = move || {
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// The same stream, read, checked, unpacked and decoded on a thread of
+    /// its own a few chunks ahead of its reader: on a long recording that
+    /// is a third of the report's time, and a second core can take it.
+    pub fn in_background(self) -> Background {
+        // Chunks decoded ahead: enough to keep both sides busy, and a bound
+        // on what waits in memory (a chunk unpacks to at most
+        // MAX_CHUNK_RAW).
+        const AHEAD: usize = 2;
+        let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD);
+        let decode = move || {
             let mut reader = self;
-            for turn in 0.. {
-                let tx = &txs[turn % txs.len()];
-                let Some(packed) = reader.next_packed() else {
-                    let _ = tx.send(Job::End(Box::new(reader)));
-                    return;
-                };
+            while let Some(batch) = reader.next_batch() {
                 // The reader went away: stop reading.
-                if tx.send(Job::Chunk(packed)).is_err() {
+                if tx.send(Ahead::Batch(batch, reader.bytes_read())).is_err() {
                     return;
                 }
             }
+            let _ = tx.send(Ahead::End(reader));
         };
-        let spawned = !background.rxs.is_empty()
-            && std::thread::Builder::new()
-                .name("gapscope-read".into())
-                .spawn(read)
-                .is_ok();
-        if !spawned {
-            background.rxs.clear();
-            background.lost = Some("no thread could be started to read it");
+        let spawned = std::thread::Builder::new()
+            .name("gapscope-read".into())
+            .spawn(decode);
+        Background {
+            lost: spawned
+                .is_err()
+                .then_some("no thread could be started to read it"),
+            rx: spawned.ok().map(|_| rx),
+            batch: Vec::new().into_iter(),
+            bytes_read: 0,
+            end: None,
         }
-        background
     }
 }
 
-/// Threads that unpack and decode a session's chunks at most: past a few,
-/// the thread that takes their records is the slower.
-const DECODERS: usize = 3;
-
-/// What the reading thread hands a decoder.
-enum Job {
-    Chunk(PackedChunk),
-    /// The stream ended: the reader says how.
-    End(Box<SessionReader>),
-}
-
-/// What a decoder hands over: a chunk's records, the bytes of the file
-/// read by then, and why the records stop short of the chunk's end if they
-/// do; at the end the reader itself, which says how the stream ended.
+/// What the decoding thread hands over: a chunk's records with the bytes
+/// of the file read by then, and at the end the reader itself, which says
+/// how the stream ended.
 enum Ahead {
-    Chunk(Vec<Record>, u64, Option<String>),
-    End(Box<SessionReader>),
+    Batch(Vec<Record>, u64),
+    End(SessionReader),
 }
 
-/// A [`SessionReader`] running ahead on threads of its own.
+/// A [`SessionReader`] running ahead on a thread of its own.
 pub struct Background {
-    /// The decoders' hand-overs, taken in turn; empty once the stream has
-    /// ended (or when no thread could be started: the stream then reads as
-    /// cut off at its start).
-    rxs: Vec<std::sync::mpsc::Receiver<Ahead>>,
-    turn: usize,
+    /// None when no thread could be started: the stream then reads as cut
+    /// off at its start.
+    rx: Option<std::sync::mpsc::Receiver<Ahead>>,
     batch: std::vec::IntoIter<Record>,
     bytes_read: u64,
-    end: Option<Box<SessionReader>>,
-    /// Why the records stopped inside a chunk, if they did: the stream ends
-    /// there.
-    failed: Option<String>,
+    end: Option<SessionReader>,
     /// Why the stream ended without its reader's word, if it did.
     lost: Option<&'static str>,
 }
@@ -476,9 +347,6 @@ impl Background {
 
     /// [`SessionReader::truncated`], once the stream has ended.
     pub fn truncated(&self) -> Option<&str> {
-        if let Some(why) = &self.failed {
-            return Some(why);
-        }
         match &self.end {
             Some(r) => r.truncated(),
             None => self.lost,
@@ -487,7 +355,7 @@ impl Background {
 
     /// [`SessionReader::refusal`], once the stream has ended.
     pub(super) fn refusal(&self) -> Option<SessionError> {
-        self.end.as_deref().and_then(SessionReader::refusal)
+        self.end.as_ref().and_then(SessionReader::refusal)
     }
 }
 
@@ -499,29 +367,21 @@ impl Iterator for Background {
             if let Some(r) = self.batch.next() {
                 return Some(r);
             }
-            if self.failed.is_some() || self.rxs.is_empty() {
-                // Its threads stop as their next hand-over finds no taker.
-                self.rxs.clear();
-                return None;
-            }
-            let turn = self.turn % self.rxs.len();
-            self.turn += 1;
-            match self.rxs[turn].recv() {
-                Ok(Ahead::Chunk(records, read, failed)) => {
-                    self.batch = records.into_iter();
+            match self.rx.as_ref()?.recv() {
+                Ok(Ahead::Batch(batch, read)) => {
+                    self.batch = batch.into_iter();
                     self.bytes_read = read;
-                    self.failed = failed;
                 }
                 Ok(Ahead::End(reader)) => {
                     self.bytes_read = reader.bytes_read();
                     self.end = Some(reader);
-                    self.rxs.clear();
+                    self.rx = None;
                     return None;
                 }
-                // A thread died (they do not panic by design): what came
+                // The thread died (it does not panic by design): what came
                 // before stands, and the stream reads as cut off.
                 Err(_) => {
-                    self.rxs.clear();
+                    self.rx = None;
                     self.lost = Some("its reading thread stopped");
                     return None;
                 }
@@ -542,7 +402,10 @@ impl Iterator for SessionReader {
                         return Some(record);
                     }
                     Err(e) => {
-                        self.stop(undecodable(self.offset, e));
+                        self.stop(format!(
+                            "undecodable record in the chunk ending before byte {}: {e}",
+                            self.offset
+                        ));
                         return None;
                     }
                 }
@@ -573,127 +436,5 @@ pub(super) fn refused(path: PathBuf, why: String) -> SessionError {
     SessionError::Io {
         path,
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{wrap_records, Event, SessionWriter};
-    use super::*;
-
-    fn wakeup(ts: u64) -> Record {
-        Record::Event(Event::Wakeup {
-            ts,
-            pid: 42,
-            tid: 42,
-            waker_pid: 1,
-            waker_tid: 1,
-            new_task: false,
-        })
-    }
-
-    /// A session of `chunks` chunks of a varying number of events (a few
-    /// empty), as the writer frames them.
-    fn write(path: &Path, chunks: u64) {
-        let mut w = SessionWriter::create(path).unwrap();
-        w.push(&Record::Header(crate::session::tests::header()))
-            .unwrap();
-        let mut ts = 0;
-        for c in 0..chunks {
-            for _ in 0..(c * 37 % 500) {
-                ts += 1;
-                w.push(&wakeup(ts)).unwrap();
-            }
-            w.flush().unwrap();
-        }
-        w.finish().unwrap();
-    }
-
-    /// Where each chunk of a session file begins, from its headers.
-    fn chunk_starts(bytes: &[u8]) -> Vec<usize> {
-        let mut at = FILE_HEADER_LEN;
-        let mut starts = Vec::new();
-        while at + CHUNK_HEADER_LEN <= bytes.len() {
-            starts.push(at);
-            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-            at += CHUNK_HEADER_LEN + len;
-        }
-        starts
-    }
-
-    /// The records, how the stream ended and the bytes read, read on the
-    /// caller's thread and then by each number of decoders: all the same.
-    fn read_alike(path: &Path) -> (usize, Option<String>) {
-        let mut inline = SessionReader::open(path).unwrap();
-        let records: Vec<Record> = inline.by_ref().collect();
-        let encode = |r: &Vec<Record>| {
-            r.iter()
-                .map(|x| postcard::to_allocvec(x).unwrap())
-                .collect::<Vec<_>>()
-        };
-        for decoders in [1, 2, 3, 5] {
-            let mut background = SessionReader::open(path)
-                .unwrap()
-                .in_background_with(decoders);
-            let got: Vec<Record> = background.by_ref().collect();
-            assert_eq!(encode(&got), encode(&records), "{decoders} decoders");
-            assert_eq!(background.truncated(), inline.truncated(), "{decoders}");
-            assert_eq!(background.bytes_read(), inline.bytes_read(), "{decoders}");
-        }
-        (records.len(), inline.truncated().map(str::to_owned))
-    }
-
-    #[test]
-    fn decoders_hand_the_records_over_in_the_order_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.gsz");
-        write(&path, 40);
-        let (n, truncated) = read_alike(&path);
-        assert_eq!(n, 1 + (0..40).map(|c| c * 37 % 500).sum::<usize>());
-        assert_eq!(truncated, None);
-    }
-
-    #[test]
-    fn decoders_end_the_stream_where_a_chunk_is_damaged_as_one_reader_does() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.gsz");
-        write(&path, 40);
-        let bytes = std::fs::read(&path).unwrap();
-        let starts = chunk_starts(&bytes);
-        // A flipped bit in the 17th chunk (found by the reading thread),
-        // and a chunk whose records do not decode (found by a decoder).
-        let mut flipped = bytes.clone();
-        flipped[starts[17] + CHUNK_HEADER_LEN + 2] ^= 1;
-        let garbage = wrap_records(&[0xff; 64]);
-        let mut undecodable = bytes[..starts[23]].to_vec();
-        undecodable.extend_from_slice(&garbage[FILE_HEADER_LEN..]);
-        undecodable.extend_from_slice(&bytes[starts[23]..]);
-        for (damaged, why) in [(flipped, "checksum"), (undecodable, "undecodable record")] {
-            std::fs::write(&path, &damaged).unwrap();
-            let (n, truncated) = read_alike(&path);
-            assert!(
-                truncated.as_deref().is_some_and(|t| t.contains(why)),
-                "{truncated:?}"
-            );
-            assert!(n > 1, "{n}");
-        }
-    }
-
-    #[test]
-    fn a_reader_taken_to_the_background_goes_on_where_it_was() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.gsz");
-        write(&path, 12);
-        let all: Vec<Record> = SessionReader::open(&path).unwrap().collect();
-        let mut reader = SessionReader::open(&path).unwrap();
-        let first: Vec<Record> = reader.by_ref().take(100).collect();
-        let rest: Vec<Record> = reader.in_background_with(2).collect();
-        assert_eq!(first.len() + rest.len(), all.len());
-        let encode = |r: &Record| postcard::to_allocvec(r).unwrap();
-        assert!(first
-            .iter()
-            .chain(&rest)
-            .map(encode)
-            .eq(all.iter().map(encode)));
     }
 }
