@@ -757,6 +757,28 @@ mod tests {
     }
 
     #[test]
+    fn blocks_no_file_takes_stay_in_memory_and_read_back() {
+        // As after the disk filled: the packing keeps the blocks in memory.
+        let raw_blocks = RAW_BYTES / (BLOCK * std::mem::size_of::<Rec>());
+        let n = BLOCK * (raw_blocks + 4) + 5;
+        let mut s = Spool::default();
+        s.away.no_file.set("no space left".into()).unwrap();
+        for i in 0..n {
+            s.push(rec(i));
+        }
+        assert_eq!(s.kept_in_memory(), Some("no space left"));
+        assert!(s.away.file.get().is_none());
+        let placed = lock(&s.away.placed);
+        assert_eq!(placed.blocks.len(), 4);
+        assert!(placed
+            .blocks
+            .iter()
+            .all(|b| matches!(b, Some(Placed::Memory(_)))));
+        drop(placed);
+        assert!(s.iter().eq((0..n).map(rec)));
+    }
+
+    #[test]
     fn neighbouring_records_compress_well() {
         let records: Vec<Rec> = (0..BLOCK).map(rec).collect();
         let packed = pack(&records, &mut Vec::new(), &mut None);
