@@ -1,12 +1,13 @@
 //! Spools: long runs of small fixed-size records that an analysis writes
 //! once and reads back, in order or near where it last read — the feeder's
 //! account, the GPU's work and the CUDA calls of an hours-long recording.
-//! The first [`RAW_BYTES`] blocks stay in memory as they are; the rest are
-//! compressed into an unnamed temporary file, so that what a report holds
-//! in memory does not grow with the recording's length. They are
+//! The first [`RAW_BYTES`] of blocks stay in memory as they are; the rest
+//! are compressed into an unnamed temporary file, so that what a report
+//! holds in memory does not grow with the recording's length. They are
 //! compressed and written on a thread of the spool's own, a few blocks
-//! behind the caller (on a 10 M-event report the spools' compressing was a
-//! tenth of the thread that replays the events).
+//! behind the caller: on a 10 M-event report the feeder's account was a
+//! tenth of the thread that replays the events, and that pass took 2.09 s
+//! with the caller compressing, 1.90 s without (medians of seven).
 //!
 //! A compressed block is [`BLOCK`] records with their bytes laid out by
 //! position (every record's first byte, then every second byte…):
@@ -95,6 +96,15 @@ struct Packer {
 }
 
 impl Packer {
+    fn new(away: &Arc<Away>, size: u64) -> Packer {
+        Packer {
+            away: Arc::clone(away),
+            size,
+            planes: Vec::new(),
+            zstd: None,
+        }
+    }
+
     /// Packs the `a`th block handed to the packing and puts it in place.
     fn place<T: Pod>(&mut self, a: usize, records: &[T]) {
         let packed = pack(records, &mut self.planes, &mut self.zstd);
@@ -324,17 +334,6 @@ fn file_size(away: &Away) -> u64 {
         })
         .max()
         .unwrap_or(0)
-}
-
-impl Packer {
-    fn new(away: &Arc<Away>, size: u64) -> Packer {
-        Packer {
-            away: Arc::clone(away),
-            size,
-            planes: Vec::new(),
-            zstd: None,
-        }
-    }
 }
 
 /// The packing of `away`'s blocks: on a thread of its own, or where none
