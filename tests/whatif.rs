@@ -3,7 +3,8 @@
 //! of the run without that cause's stalls (`what_if`); simtrain then runs
 //! the same job with the fix applied (`--fix CAUSE`) or with more loader
 //! workers (`--workers N`), recorded the same way, and its wall time must be
-//! within 10% of the prediction.
+//! within 10% of the prediction (a fixed run whose loaders the scheduler
+//! favoured far beyond the recording's share is taken again: [`fixed_run`]).
 //!
 //! Both sides are the GPU's span, from its first work to its last: the
 //! replay keeps a recording's start-up and tear-down as they were (the
