@@ -208,14 +208,14 @@ impl<T: Pod> Spool<T> {
     pub fn kept_in_memory(&self) -> Option<&str> {
         if let Some(last) = self.sent.checked_sub(1) {
             // Placed in order: the last placed, all are.
-            self.wait_for(last);
+            self.placed(last);
         }
         self.away.no_file.get().map(String::as_str)
     }
 
-    /// Waits until block `a` handed to the packing is placed, or the
-    /// packing has ended.
-    fn wait_for(&self, a: usize) {
+    /// Where block `a` handed to the packing went, once it is placed;
+    /// None if the packing ended without placing it.
+    fn placed(&self, a: usize) -> Option<Placed> {
         let mut placed = lock(&self.away.placed);
         while !placed.has(a) && !placed.ended {
             placed = self
@@ -224,6 +224,7 @@ impl<T: Pod> Spool<T> {
                 .wait(placed)
                 .unwrap_or_else(|e| e.into_inner());
         }
+        placed.blocks.get(a).cloned().flatten()
     }
 
     /// A reader of the records written so far.
@@ -254,9 +255,7 @@ impl<T: Pod> Spool<T> {
             }
             Sealed::Away(a) => a,
         };
-        self.wait_for(a);
-        let placed = lock(&self.away.placed).blocks.get(a).cloned().flatten();
-        match placed {
+        match self.placed(a) {
             Some(Placed::File(at, len)) => {
                 let file = self.away.file.get().expect("a block in the file");
                 scratch.read.resize(len as usize, 0);
