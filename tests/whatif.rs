@@ -56,7 +56,7 @@ fn close(what: &str, predicted: u64, measured: u64, detail: &str) {
         off * 100.0
     );
     assert!(
-        off.abs() <= TOLERANCE,
+        near(predicted, measured),
         "{what}: predicted a span of {predicted} ns, the fixed run's GPU span was {measured} ns ({:+.1}%)\n{detail}",
         off * 100.0
     );
@@ -73,8 +73,7 @@ fn within(what: &str, fast: &Value, slow: &Value, measured: u64, detail: &str) {
         u64_of(fast, "wall_ns") <= u64_of(slow, "wall_ns"),
         "{what}: the range's ends are the wrong way round\n{detail}"
     );
-    let (a, b) = (predicted_span(fast), predicted_span(slow));
-    let (low, high) = (a.min(b), a.max(b));
+    let (low, high) = spans(fast, slow);
     let ms = |ns: u64| ns as f64 / 1e6;
     eprintln!(
         "{what}: predicted {:.0} to {:.0} ms, measured {:.0} ms",
@@ -82,24 +81,37 @@ fn within(what: &str, fast: &Value, slow: &Value, measured: u64, detail: &str) {
         ms(high),
         ms(measured)
     );
-    let m = measured as f64;
     assert!(
-        m >= low as f64 * (1.0 - TOLERANCE) && m <= high as f64 * (1.0 + TOLERANCE),
+        between((low, high), measured),
         "{what}: predicted a span of {low} to {high} ns, the fixed run's GPU span was {measured} ns\n{detail}"
     );
+}
+
+/// `measured` within the tolerance of `predicted`: [`close`]'s check.
+fn near(predicted: u64, measured: u64) -> bool {
+    (predicted as f64 / measured as f64 - 1.0).abs() <= TOLERANCE
+}
+
+/// A range's predicted spans, the lower first.
+fn spans(fast: &Value, slow: &Value) -> (u64, u64) {
+    let (a, b) = (predicted_span(fast), predicted_span(slow));
+    (a.min(b), a.max(b))
+}
+
+/// `measured` between `low` and `high`, each end's tolerance kept:
+/// [`within`]'s check.
+fn between((low, high): (u64, u64), measured: u64) -> bool {
+    let m = measured as f64;
+    m >= low as f64 * (1.0 - TOLERANCE) && m <= high as f64 * (1.0 + TOLERANCE)
 }
 
 /// Whether `measured` passes the check [`close`] or [`within`] makes of
 /// the what-if `w`.
 fn holds(w: &Value, measured: u64) -> bool {
-    let m = measured as f64;
     let alone = &w["given_a_cpu"];
-    if alone.is_object() {
-        let (a, b) = (predicted_span(alone), predicted_span(w));
-        let (low, high) = (a.min(b) as f64, a.max(b) as f64);
-        m >= low * (1.0 - TOLERANCE) && m <= high * (1.0 + TOLERANCE)
-    } else {
-        (predicted_span(w) as f64 / m - 1.0).abs() <= TOLERANCE
+    match alone.is_object() {
+        true => between(spans(alone, w), measured),
+        false => near(predicted_span(w), measured),
     }
 }
 
@@ -136,18 +148,18 @@ const SHARE_MOVED: f64 = 0.10;
 /// last run is the one held to it.
 fn fixed_run(base: &Value, w: &Value, name: &str, args: &[&str]) -> Value {
     let mut fixed = record(name, args);
+    let Some(recorded) = pool_share(base) else {
+        return fixed;
+    };
     for again in 1..=2 {
-        let moved = match (pool_share(base), pool_share(&fixed)) {
-            (Some(a), Some(b)) => (b - a).abs() > SHARE_MOVED * a,
-            _ => false,
+        let Some(got) = pool_share(&fixed) else {
+            break;
         };
-        if holds(w, gpu_span(&fixed)) || !moved {
+        if holds(w, gpu_span(&fixed)) || (got - recorded).abs() <= SHARE_MOVED * recorded {
             break;
         }
         eprintln!(
-            "{name}: the fixed run's loaders had {:.2} of a CPU, the recording's {:.2}: run again",
-            pool_share(&fixed).unwrap_or(0.0),
-            pool_share(base).unwrap_or(0.0)
+            "{name}: the fixed run's loaders had {got:.2} of a CPU, the recording's {recorded:.2}: run again"
         );
         fixed = record(&format!("{name}-again{again}"), args);
     }
